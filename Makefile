@@ -1,0 +1,60 @@
+# sandbox-controller. `make run` and `make test` are the two commands a new
+# user needs; both set up what they use (see hack/).
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+CONTROLLER_TOOLS_VERSION ?= v0.23.0
+BIN            := $(CURDIR)/bin
+CONTROLLER_GEN := $(BIN)/controller-gen
+ENVTEST_DIR     = $(shell hack/envtest-assets.sh --print-dir)
+AREAS_ROOT     ?= $(BIN)/local/areas
+GO_TEST_FLAGS  ?=
+
+.PHONY: all
+all: build
+
+##@ Develop
+
+.PHONY: run
+run: build ## Run the controller on a throw-away local control plane with the bwrap backend.
+	@hack/install-deps.sh
+	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
+	@echo "kubectl for this control plane: $(ENVTEST_DIR)/kubectl (or any kubectl on PATH)"
+	$(BIN)/sandbox-controller --local-control-plane --local-assets "$(ENVTEST_DIR)" \
+		--areas-root "$(AREAS_ROOT)" --metrics-bind-address 0 --health-probe-bind-address 0
+
+.PHONY: test
+test: manifests generate vet ## Run unit and envtest suites against real dependencies.
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: build
+build: manifests generate ## Build bin/sandbox-controller.
+	go build -o $(BIN)/sandbox-controller ./cmd/sandbox-controller
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API markers.
+	$(CONTROLLER_GEN) rbac:roleName=sandbox-controller crd paths="./..." output:crd:artifacts:config=config/crd/bases
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
+	$(CONTROLLER_GEN) object paths="./api/..."
+
+.PHONY: vet
+vet: ## go vet and gofmt.
+	go vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+
+.PHONY: envtest
+envtest: ## Build kube-apiserver and etcd for envtest into bin/k8s.
+	hack/envtest-assets.sh
+
+$(CONTROLLER_GEN):
+	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)

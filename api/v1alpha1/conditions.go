@@ -1,0 +1,59 @@
+package v1alpha1
+
+// Condition types. Polarity follows the Gateway API convention: True is good.
+const (
+	// ConditionReady on a Sandbox: its instance is running and takes
+	// commands. On a SessionClaim: the claim is bound and its Sandbox is Ready.
+	ConditionReady = "Ready"
+	// ConditionRuntimeReady on a Sandbox: the instance is in the state its
+	// claims ask for (running while claims exist, stopped after idleTimeout).
+	ConditionRuntimeReady = "RuntimeReady"
+	// ConditionBound on a SessionClaim: the claim holds its Sandbox.
+	ConditionBound = "Bound"
+)
+
+// Condition reasons. Every reason a controller sets is one of these.
+const (
+	// ReasonRunning: the instance is running.
+	ReasonRunning = "Running"
+	// ReasonStopped: no claim needs the instance and it is not running.
+	ReasonStopped = "Stopped"
+	// ReasonIdle: no claim needs the instance; it keeps running until
+	// idleTimeout has passed or, with keepRunning, indefinitely.
+	ReasonIdle = "Idle"
+	// ReasonNameConflict: another Sandbox on this node already uses the agent,
+	// so the instance name cireilclaw-{agent}; the older Sandbox keeps it.
+	ReasonNameConflict = "NameConflict"
+	// ReasonInvalidSpec: the spec breaks an admission rule (a CRD installed
+	// without its validation rules let it in).
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonBackendUnavailable: this controller was not started with the
+	// backend the Sandbox asks for.
+	ReasonBackendUnavailable = "BackendUnavailable"
+	// ReasonRuntimeUnavailable: the runtime's daemon or tool cannot be reached.
+	ReasonRuntimeUnavailable = "RuntimeUnavailable"
+	// ReasonRuntimeError: the runtime refused an operation; the message says which.
+	ReasonRuntimeError = "RuntimeError"
+	// ReasonDeleting: the Sandbox is being deleted.
+	ReasonDeleting = "Deleting"
+
+	// ReasonBound: the claim holds its Sandbox.
+	ReasonBound = "Bound"
+	// ReasonSandboxNotFound: the named Sandbox does not exist in the claim's namespace (yet).
+	ReasonSandboxNotFound = "SandboxNotFound"
+	// ReasonSandboxDeleting: the named Sandbox is being deleted.
+	ReasonSandboxDeleting = "SandboxDeleting"
+	// ReasonSandboxReady: the claim's Sandbox is Ready.
+	ReasonSandboxReady = "SandboxReady"
+	// ReasonSandboxNotReady: the claim's Sandbox is not Ready yet; its
+	// Ready condition says why.
+	ReasonSandboxNotReady = "SandboxNotReady"
+)
+
+// Finalizer is set on both kinds so that the controller releases what it
+// made (the claim's hold, the runtime instance) before an object goes.
+const Finalizer = "sandbox.cireilclaw.dev/finalizer"
+
+// OwnerLabel marks runtime instances with the Sandbox that owns them,
+// as <namespace>/<name>, so orphans can be found.
+const OwnerLabel = "sandbox.cireilclaw.dev/owner"

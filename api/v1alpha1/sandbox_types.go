@@ -1,0 +1,238 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Backend names the runtime that runs an agent's commands.
+// +kubebuilder:validation:Enum=bwrap;containerd;incus
+type Backend string
+
+const (
+	// BackendBwrap runs each command in a fresh bubblewrap namespace.
+	BackendBwrap Backend = "bwrap"
+	// BackendContainerd keeps one containerd container per agent.
+	BackendContainerd Backend = "containerd"
+	// BackendIncus keeps one Incus system container per agent.
+	BackendIncus Backend = "incus"
+)
+
+// MountMode says whether the sandbox may write to a mount.
+type MountMode string
+
+const (
+	// MountReadOnly exposes the source read-only.
+	MountReadOnly MountMode = "ro"
+	// MountReadWrite exposes the source read-write.
+	MountReadWrite MountMode = "rw"
+)
+
+// Mount exposes a host directory inside the sandbox below /workspace/.
+type Mount struct {
+	// Source is the host directory to expose. It must be an absolute path or
+	// begin with ~/ (the controller's home directory).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') || self.startsWith('~/')",message="mount sources must be absolute paths or begin with ~/"
+	Source string `json:"source"`
+
+	// Target is where the source appears, as a relative path below
+	// /workspace/ ("project" appears at /workspace/project). Targets of one
+	// sandbox must not overlap: configure sibling targets rather than nesting
+	// one below another.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/')",message="mount targets are relative paths below /workspace/, not absolute paths"
+	// +kubebuilder:validation:XValidation:rule="!self.split('/').exists(s, s == '..' || s == '.')",message="mount targets must not contain '.' or '..' segments"
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') || !self.split('/').exists(s, s == '')",message="mount targets must not contain empty segments (no leading, trailing or doubled '/')"
+	Target string `json:"target"`
+
+	// Mode is ro (read-only) or rw (read-write). Defaults to ro.
+	// +kubebuilder:default=ro
+	// +kubebuilder:validation:XValidation:rule="self == 'ro' || self == 'rw'",message="mount modes are ro or rw"
+	// +optional
+	Mode MountMode `json:"mode,omitempty"`
+}
+
+// BinaryName is a host command made available to exec: a bare name looked
+// up on the host, never a path or a shell fragment.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=255
+// +kubebuilder:validation:XValidation:rule="!self.matches('[[:space:]]')",message="binaries must not contain spaces; arguments are passed separately"
+// +kubebuilder:validation:XValidation:rule="!self.matches('[|&;<>()$`\\\\\\\\\"\\'*?\\\\[\\\\]{}#~!]')",message="binaries must not contain shell metacharacters; arguments are passed separately"
+// +kubebuilder:validation:XValidation:rule="!self.contains('/')",message="binaries are command names, not paths: they must not contain '/'"
+type BinaryName string
+
+// EnvVarName is the name of an environment variable.
+// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",message="environment variable names contain only letters, digits and '_' and do not start with a digit"
+// +kubebuilder:validation:MaxLength=255
+type EnvVarName string
+
+// Devices says which host devices the sandbox sees. Device access is opt-in.
+type Devices struct {
+	// USB exposes the host's USB device nodes.
+	// +optional
+	USB bool `json:"usb,omitempty"`
+	// All exposes the host /dev. It is substantially broader than usb.
+	// +optional
+	All bool `json:"all,omitempty"`
+}
+
+// Environment configures what the command environment takes from the runtime.
+type Environment struct {
+	// Passthrough names variables copied from the runtime's own environment
+	// into every command. Nothing else of the runtime's environment leaks in.
+	// +kubebuilder:validation:MaxItems=128
+	// +listType=set
+	// +optional
+	Passthrough []EnvVarName `json:"passthrough,omitempty"`
+}
+
+// ContainerdSpec configures the containerd backend.
+type ContainerdSpec struct {
+	// Image is the image reference the container is created from. It must be
+	// present in the controller's containerd namespace; it is never pulled.
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+}
+
+// IncusSpec configures the Incus backend (the seed's [incus] table).
+type IncusSpec struct {
+	// Image is any image reference accepted by the Incus server.
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+	// Profiles are applied when the instance is created.
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Profiles []string `json:"profiles,omitempty"`
+	// Project is the Incus project; empty means the caller's current project.
+	// +optional
+	Project string `json:"project,omitempty"`
+	// ShutdownOnExit says whether the controller stops the agent's instance
+	// when it exits. With false the instance keeps running and a restarted
+	// controller reuses it.
+	// +kubebuilder:default=true
+	// +optional
+	ShutdownOnExit *bool `json:"shutdownOnExit,omitempty"`
+}
+
+// SandboxSpec is what an agent's environment is.
+// +kubebuilder:validation:XValidation:rule="self.backend != 'incus' || has(self.incus)",message="backend incus requires the incus table (spec.incus with an image)"
+// +kubebuilder:validation:XValidation:rule="self.backend != 'containerd' || has(self.containerd)",message="backend containerd requires the containerd table (spec.containerd with an image)"
+type SandboxSpec struct {
+	// Agent is the agent's slug, a DNS-1123 label of at most 52 characters.
+	// The runtime instance is named cireilclaw-{agent} and the host areas
+	// live in <areas-root>/{agent}/. Immutable.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=52
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="agent must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="agent is immutable: create a new Sandbox for another agent"
+	Agent string `json:"agent"`
+
+	// Backend selects the runtime: bwrap (default, a fresh namespace per
+	// command), containerd (one container per agent) or incus (one system
+	// container per agent). Immutable.
+	// +kubebuilder:default=bwrap
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="backend is immutable: delete and recreate the Sandbox to change it"
+	// +optional
+	Backend Backend `json:"backend,omitempty"`
+
+	// NodeName is the node whose controller runs this sandbox. A controller
+	// started with --node-name reconciles only the Sandboxes naming its node;
+	// one started without it reconciles only Sandboxes without a node name.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+
+	// Mounts expose host directories inside the sandbox below /workspace/.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(a, self.exists_one(b, b.target == a.target)) && self.all(a, self.all(b, !b.target.startsWith(a.target + '/')))",message="mount targets must not overlap: configure sibling targets rather than nesting one below another"
+	// +optional
+	Mounts []Mount `json:"mounts,omitempty"`
+
+	// Binaries is the allowlist of host commands exec may run (the seed's
+	// [bwrap] binaries). Commands are bare names; arguments are passed
+	// separately, never through a shell.
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	// +optional
+	Binaries []BinaryName `json:"binaries,omitempty"`
+
+	// Devices opts into host device access.
+	// +optional
+	Devices Devices `json:"devices,omitempty"`
+
+	// Env configures the command environment.
+	// +optional
+	Env Environment `json:"env,omitempty"`
+
+	// Containerd configures the containerd backend; required with it.
+	// +optional
+	Containerd *ContainerdSpec `json:"containerd,omitempty"`
+
+	// Incus configures the Incus backend; required with it.
+	// +optional
+	Incus *IncusSpec `json:"incus,omitempty"`
+
+	// IdleTimeout is how long the instance keeps running after its last
+	// claim is released before it is stopped. Defaults to 5m.
+	// +kubebuilder:default="5m"
+	// +optional
+	IdleTimeout *metav1.Duration `json:"idleTimeout,omitempty"`
+
+	// KeepRunning keeps the instance running when no claim needs it.
+	// +optional
+	KeepRunning bool `json:"keepRunning,omitempty"`
+}
+
+// SandboxStatus is what the controller observed.
+type SandboxStatus struct {
+	// ObservedGeneration is the generation the status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Claims counts the SessionClaims bound to this Sandbox and not being deleted.
+	// +optional
+	Claims int32 `json:"claims"`
+	// Instance is the runtime instance name, cireilclaw-{agent}.
+	// +optional
+	Instance string `json:"instance,omitempty"`
+	// IdleSince is when the last claim was released while the instance was
+	// running; the instance stops idleTimeout later.
+	// +optional
+	IdleSince *metav1.Time `json:"idleSince,omitempty"`
+	// Conditions: Ready (the instance is running and takes commands) and
+	// RuntimeReady (the instance is in the state the claims ask for).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Sandbox declares one agent's least-privilege environment.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=sbx;sb,categories=cireilclaw
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.spec.backend`
+// +kubebuilder:printcolumn:name="Claims",type=integer,JSONPath=`.status.claims`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Instance",type=string,JSONPath=`.status.instance`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Sandbox struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   SandboxSpec   `json:"spec"`
+	Status SandboxStatus `json:"status,omitempty"`
+}
+
+// SandboxList is a list of Sandboxes.
+// +kubebuilder:object:root=true
+type SandboxList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Sandbox `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Sandbox{}, &SandboxList{})
+}

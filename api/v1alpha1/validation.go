@@ -1,0 +1,189 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// The messages of the admission rules. Each one is also the message of a CEL
+// rule in the markers above the field it checks; a test keeps the two sets
+// equal, so a user sees the same words from kubectl apply and from the
+// sandbox.toml loader.
+const (
+	MsgMountSource        = "mount sources must be absolute paths or begin with ~/"
+	MsgMountTargetAbs     = "mount targets are relative paths below /workspace/, not absolute paths"
+	MsgMountTargetDots    = "mount targets must not contain '.' or '..' segments"
+	MsgMountTargetEmpty   = "mount targets must not contain empty segments (no leading, trailing or doubled '/')"
+	MsgMountMode          = "mount modes are ro or rw"
+	MsgMountOverlap       = "mount targets must not overlap: configure sibling targets rather than nesting one below another"
+	MsgBinarySpace        = "binaries must not contain spaces; arguments are passed separately"
+	MsgBinaryMeta         = "binaries must not contain shell metacharacters; arguments are passed separately"
+	MsgBinarySlash        = "binaries are command names, not paths: they must not contain '/'"
+	MsgEnvName            = "environment variable names contain only letters, digits and '_' and do not start with a digit"
+	MsgAgentLabel         = "agent must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit"
+	MsgAgentImmutable     = "agent is immutable: create a new Sandbox for another agent"
+	MsgBackendImmutable   = "backend is immutable: delete and recreate the Sandbox to change it"
+	MsgIncusRequired      = "backend incus requires the incus table (spec.incus with an image)"
+	MsgContainerdRequired = "backend containerd requires the containerd table (spec.containerd with an image)"
+	MsgSandboxNameImmut   = "sandboxName is immutable: create a new SessionClaim for another Sandbox"
+)
+
+// ShellMetacharacters are the characters a binary name (and the command of
+// an exec request) must not contain: each means something to a shell.
+const ShellMetacharacters = "|&;<>()$`\\\"'*?[]{}#~!"
+
+// MaxAgentLength keeps cireilclaw-{agent} within the 63 characters that
+// instance names and label values allow.
+const MaxAgentLength = 52
+
+var (
+	agentPattern   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// InstanceName is the runtime instance name of an agent, as the seed names it.
+func InstanceName(agent string) string { return "cireilclaw-" + agent }
+
+// BackendOrDefault is the backend, with the default applied.
+func (s *SandboxSpec) BackendOrDefault() Backend {
+	if s.Backend == "" {
+		return BackendBwrap
+	}
+	return s.Backend
+}
+
+// ValidateSandboxSpec applies the admission rules to a spec that did not
+// come through the API server (sandbox.toml), and again in the controller so
+// that a CRD installed without its rules cannot widen a sandbox.
+func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
+	var errs field.ErrorList
+	p := field.NewPath("spec")
+
+	if msg := CheckAgent(spec.Agent); msg != "" {
+		errs = append(errs, field.Invalid(p.Child("agent"), spec.Agent, msg))
+	}
+	switch spec.BackendOrDefault() {
+	case BackendBwrap:
+	case BackendIncus:
+		if spec.Incus == nil || spec.Incus.Image == "" {
+			errs = append(errs, field.Required(p.Child("incus"), MsgIncusRequired))
+		}
+	case BackendContainerd:
+		if spec.Containerd == nil || spec.Containerd.Image == "" {
+			errs = append(errs, field.Required(p.Child("containerd"), MsgContainerdRequired))
+		}
+	default:
+		errs = append(errs, field.NotSupported(p.Child("backend"), spec.Backend,
+			[]string{string(BackendBwrap), string(BackendContainerd), string(BackendIncus)}))
+	}
+
+	mp := p.Child("mounts")
+	for i, m := range spec.Mounts {
+		if msg := CheckMountSource(m.Source); msg != "" {
+			errs = append(errs, field.Invalid(mp.Index(i).Child("source"), m.Source, msg))
+		}
+		for _, msg := range CheckMountTarget(m.Target) {
+			errs = append(errs, field.Invalid(mp.Index(i).Child("target"), m.Target, msg))
+		}
+		if m.Mode != "" && m.Mode != MountReadOnly && m.Mode != MountReadWrite {
+			errs = append(errs, field.Invalid(mp.Index(i).Child("mode"), m.Mode, MsgMountMode))
+		}
+	}
+	if i, j, ok := OverlappingTargets(spec.Mounts); ok {
+		errs = append(errs, field.Invalid(mp, fmt.Sprintf("%q and %q", spec.Mounts[i].Target, spec.Mounts[j].Target), MsgMountOverlap))
+	}
+
+	for i, b := range spec.Binaries {
+		if msg := CheckBinaryName(string(b)); msg != "" {
+			errs = append(errs, field.Invalid(p.Child("binaries").Index(i), b, msg))
+		}
+	}
+	for i, n := range spec.Env.Passthrough {
+		if !envNamePattern.MatchString(string(n)) {
+			errs = append(errs, field.Invalid(p.Child("env", "passthrough").Index(i), n, MsgEnvName))
+		}
+	}
+	return errs
+}
+
+// CheckAgent returns the rule an agent slug breaks, or "".
+func CheckAgent(agent string) string {
+	if len(agent) == 0 || len(agent) > MaxAgentLength || !agentPattern.MatchString(agent) {
+		return MsgAgentLabel
+	}
+	return ""
+}
+
+// CheckMountSource returns the rule a mount source breaks, or "".
+func CheckMountSource(src string) string {
+	if strings.HasPrefix(src, "/") || strings.HasPrefix(src, "~/") {
+		return ""
+	}
+	return MsgMountSource
+}
+
+// CheckMountTarget returns the rules a mount target breaks.
+func CheckMountTarget(target string) []string {
+	if strings.HasPrefix(target, "/") {
+		return []string{MsgMountTargetAbs}
+	}
+	var out []string
+	segs := strings.Split(target, "/")
+	for _, s := range segs {
+		if s == "." || s == ".." {
+			out = append(out, MsgMountTargetDots)
+			break
+		}
+	}
+	for _, s := range segs {
+		if s == "" {
+			out = append(out, MsgMountTargetEmpty)
+			break
+		}
+	}
+	return out
+}
+
+// OverlappingTargets reports the first pair of mounts whose targets are equal
+// or nested one below the other.
+func OverlappingTargets(mounts []Mount) (int, int, bool) {
+	for i := range mounts {
+		for j := range mounts {
+			if i == j {
+				continue
+			}
+			a, b := mounts[i].Target, mounts[j].Target
+			if (a == b && i < j) || strings.HasPrefix(b, a+"/") {
+				return i, j, true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+// CheckBinaryName returns the rule a binary name breaks, or "".
+func CheckBinaryName(name string) string {
+	if _, ok := FirstForbidden(name); ok {
+		if strings.ContainsAny(name, " \t\n\r\v\f") {
+			return MsgBinarySpace
+		}
+		return MsgBinaryMeta
+	}
+	if strings.Contains(name, "/") {
+		return MsgBinarySlash
+	}
+	return ""
+}
+
+// FirstForbidden returns the first whitespace or shell metacharacter in s.
+func FirstForbidden(s string) (rune, bool) {
+	for _, r := range s {
+		if r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f' || strings.ContainsRune(ShellMetacharacters, r) {
+			return r, true
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,158 @@
+// Command sandbox-controller is the manager: it reconciles Sandboxes and
+// SessionClaims against the runtimes enabled on this node.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+)
+
+type flags struct {
+	areasRoot, stateDir, nodeName, backends string
+	metricsAddr, probeAddr                  string
+	leaderElect                             bool
+	local                                   bool
+	localAssets, localCRDs, localKubeconfig string
+}
+
+func main() {
+	var f flags
+	flag.StringVar(&f.areasRoot, "areas-root", "/var/lib/sandbox-controller/areas", "host directory holding one directory of areas per agent (<areas-root>/<agent>/{workspace,memories,blocks,skills,tasks}); never deleted by the controller")
+	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
+	flag.StringVar(&f.nodeName, "node-name", "", "reconcile only Sandboxes whose spec.nodeName is this node; empty reconciles only Sandboxes without a node name")
+	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node (available: bwrap)")
+	flag.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
+	flag.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address the health and readiness probes bind to; 0 disables them")
+	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader so only one replica reconciles at a time")
+	flag.BoolVar(&f.local, "local-control-plane", false, "start a throw-away local kube-apiserver and etcd with the CRDs installed and run against it (for trying the controller; data is lost on exit)")
+	flag.StringVar(&f.localAssets, "local-assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with the kube-apiserver and etcd binaries for --local-control-plane (default $KUBEBUILDER_ASSETS)")
+	flag.StringVar(&f.localCRDs, "local-crds", "config/crd/bases", "CRD directory installed by --local-control-plane")
+	flag.StringVar(&f.localKubeconfig, "local-kubeconfig", "bin/local/kubeconfig", "where --local-control-plane writes its administrator kubeconfig")
+	opts := zap.Options{Development: true}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+
+	if err := run(ctrl.SetupSignalHandler(), f); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, f flags) (retErr error) {
+	log := ctrl.Log.WithName("setup")
+	areasRoot, err := filepath.Abs(f.areasRoot)
+	if err != nil {
+		return fmt.Errorf("--areas-root: %w", err)
+	}
+	stateDir := f.stateDir
+	if stateDir == "" {
+		stateDir = filepath.Join(areasRoot, ".runtime")
+	}
+	if stateDir, err = filepath.Abs(stateDir); err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
+	rts, err := enableBackends(f.backends, stateDir)
+	if err != nil {
+		return err
+	}
+
+	var cfg *rest.Config
+	if f.local {
+		cp, err := localcp.Start(f.localAssets, f.localCRDs, f.localKubeconfig)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			log.Info("stopping the local control plane")
+			retErr = errors.Join(retErr, cp.Stop())
+		}()
+		cfg = cp.Config
+		kc, _ := filepath.Abs(cp.Kubeconfig)
+		fmt.Fprintf(os.Stderr, `
+Local control plane is up (CRDs installed). In another shell:
+
+  export KUBECONFIG=%s
+  kubectl apply -f config/samples/
+  kubectl get sandboxes,sessionclaims -w
+
+Agent areas live in %s. Ctrl-C stops the controller and the control plane.
+
+`, kc, areasRoot)
+	} else if cfg, err = ctrl.GetConfig(); err != nil {
+		return fmt.Errorf("finding the cluster (kubeconfig or in-cluster config): %w", err)
+	}
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: f.metricsAddr},
+		HealthProbeBindAddress: f.probeAddr,
+		LeaderElection:         f.leaderElect,
+		LeaderElectionID:       "sandbox-controller.cireilclaw.dev",
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	home, _ := os.UserHomeDir()
+	if err := controllers.Setup(ctx, mgr, controllers.Options{
+		Runtimes: rts,
+		Host:     runtimes.Options{AreasRoot: areasRoot, Home: home},
+		NodeName: f.nodeName,
+	}); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("starting manager", "areasRoot", areasRoot, "backends", f.backends, "node", f.nodeName)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running the manager: %w", err)
+	}
+	return nil
+}
+
+func enableBackends(list, stateDir string) (map[v1alpha1.Backend]runtimes.Runtime, error) {
+	rts := map[v1alpha1.Backend]runtimes.Runtime{}
+	for _, b := range strings.Split(list, ",") {
+		switch v1alpha1.Backend(strings.TrimSpace(b)) {
+		case v1alpha1.BackendBwrap:
+			rt, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(stateDir, "bwrap")})
+			if err != nil {
+				return nil, err
+			}
+			rts[v1alpha1.BackendBwrap] = rt
+		default:
+			return nil, fmt.Errorf("--backends: unknown or unavailable backend %q (available: bwrap)", b)
+		}
+	}
+	return rts, nil
+}

@@ -1,0 +1,355 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// SandboxReconciler keeps a Sandbox's runtime instance running while live
+// claims exist and stops it idleTimeout after the last one goes.
+type SandboxReconciler struct {
+	client.Client
+	Options
+	Recorder record.EventRecorder
+}
+
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/finalizers,verbs=update
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// SetupWithManager watches Sandboxes and, through the claim index, the
+// SessionClaims that count towards them.
+func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.Sandbox{}).
+		Watches(&v1alpha1.SessionClaim{}, handler.EnqueueRequestsFromMapFunc(
+			func(_ context.Context, o client.Object) []reconcile.Request {
+				c := o.(*v1alpha1.SessionClaim)
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.SandboxName}}}
+			})).
+		// A Sandbox that loses the agent name to another one must hear when
+		// that one goes.
+		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sameAgent)).
+		Named("sandbox").
+		Complete(r)
+}
+
+func (r *SandboxReconciler) sameAgent(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.SandboxList
+	if err := r.List(ctx, &list, client.MatchingFields{indexSandboxAgent: o.(*v1alpha1.Sandbox).Spec.Agent}); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, sb := range list.Items {
+		if sb.UID != o.GetUID() {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&sb)})
+		}
+	}
+	return reqs
+}
+
+// sandboxScope is what one reconcile of one Sandbox works on.
+type sandboxScope struct {
+	sb       *v1alpha1.Sandbox
+	owner    string
+	rt       runtimes.Runtime
+	instance runtimes.Instance
+	claims   []v1alpha1.SessionClaim
+	live     int
+	state    runtimes.State
+}
+
+// Reconcile converges one Sandbox. It is safe to repeat after a crash at
+// any line: every step looks at what exists before it acts.
+func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	sb := &v1alpha1.Sandbox{}
+	if err := r.Get(ctx, req.NamespacedName, sb); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !onNode(sb, r.NodeName) {
+		return ctrl.Result{}, nil
+	}
+	if !controllerutil.ContainsFinalizer(sb, v1alpha1.Finalizer) && sb.DeletionTimestamp.IsZero() {
+		controllerutil.AddFinalizer(sb, v1alpha1.Finalizer)
+		return ctrl.Result{}, r.Update(ctx, sb)
+	}
+
+	before := sb.DeepCopy()
+	defer func() {
+		if retErr == nil {
+			sb.Status.ObservedGeneration = sb.Generation
+		}
+		if err := r.patchStatus(ctx, before, sb); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+
+	s := &sandboxScope{sb: sb, owner: req.String()}
+	sb.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
+	if err := r.loadClaims(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	sb.Status.Claims = int32(s.live)
+
+	if !sb.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, s)
+	}
+	for _, phase := range []func(context.Context, *sandboxScope) (bool, error){
+		r.checkBackend, r.checkSpec, r.checkNameConflict, r.inspect,
+	} {
+		if stop, err := phase(ctx, s); stop || err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return r.converge(ctx, s)
+}
+
+func (r *SandboxReconciler) patchStatus(ctx context.Context, before, sb *v1alpha1.Sandbox) error {
+	if equality.Semantic.DeepEqual(before.Status, sb.Status) {
+		return nil
+	}
+	if err := r.Status().Patch(ctx, sb, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("writing status of Sandbox %s/%s: %w", sb.Namespace, sb.Name, err)
+	}
+	return nil
+}
+
+func (r *SandboxReconciler) loadClaims(ctx context.Context, s *sandboxScope) error {
+	var list v1alpha1.SessionClaimList
+	if err := r.List(ctx, &list, client.InNamespace(s.sb.Namespace), client.MatchingFields{indexClaimSandbox: s.sb.Name}); err != nil {
+		return fmt.Errorf("listing claims of Sandbox %s: %w", s.owner, err)
+	}
+	s.claims = list.Items
+	for _, c := range list.Items {
+		if c.DeletionTimestamp.IsZero() {
+			s.live++
+		}
+	}
+	return nil
+}
+
+func (r *SandboxReconciler) notReady(s *sandboxScope, reason, msg string) {
+	gen := s.sb.Generation
+	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, false, reason, msg)
+	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionReady, false, reason, msg)
+}
+
+func (r *SandboxReconciler) checkBackend(_ context.Context, s *sandboxScope) (bool, error) {
+	backend := s.sb.Spec.BackendOrDefault()
+	rt, ok := r.Runtimes[backend]
+	if !ok {
+		r.notReady(s, v1alpha1.ReasonBackendUnavailable, fmt.Sprintf("this controller was not started with the %s backend (enabled: %v)", backend, r.enabledBackends()))
+		return true, nil
+	}
+	s.rt = rt
+	return false, nil
+}
+
+func (r *SandboxReconciler) enabledBackends() []string {
+	var out []string
+	for b := range r.Runtimes {
+		out = append(out, string(b))
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool, error) {
+	in, err := runtimes.Describe(s.owner, &s.sb.Spec, r.Host)
+	if err != nil {
+		r.notReady(s, v1alpha1.ReasonInvalidSpec, err.Error())
+		return true, nil
+	}
+	s.instance = in
+	return false, nil
+}
+
+// checkNameConflict gives the instance name to the oldest Sandbox of the
+// agent on this node; the others wait and say why.
+func (r *SandboxReconciler) checkNameConflict(ctx context.Context, s *sandboxScope) (bool, error) {
+	var list v1alpha1.SandboxList
+	if err := r.List(ctx, &list, client.MatchingFields{indexSandboxAgent: s.sb.Spec.Agent}); err != nil {
+		return false, fmt.Errorf("listing Sandboxes of agent %s: %w", s.sb.Spec.Agent, err)
+	}
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.UID == s.sb.UID || !onNode(o, r.NodeName) || !o.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if older(o, s.sb) {
+			msg := fmt.Sprintf("Sandbox %s/%s already uses agent %q, so the instance name %s", o.Namespace, o.Name, s.sb.Spec.Agent, s.instance.Name)
+			r.notReady(s, v1alpha1.ReasonNameConflict, msg)
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func older(a, b *v1alpha1.Sandbox) bool {
+	ta, tb := a.CreationTimestamp.Time, b.CreationTimestamp.Time
+	if !ta.Equal(tb) {
+		return ta.Before(tb)
+	}
+	return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+}
+
+func (r *SandboxReconciler) inspect(ctx context.Context, s *sandboxScope) (bool, error) {
+	st, err := s.rt.Inspect(ctx, s.instance.Name)
+	if err != nil {
+		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		return true, err
+	}
+	if st.Exists && st.Owner != s.owner {
+		r.notReady(s, v1alpha1.ReasonNameConflict, fmt.Sprintf("instance %s exists and belongs to %s", st.Name, st.Owner))
+		return true, nil
+	}
+	s.state = st
+	return false, nil
+}
+
+// converge starts the instance while claims exist and stops it once it has
+// been idle for idleTimeout, unless keepRunning says otherwise.
+func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl.Result, error) {
+	sb, gen := s.sb, s.sb.Generation
+	now := r.Now()
+	if s.live > 0 {
+		sb.Status.IdleSince = nil
+		if err := r.ensure(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		msg := fmt.Sprintf("instance %s is running for %d claim(s)", s.instance.Name, s.live)
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonRunning, msg)
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonRunning, msg)
+		return ctrl.Result{}, nil
+	}
+
+	if !s.state.Running {
+		sb.Status.IdleSince = nil
+		msg := fmt.Sprintf("no claims: instance %s starts when a SessionClaim binds", s.instance.Name)
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonStopped, msg)
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonStopped, msg)
+		return ctrl.Result{}, nil
+	}
+	if sb.Spec.KeepRunning {
+		sb.Status.IdleSince = nil
+		if err := r.ensure(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		msg := fmt.Sprintf("no claims: instance %s keeps running (keepRunning)", s.instance.Name)
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonIdle, msg)
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonIdle, msg)
+		return ctrl.Result{}, nil
+	}
+
+	if sb.Status.IdleSince == nil {
+		// Whole seconds: what the API server stores, so a re-read compares equal.
+		t := metav1.NewTime(now.Truncate(time.Second))
+		sb.Status.IdleSince = &t
+	}
+	stopAt := sb.Status.IdleSince.Add(idleTimeout(sb))
+	if now.Before(stopAt) {
+		msg := fmt.Sprintf("no claims: instance %s stops at %s unless a SessionClaim binds", s.instance.Name, stopAt.UTC().Format(time.RFC3339))
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonIdle, msg)
+		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonIdle, msg)
+		return ctrl.Result{RequeueAfter: stopAt.Sub(now)}, nil
+	}
+	if err := s.rt.Stop(ctx, s.instance.Name); err != nil {
+		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		return ctrl.Result{}, err
+	}
+	log.FromContext(ctx).Info("stopped idle instance", "instance", s.instance.Name, "idleSince", sb.Status.IdleSince.Time)
+	r.Recorder.Eventf(sb, "Normal", v1alpha1.ReasonStopped, "stopped instance %s after %s without claims", s.instance.Name, idleTimeout(sb))
+	sb.Status.IdleSince = nil
+	msg := fmt.Sprintf("no claims: instance %s stopped; it starts when a SessionClaim binds", s.instance.Name)
+	setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonStopped, msg)
+	setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonStopped, msg)
+	return ctrl.Result{}, nil
+}
+
+// ensure starts the instance unless it already runs with this configuration,
+// so a restarted controller adopts a running instance instead of recreating it.
+func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
+	if s.state.Running && s.state.ConfigHash == s.instance.ConfigHash {
+		return nil
+	}
+	st, err := s.rt.Ensure(ctx, s.instance)
+	if err != nil {
+		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		r.Recorder.Eventf(s.sb, "Warning", string(runtimes.ReasonOf(err)), "ensuring instance %s: %v", s.instance.Name, err)
+		return err
+	}
+	if !s.state.Running {
+		log.FromContext(ctx).Info("started instance", "instance", s.instance.Name, "claims", s.live)
+		r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonRunning, "started instance %s for %d claim(s)", s.instance.Name, s.live)
+	}
+	s.state = st
+	return nil
+}
+
+// reconcileDelete releases the claims first (their own finalizers clean up
+// after them), then deletes the instance, and never the host areas.
+func (r *SandboxReconciler) reconcileDelete(ctx context.Context, s *sandboxScope) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(s.sb, v1alpha1.Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	for i := range s.claims {
+		c := &s.claims[i]
+		if c.DeletionTimestamp.IsZero() {
+			if err := r.Delete(ctx, c); client.IgnoreNotFound(err) != nil {
+				return ctrl.Result{}, fmt.Errorf("deleting claim %s/%s of a deleted Sandbox: %w", c.Namespace, c.Name, err)
+			}
+		}
+	}
+	if len(s.claims) > 0 {
+		r.notReady(s, v1alpha1.ReasonDeleting, fmt.Sprintf("waiting for %d claim(s) to be released", len(s.claims)))
+		return ctrl.Result{}, nil
+	}
+	if rt, ok := r.Runtimes[s.sb.Spec.BackendOrDefault()]; ok {
+		name := v1alpha1.InstanceName(s.sb.Spec.Agent)
+		st, err := rt.Inspect(ctx, name)
+		if err != nil {
+			r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+			return ctrl.Result{}, err
+		}
+		// A Sandbox that lost the name to another one never deletes that one's instance.
+		if st.Exists && st.Owner == s.owner {
+			if err := rt.Delete(ctx, name); err != nil {
+				r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+				return ctrl.Result{}, err
+			}
+			log.FromContext(ctx).Info("deleted instance; host areas kept", "instance", name)
+		}
+	}
+	controllerutil.RemoveFinalizer(s.sb, v1alpha1.Finalizer)
+	if err := r.Update(ctx, s.sb); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	return ctrl.Result{}, nil
+}
+
+func idleTimeout(sb *v1alpha1.Sandbox) time.Duration {
+	if sb.Spec.IdleTimeout == nil {
+		return 5 * time.Minute
+	}
+	return sb.Spec.IdleTimeout.Duration
+}

@@ -1,0 +1,152 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// SessionClaimReconciler binds claims to their Sandbox and mirrors the
+// Sandbox's readiness on them.
+type SessionClaimReconciler struct {
+	client.Client
+	NodeName string
+}
+
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims/finalizers,verbs=update
+
+// SetupWithManager watches SessionClaims and the Sandboxes they name, so a
+// claim created before its Sandbox binds as soon as the Sandbox appears.
+func (r *SessionClaimReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.SessionClaim{}).
+		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf)).
+		Named("sessionclaim").
+		Complete(r)
+}
+
+func (r *SessionClaimReconciler) claimsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	var list v1alpha1.SessionClaimList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexClaimSandbox: o.GetName()}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, c := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})
+	}
+	return reqs
+}
+
+// Reconcile binds one claim.
+func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	claim := &v1alpha1.SessionClaim{}
+	if err := r.Get(ctx, req.NamespacedName, claim); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	sb := &v1alpha1.Sandbox{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Spec.SandboxName}, sb)
+	found := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, fmt.Errorf("reading Sandbox %s of claim %s: %w", claim.Spec.SandboxName, req, err)
+	}
+	// With a Sandbox on another node, that node's controller owns the claim.
+	if found && !onNode(sb, r.NodeName) {
+		return ctrl.Result{}, nil
+	}
+
+	if !claim.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.release(ctx, claim)
+	}
+	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
+		controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
+		return ctrl.Result{}, r.Update(ctx, claim)
+	}
+
+	before := claim.DeepCopy()
+	defer func() {
+		if retErr == nil {
+			claim.Status.ObservedGeneration = claim.Generation
+		}
+		if err := r.patchStatus(ctx, before, claim); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+
+	gen := claim.Generation
+	conds := &claim.Status.Conditions
+	switch {
+	case !found:
+		msg := fmt.Sprintf("Sandbox %q does not exist in namespace %q; the claim binds when it is created", claim.Spec.SandboxName, claim.Namespace)
+		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonSandboxNotFound, msg)
+		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotFound, msg)
+		claim.Status.Instance = ""
+		return ctrl.Result{}, nil
+	case !sb.DeletionTimestamp.IsZero():
+		msg := fmt.Sprintf("Sandbox %q is being deleted", sb.Name)
+		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonSandboxDeleting, msg)
+		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxDeleting, msg)
+		return ctrl.Result{}, nil
+	}
+
+	if !isOwnedBy(claim, sb) {
+		if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
+			return ctrl.Result{}, fmt.Errorf("making Sandbox %s the owner of claim %s: %w", sb.Name, req, err)
+		}
+		return ctrl.Result{}, r.Update(ctx, claim)
+	}
+
+	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
+	setCondition(conds, gen, v1alpha1.ConditionBound, true, v1alpha1.ReasonBound, fmt.Sprintf("bound to Sandbox %q", sb.Name))
+	if conditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
+		setCondition(conds, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonSandboxReady, fmt.Sprintf("instance %s is running", claim.Status.Instance))
+	} else {
+		msg := fmt.Sprintf("Sandbox %q is not ready yet", sb.Name)
+		if c := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+			msg = fmt.Sprintf("Sandbox %q is not ready: %s: %s", sb.Name, c.Reason, c.Message)
+		}
+		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, msg)
+	}
+	return ctrl.Result{}, nil
+}
+
+// release lets a deleted claim go. The Sandbox hears of it through its
+// claim watch and recounts.
+func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.SessionClaim) error {
+	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
+		return nil
+	}
+	controllerutil.RemoveFinalizer(claim, v1alpha1.Finalizer)
+	return client.IgnoreNotFound(r.Update(ctx, claim))
+}
+
+func (r *SessionClaimReconciler) patchStatus(ctx context.Context, before, claim *v1alpha1.SessionClaim) error {
+	if equality.Semantic.DeepEqual(before.Status, claim.Status) {
+		return nil
+	}
+	if err := r.Status().Patch(ctx, claim, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("writing status of SessionClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	return nil
+}
+
+func isOwnedBy(claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) bool {
+	for _, ref := range claim.OwnerReferences {
+		if ref.UID == sb.UID {
+			return true
+		}
+	}
+	return false
+}

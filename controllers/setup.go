@@ -1,0 +1,69 @@
+// Package controllers converges Sandboxes and SessionClaims: claims bind to
+// their Sandbox, the Sandbox counts its live claims and drives its runtime
+// (running while claims exist, stopped idleTimeout after the last one goes),
+// and both report what they see in status conditions. The controllers never
+// write a spec and never delete an agent's host areas.
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Field indexes the controllers look objects up by.
+const (
+	indexClaimSandbox = "spec.sandboxName"
+	indexSandboxAgent = "spec.agent"
+)
+
+// Options configure both controllers.
+type Options struct {
+	// Runtimes maps each enabled backend to its driver.
+	Runtimes map[v1alpha1.Backend]runtimes.Runtime
+	// Host gives the areas root and home directory for instance descriptions.
+	Host runtimes.Options
+	// NodeName limits the controllers to Sandboxes naming this node; empty
+	// means Sandboxes without a node name.
+	NodeName string
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Setup registers the field indexes and both controllers with mgr.
+func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &v1alpha1.SessionClaim{}, indexClaimSandbox, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.SessionClaim).Spec.SandboxName}
+	}); err != nil {
+		return fmt.Errorf("indexing SessionClaims by sandbox: %w", err)
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.Sandbox{}, indexSandboxAgent, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.Sandbox).Spec.Agent}
+	}); err != nil {
+		return fmt.Errorf("indexing Sandboxes by agent: %w", err)
+	}
+	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")}
+	if err := sr.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Sandbox controller: %w", err)
+	}
+	cr := &SessionClaimReconciler{Client: mgr.GetClient(), NodeName: opts.NodeName}
+	if err := cr.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the SessionClaim controller: %w", err)
+	}
+	return nil
+}
+
+// onNode says whether this controller is the one for a Sandbox.
+func onNode(sb *v1alpha1.Sandbox, node string) bool {
+	return sb.Spec.NodeName == node
+}

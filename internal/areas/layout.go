@@ -1,0 +1,49 @@
+package areas
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Layout creates dir and one directory per name inside it, each only when
+// missing. It never removes or replaces anything: an existing area keeps its
+// files, and a symbolic link where a directory belongs is an error rather
+// than something to follow or clear away.
+func Layout(dir string, names []string) error {
+	if err := ensureDir(filepath.Dir(dir), true); err != nil {
+		return err
+	}
+	if err := ensureDir(dir, false); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := ensureDir(filepath.Join(dir, n), false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ensureDir(path string, parents bool) error {
+	fi, err := os.Lstat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		return nil
+	case err == nil:
+		return fmt.Errorf("laying out agent areas: %s exists and is not a directory (%s); refusing to use or replace it", path, fi.Mode().Type())
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("laying out agent areas: %w", err)
+	}
+	if parents {
+		err = os.MkdirAll(path, 0o755)
+	} else {
+		err = os.Mkdir(path, 0o755)
+	}
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("laying out agent areas: %w", err)
+	}
+	return nil
+}

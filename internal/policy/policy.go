@@ -1,0 +1,40 @@
+// Package policy decides whether a command may run in a sandbox and builds
+// the environment it runs with. Every driver calls it before running
+// anything; it never runs a command itself and never consults a shell.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// ErrRefused is wrapped by every refusal, so callers can tell a refused
+// command from a failure to run an allowed one.
+var ErrRefused = errors.New("command refused")
+
+// CheckArgv checks a command against the allowlist: argv[0] is the command,
+// a bare name that must be listed in allowed and must contain no shell
+// metacharacter, space or slash. Arguments are passed as they are.
+func CheckArgv(allowed []string, argv []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return fmt.Errorf("%w: no command given", ErrRefused)
+	}
+	cmd := argv[0]
+	if r, ok := v1alpha1.FirstForbidden(cmd); ok {
+		what := "shell metacharacter"
+		if r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f' {
+			what = "whitespace"
+		}
+		return fmt.Errorf("%w: command %q contains the %s %q; pass arguments separately, never as one string", ErrRefused, cmd, what, r)
+	}
+	if msg := v1alpha1.CheckBinaryName(cmd); msg != "" {
+		return fmt.Errorf("%w: command %q: %s", ErrRefused, cmd, msg)
+	}
+	if !slices.Contains(allowed, cmd) {
+		return fmt.Errorf("%w: command %q is not in the sandbox's binaries allowlist %v", ErrRefused, cmd, allowed)
+	}
+	return nil
+}

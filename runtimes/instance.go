@@ -1,0 +1,132 @@
+package runtimes
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// The standard areas of an agent, in the order the seed lists them.
+var StandardAreas = []AreaSpec{
+	{Name: "workspace", Target: "/workspace"},
+	{Name: "memories", Target: "/memories"},
+	{Name: "blocks", Target: "/blocks", ReadOnly: true},
+	{Name: "skills", Target: "/skills"},
+	{Name: "tasks", Target: "/tasks"},
+}
+
+// AreaSpec names a standard area and where it appears in the sandbox.
+type AreaSpec struct {
+	Name     string
+	Target   string
+	ReadOnly bool
+}
+
+// Bind is one host directory bound into the sandbox.
+type Bind struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readOnly"`
+}
+
+// Instance is everything a driver needs to converge one agent's sandbox.
+type Instance struct {
+	Name  string `json:"name"`
+	Agent string `json:"agent"`
+	// Owner is <namespace>/<name> of the Sandbox, recorded on the instance.
+	Owner string `json:"owner"`
+	// AgentDir is <areas-root>/<agent> on the host.
+	AgentDir string `json:"agentDir"`
+	// Areas are the standard areas, host source to sandbox target.
+	Areas []Bind `json:"areas"`
+	// Mounts are the custom mounts, targets already below /workspace/.
+	Mounts   []Bind              `json:"mounts"`
+	Binaries []string            `json:"binaries"`
+	Devices  v1alpha1.Devices    `json:"devices"`
+	Env      []string            `json:"passthrough"`
+	Image    string              `json:"image,omitempty"`
+	Incus    *v1alpha1.IncusSpec `json:"incus,omitempty"`
+	// ConfigHash identifies everything above; a running instance whose hash
+	// differs needs a restart to take the change.
+	ConfigHash string `json:"-"`
+}
+
+// Options are the host facts Describe needs.
+type Options struct {
+	// AreasRoot holds one directory per agent.
+	AreasRoot string
+	// Home expands mount sources that begin with ~/.
+	Home string
+}
+
+// Describe builds the Instance for a Sandbox spec. It applies the admission
+// rules again and refuses a spec that breaks one.
+func Describe(owner string, spec *v1alpha1.SandboxSpec, opts Options) (Instance, error) {
+	if errs := v1alpha1.ValidateSandboxSpec(spec); len(errs) > 0 {
+		return Instance{}, fmt.Errorf("sandbox %s: %w", owner, errs.ToAggregate())
+	}
+	if !filepath.IsAbs(opts.AreasRoot) {
+		return Instance{}, fmt.Errorf("areas root %q must be an absolute path", opts.AreasRoot)
+	}
+	agentDir := filepath.Join(opts.AreasRoot, spec.Agent)
+	in := Instance{
+		Name:     v1alpha1.InstanceName(spec.Agent),
+		Agent:    spec.Agent,
+		Owner:    owner,
+		AgentDir: agentDir,
+		Devices:  spec.Devices,
+	}
+	for _, a := range StandardAreas {
+		in.Areas = append(in.Areas, Bind{Source: filepath.Join(agentDir, a.Name), Target: a.Target, ReadOnly: a.ReadOnly})
+	}
+	for _, m := range spec.Mounts {
+		src := m.Source
+		if strings.HasPrefix(src, "~/") {
+			if opts.Home == "" {
+				return Instance{}, fmt.Errorf("mount %q: source begins with ~/ but the controller has no home directory", m.Target)
+			}
+			src = filepath.Join(opts.Home, src[2:])
+		}
+		in.Mounts = append(in.Mounts, Bind{
+			Source:   filepath.Clean(src),
+			Target:   "/workspace/" + m.Target,
+			ReadOnly: m.Mode != v1alpha1.MountReadWrite,
+		})
+	}
+	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
+	for _, b := range spec.Binaries {
+		in.Binaries = append(in.Binaries, string(b))
+	}
+	sort.Strings(in.Binaries)
+	for _, e := range spec.Env.Passthrough {
+		in.Env = append(in.Env, string(e))
+	}
+	sort.Strings(in.Env)
+	switch spec.BackendOrDefault() {
+	case v1alpha1.BackendContainerd:
+		in.Image = spec.Containerd.Image
+	case v1alpha1.BackendIncus:
+		in.Image = spec.Incus.Image
+		in.Incus = spec.Incus.DeepCopy()
+	}
+	in.ConfigHash = hashOf(in)
+	return in, nil
+}
+
+func hashOf(in Instance) string {
+	// Owner is not part of the configuration: adopting an instance under the
+	// same owner must not look like a change.
+	in.Owner = ""
+	b, err := json.Marshal(in)
+	if err != nil {
+		panic(fmt.Sprintf("marshalling an instance description: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}

@@ -1,0 +1,101 @@
+// Package runtimes defines what every sandbox driver does (the Runtime
+// interface) and the one description of an instance that drivers take
+// (Instance). Drivers never read the API types: Describe builds the Instance
+// from a SandboxSpec, so the sandbox.toml path and the cluster path share
+// every rule.
+package runtimes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Runtime is a sandbox driver. Every method is idempotent and safe to repeat
+// after a crash at any point; none of them ever touches the host areas.
+type Runtime interface {
+	// Ensure creates the instance if it is absent and starts it if it is
+	// stopped. A running instance with the same ConfigHash is left alone.
+	Ensure(ctx context.Context, in Instance) (State, error)
+	// Stop stops the instance and keeps its container-local state.
+	Stop(ctx context.Context, name string) error
+	// Delete removes the instance. Host areas are never touched.
+	Delete(ctx context.Context, name string) error
+	// Inspect reports the instance; an absent instance is State{Exists: false}.
+	Inspect(ctx context.Context, name string) (State, error)
+	// Exec runs one command in the instance and returns its exit status.
+	Exec(ctx context.Context, name string, req ExecRequest) (ExitStatus, error)
+	// List reports the instances this driver owns, for orphan collection.
+	List(ctx context.Context) ([]State, error)
+}
+
+// State is what a driver observed of one instance.
+type State struct {
+	Name    string
+	Exists  bool
+	Running bool
+	// Owner is the <namespace>/<name> of the Sandbox that made the instance.
+	Owner string
+	// ConfigHash is the Instance.ConfigHash the instance was last ensured with.
+	ConfigHash string
+	// CreatedAt is when the instance was first created; adoption keeps it.
+	CreatedAt time.Time
+}
+
+// ExecRequest is one command. Argv is passed as separate arguments, never
+// through a shell.
+type ExecRequest struct {
+	Argv   []string
+	Env    []string
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// ExitStatus is how a command ended.
+type ExitStatus struct {
+	Code int
+}
+
+// Reason classifies a runtime error; it is the condition reason the
+// controller reports.
+type Reason string
+
+const (
+	ReasonUnavailable   Reason = "RuntimeUnavailable"
+	ReasonNameConflict  Reason = "NameConflict"
+	ReasonImageNotFound Reason = "ImageNotFound"
+	ReasonNotFound      Reason = "InstanceNotFound"
+	ReasonRefused       Reason = "CommandRefused"
+	ReasonFailed        Reason = "RuntimeError"
+)
+
+// Error is a runtime failure with the reason it maps to.
+type Error struct {
+	Reason Reason
+	Op     string
+	Name   string
+	Err    error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s %s: %v", e.Op, e.Name, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf builds an *Error.
+func Errorf(reason Reason, op, name, format string, args ...any) error {
+	return &Error{Reason: reason, Op: op, Name: name, Err: fmt.Errorf(format, args...)}
+}
+
+// ReasonOf returns the reason carried by err, or ReasonFailed.
+func ReasonOf(err error) Reason {
+	var re *Error
+	if errors.As(err, &re) {
+		return re.Reason
+	}
+	return ReasonFailed
+}
