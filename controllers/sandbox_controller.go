@@ -262,9 +262,14 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 	}
 
 	if sb.Status.IdleSince == nil {
-		// Whole seconds: what the API server stores, so a re-read compares equal.
-		t := metav1.NewTime(now.Truncate(time.Second))
-		sb.Status.IdleSince = &t
+		// The API server stores whole seconds; rounding up keeps the stop
+		// from ever coming before idleTimeout has passed.
+		t := now.Truncate(time.Second)
+		if t.Before(now) {
+			t = t.Add(time.Second)
+		}
+		since := metav1.NewTime(t)
+		sb.Status.IdleSince = &since
 	}
 	stopAt := sb.Status.IdleSince.Add(idleTimeout(sb))
 	if now.Before(stopAt) {

@@ -1,0 +1,256 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+const timeout = 30 * time.Second
+
+var ctx = context.Background()
+
+func newSandbox(ns, name, agent string, idle time.Duration) *v1alpha1.Sandbox {
+	return &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.SandboxSpec{
+			Agent:       agent,
+			Binaries:    []v1alpha1.BinaryName{"sh", "true"},
+			IdleTimeout: &metav1.Duration{Duration: idle},
+		},
+	}
+}
+
+func newClaim(ns, name, sandbox string) *v1alpha1.SessionClaim {
+	return &v1alpha1.SessionClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       v1alpha1.SessionClaimSpec{SandboxName: sandbox, Session: "session-" + name},
+	}
+}
+
+func newNamespace() string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "t-"}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	return ns.Name
+}
+
+// sandboxStatus reads the Sandbox straight from the API server.
+func sandboxStatus(ns, name string) func() (v1alpha1.SandboxStatus, error) {
+	return func() (v1alpha1.SandboxStatus, error) {
+		var sb v1alpha1.Sandbox
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb)
+		return sb.Status, err
+	}
+}
+
+func claimStatus(ns, name string) func() (v1alpha1.SessionClaimStatus, error) {
+	return func() (v1alpha1.SessionClaimStatus, error) {
+		var c v1alpha1.SessionClaim
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &c)
+		return c.Status, err
+	}
+}
+
+// haveCondition matches a status whose condition typ has that status and reason.
+func haveCondition(typ string, status metav1.ConditionStatus, reason string) OmegaMatcher {
+	return WithTransform(func(conds []metav1.Condition) string {
+		c := meta.FindStatusCondition(conds, typ)
+		if c == nil {
+			return "absent"
+		}
+		return fmt.Sprintf("%s/%s", c.Status, c.Reason)
+	}, Equal(fmt.Sprintf("%s/%s", status, reason)))
+}
+
+func sandboxIs(claims int32, status metav1.ConditionStatus, reason string) OmegaMatcher {
+	return And(
+		HaveField("Claims", claims),
+		HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, status, reason)),
+	)
+}
+
+func deleteAndWait(obj client.Object) {
+	Expect(k8s.Delete(ctx, obj)).To(Succeed())
+	Eventually(func() bool {
+		return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj))
+	}, timeout).Should(BeTrue(), "%s should be gone", obj.GetName())
+}
+
+var _ = Describe("Sandbox refcounting", func() {
+	It("ensures once on 0→1, keeps running through 1→2→1, and stops once only after idleTimeout on 1→0", func() {
+		ns := newNamespace()
+		const idle = 2 * time.Second
+		sb := newSandbox(ns, "counted", "counted", idle)
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		inst := v1alpha1.InstanceName("counted")
+		rt := mgr.rt
+
+		By("no claims: stopped, nothing ensured")
+		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		Expect(rt.count("Ensure", inst)).To(Equal(0))
+
+		By("0→1: the instance is ensured once and Ready")
+		c1 := newClaim(ns, "c1", "counted")
+		Expect(k8s.Create(ctx, c1)).To(Succeed())
+		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Expect(rt.count("Ensure", inst)).To(Equal(1))
+		Eventually(claimStatus(ns, "c1"), timeout).Should(And(
+			HaveField("Instance", inst),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionBound, metav1.ConditionTrue, v1alpha1.ReasonBound)),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)),
+		))
+
+		By("1→2: no second Ensure")
+		c2 := newClaim(ns, "c2", "counted")
+		Expect(k8s.Create(ctx, c2)).To(Succeed())
+		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(2, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+
+		By("2→1: still running, no Stop")
+		deleteAndWait(c1)
+		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Expect(rt.count("Stop", inst)).To(Equal(0))
+
+		By("1→0: idle first, stopped only after idleTimeout")
+		deleteAndWait(c2)
+		released := time.Now()
+		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(0, metav1.ConditionTrue, v1alpha1.ReasonIdle))
+		Expect(rt.count("Stop", inst)).To(Equal(0))
+		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		stops := rt.times("Stop", inst)
+		Expect(stops).To(HaveLen(1))
+		Expect(stops[0].Sub(released)).To(BeNumerically(">=", idle-100*time.Millisecond),
+			"Stop came %s after the last claim went; idleTimeout is %s", stops[0].Sub(released), idle)
+		Expect(rt.count("Ensure", inst)).To(Equal(1))
+
+		st, err := rt.Inspect(ctx, inst)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Exists).To(BeTrue())
+		Expect(st.Running).To(BeFalse())
+		Consistently(func() int { return rt.count("Stop", inst) }, 1500*time.Millisecond).Should(Equal(1))
+	})
+
+	It("keeps the instance running with keepRunning after the last claim goes", func() {
+		ns := newNamespace()
+		sb := newSandbox(ns, "kept", "kept", time.Second)
+		sb.Spec.KeepRunning = true
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		c := newClaim(ns, "only", "kept")
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		Eventually(sandboxStatus(ns, "kept"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		deleteAndWait(c)
+		Eventually(sandboxStatus(ns, "kept"), timeout).Should(sandboxIs(0, metav1.ConditionTrue, v1alpha1.ReasonIdle))
+		Consistently(func() int { return mgr.rt.count("Stop", v1alpha1.InstanceName("kept")) }, 2500*time.Millisecond).Should(Equal(0))
+	})
+})
+
+var _ = Describe("SessionClaim binding", func() {
+	It("binds a claim created before its Sandbox once the Sandbox appears", func() {
+		ns := newNamespace()
+		Expect(k8s.Create(ctx, newClaim(ns, "early", "late"))).To(Succeed())
+		Eventually(claimStatus(ns, "early"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonSandboxNotFound)))
+
+		Expect(k8s.Create(ctx, newSandbox(ns, "late", "late", time.Minute))).To(Succeed())
+		Eventually(claimStatus(ns, "early"), timeout).Should(And(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionBound, metav1.ConditionTrue, v1alpha1.ReasonBound)),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)),
+		))
+		Eventually(sandboxStatus(ns, "late"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "early"}, &c)).To(Succeed())
+		Expect(c.OwnerReferences).To(ContainElement(HaveField("Name", "late")))
+	})
+})
+
+var _ = Describe("Sandbox deletion", func() {
+	It("deletes the claims, then the instance, and keeps the host areas and their files", func() {
+		ns := newNamespace()
+		Expect(k8s.Create(ctx, newSandbox(ns, "doomed", "doomed", time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "d1", "doomed"))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "d2", "doomed"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "doomed"), timeout).Should(sandboxIs(2, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+
+		work := filepath.Join(areasRoot, "doomed", "workspace", "notes.txt")
+		Expect(os.WriteFile(work, []byte("agent data"), 0o644)).To(Succeed())
+
+		var sb v1alpha1.Sandbox
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "doomed"}, &sb)).To(Succeed())
+		deleteAndWait(&sb)
+
+		for _, name := range []string{"d1", "d2"} {
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1alpha1.SessionClaim{})
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "claim %s should be gone, got %v", name, err)
+		}
+		inst := v1alpha1.InstanceName("doomed")
+		Expect(mgr.rt.count("Delete", inst)).To(Equal(1))
+		st, err := mgr.rt.Inspect(ctx, inst)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Exists).To(BeFalse())
+
+		Expect(os.ReadFile(work)).To(Equal([]byte("agent data")))
+		for _, area := range []string{"workspace", "memories", "blocks", "skills", "tasks"} {
+			Expect(filepath.Join(areasRoot, "doomed", area)).To(BeADirectory())
+		}
+	})
+})
+
+var _ = Describe("Name conflicts", func() {
+	It("gives the agent to the older Sandbox and hands it over when that one goes", func() {
+		ns1, ns2 := newNamespace(), newNamespace()
+		Expect(k8s.Create(ctx, newSandbox(ns1, "first", "shared-agent", time.Minute))).To(Succeed())
+		Eventually(sandboxStatus(ns1, "first"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		// Creation timestamps have whole-second resolution.
+		time.Sleep(1100 * time.Millisecond)
+		Expect(k8s.Create(ctx, newSandbox(ns2, "second", "shared-agent", time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns1, "a", "first"))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns2, "b", "second"))).To(Succeed())
+
+		Eventually(sandboxStatus(ns1, "first"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Eventually(sandboxStatus(ns2, "second"), timeout).Should(sandboxIs(1, metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+
+		var first v1alpha1.Sandbox
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns1, Name: "first"}, &first)).To(Succeed())
+		deleteAndWait(&first)
+		Eventually(sandboxStatus(ns2, "second"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		st, err := mgr.rt.Inspect(ctx, v1alpha1.InstanceName("shared-agent"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Owner).To(Equal(ns2 + "/second"))
+	})
+})
+
+var _ = Describe("Controller restart", Ordered, func() {
+	It("adopts the running instance instead of recreating it", func() {
+		ns := newNamespace()
+		Expect(k8s.Create(ctx, newSandbox(ns, "survivor", "survivor", time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "held", "survivor"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "survivor"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		inst := v1alpha1.InstanceName("survivor")
+		before, err := mgr.rt.Inspect(ctx, inst)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(before.Running).To(BeTrue())
+
+		mgr.stop()
+		mgr = startManager()
+
+		Eventually(func() int { return mgr.rt.count("Inspect", inst) }, timeout).Should(BeNumerically(">=", 1))
+		Consistently(func() int { return mgr.rt.count("Ensure", inst) }, 2*time.Second).Should(Equal(0))
+		after, err := mgr.rt.Inspect(ctx, inst)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(after.Running).To(BeTrue())
+		Expect(after.CreatedAt).To(Equal(before.CreatedAt))
+		Expect(sandboxStatus(ns, "survivor")()).To(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+	})
+})
