@@ -38,7 +38,7 @@ type SessionClaimStatus struct {
 // Sandbox's instance runs while at least one claim exists.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=sc;claim,categories=cireilclaw
+// +kubebuilder:resource:shortName=claim;sessclaim,categories=cireilclaw
 // +kubebuilder:printcolumn:name="Sandbox",type=string,JSONPath=`.spec.sandboxName`
 // +kubebuilder:printcolumn:name="Bound",type=string,JSONPath=`.status.conditions[?(@.type=="Bound")].status`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
