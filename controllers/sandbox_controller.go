@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -230,37 +231,56 @@ func (r *SandboxReconciler) inspect(ctx context.Context, s *sandboxScope) (bool,
 // converge starts the instance while claims exist and stops it once it has
 // been idle for idleTimeout, unless keepRunning says otherwise.
 func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl.Result, error) {
-	sb, gen := s.sb, s.sb.Generation
+	sb := s.sb
 	now := r.Now()
-	if s.live > 0 {
+	var res ctrl.Result
+	if s.state.Overlay != nil {
+		// Overlay health changes without any event we could watch.
+		res.RequeueAfter = r.healthInterval()
+	}
+	defer r.reportOverlay(s)
+
+	switch {
+	case s.live > 0:
 		sb.Status.IdleSince = nil
 		if err := r.ensure(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
-		msg := fmt.Sprintf("instance %s is running for %d claim(s)", s.instance.Name, s.live)
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonRunning, msg)
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonRunning, msg)
-		return ctrl.Result{}, nil
-	}
+		if s.state.RestartRequired != "" && sb.Spec.RestartPolicy != v1alpha1.RestartImmediate {
+			r.restartPending(s)
+			return res, nil
+		}
+		if err := r.restartIfRequired(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.ready(s, true, v1alpha1.ReasonRunning, fmt.Sprintf("instance %s is running for %d claim(s)", s.instance.Name, s.live))
+		return res, nil
 
-	if !s.state.Running {
+	case !s.state.Running:
 		sb.Status.IdleSince = nil
-		msg := fmt.Sprintf("no claims: instance %s starts when a SessionClaim binds", s.instance.Name)
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonStopped, msg)
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonStopped, msg)
-		return ctrl.Result{}, nil
-	}
-	if sb.Spec.KeepRunning {
+		r.ready(s, false, v1alpha1.ReasonStopped, fmt.Sprintf("no claims: instance %s starts when a SessionClaim binds", s.instance.Name))
+		return res, nil
+
+	case sb.Spec.KeepRunning:
 		sb.Status.IdleSince = nil
 		if err := r.ensure(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
-		msg := fmt.Sprintf("no claims: instance %s keeps running (keepRunning)", s.instance.Name)
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonIdle, msg)
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonIdle, msg)
-		return ctrl.Result{}, nil
+		if err := r.restartIfRequired(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.ready(s, true, v1alpha1.ReasonIdle, fmt.Sprintf("no claims: instance %s keeps running (keepRunning)", s.instance.Name))
+		return res, nil
 	}
 
+	if err := r.ensure(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	if s.state.RestartRequired != "" {
+		// Nothing holds the instance, so a change it cannot take live is
+		// applied now by stopping it; the next claim starts it anew.
+		return res, r.stopIdle(ctx, s, "a spec change ("+s.state.RestartRequired+") while no claim held it")
+	}
 	if sb.Status.IdleSince == nil {
 		// The API server stores whole seconds; rounding up keeps the stop
 		// from ever coming before idleTimeout has passed.
@@ -273,22 +293,79 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 	}
 	stopAt := sb.Status.IdleSince.Add(idleTimeout(sb))
 	if now.Before(stopAt) {
-		msg := fmt.Sprintf("no claims: instance %s stops at %s unless a SessionClaim binds", s.instance.Name, stopAt.UTC().Format(time.RFC3339))
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonIdle, msg)
-		setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonIdle, msg)
-		return ctrl.Result{RequeueAfter: stopAt.Sub(now)}, nil
+		r.ready(s, true, v1alpha1.ReasonIdle, fmt.Sprintf("no claims: instance %s stops at %s unless a SessionClaim binds", s.instance.Name, stopAt.UTC().Format(time.RFC3339)))
+		if wait := stopAt.Sub(now); res.RequeueAfter == 0 || wait < res.RequeueAfter {
+			res.RequeueAfter = wait
+		}
+		return res, nil
 	}
+	return res, r.stopIdle(ctx, s, fmt.Sprintf("%s without claims", idleTimeout(sb)))
+}
+
+func (r *SandboxReconciler) stopIdle(ctx context.Context, s *sandboxScope, why string) error {
 	if err := s.rt.Stop(ctx, s.instance.Name); err != nil {
 		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
-		return ctrl.Result{}, err
+		return err
 	}
-	log.FromContext(ctx).Info("stopped idle instance", "instance", s.instance.Name, "idleSince", sb.Status.IdleSince.Time)
-	r.Recorder.Eventf(sb, "Normal", v1alpha1.ReasonStopped, "stopped instance %s after %s without claims", s.instance.Name, idleTimeout(sb))
-	sb.Status.IdleSince = nil
-	msg := fmt.Sprintf("no claims: instance %s stopped; it starts when a SessionClaim binds", s.instance.Name)
-	setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, v1alpha1.ReasonStopped, msg)
-	setCondition(&sb.Status.Conditions, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonStopped, msg)
-	return ctrl.Result{}, nil
+	s.state.Running = false
+	log.FromContext(ctx).Info("stopped idle instance", "instance", s.instance.Name, "why", why)
+	r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonStopped, "stopped instance %s after %s", s.instance.Name, why)
+	s.sb.Status.IdleSince = nil
+	r.ready(s, false, v1alpha1.ReasonStopped, fmt.Sprintf("no claims: instance %s stopped; it starts when a SessionClaim binds", s.instance.Name))
+	return nil
+}
+
+// ready sets Ready as given and RuntimeReady True: the instance is in the
+// state the claims ask for.
+func (r *SandboxReconciler) ready(s *sandboxScope, ok bool, reason, msg string) {
+	gen := s.sb.Generation
+	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, reason, msg)
+	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionReady, ok, reason, msg)
+}
+
+// restartPending reports a change that waits for the instance to be idle;
+// the instance keeps serving its claims meanwhile.
+func (r *SandboxReconciler) restartPending(s *sandboxScope) {
+	gen := s.sb.Generation
+	msg := fmt.Sprintf("instance %s must restart to apply %s; it restarts when no claim holds it (restartPolicy WhenIdle)", s.instance.Name, s.state.RestartRequired)
+	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, false, v1alpha1.ReasonRestartRequired, msg)
+	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonRunning,
+		fmt.Sprintf("instance %s is running for %d claim(s); a restart is pending", s.instance.Name, s.live))
+}
+
+// restartIfRequired stops and starts the instance when Ensure could not
+// apply the spec live.
+func (r *SandboxReconciler) restartIfRequired(ctx context.Context, s *sandboxScope) error {
+	if s.state.RestartRequired == "" {
+		return nil
+	}
+	what := s.state.RestartRequired
+	if err := s.rt.Stop(ctx, s.instance.Name); err != nil {
+		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		return err
+	}
+	s.state.Running = false
+	if err := r.ensure(ctx, s); err != nil {
+		return err
+	}
+	r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonRestartRequired, "restarted instance %s to apply %s", s.instance.Name, what)
+	return nil
+}
+
+func (r *SandboxReconciler) reportOverlay(s *sandboxScope) {
+	h := s.state.Overlay
+	if h == nil {
+		meta.RemoveStatusCondition(&s.sb.Status.Conditions, v1alpha1.ConditionOverlayHealthy)
+		return
+	}
+	setCondition(&s.sb.Status.Conditions, s.sb.Generation, v1alpha1.ConditionOverlayHealthy, h.Healthy, h.Reason, h.Message)
+}
+
+func (r *SandboxReconciler) healthInterval() time.Duration {
+	if r.HealthInterval > 0 {
+		return r.HealthInterval
+	}
+	return 30 * time.Second
 }
 
 // ensure starts the instance unless it already runs with this configuration,

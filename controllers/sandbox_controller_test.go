@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 const timeout = 30 * time.Second
@@ -242,8 +243,22 @@ var _ = Describe("Controller restart", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(before.Running).To(BeTrue())
 
+		By("an instance whose Sandbox is gone is left behind while the controller is down")
+		ghostSpec := &v1alpha1.SandboxSpec{Agent: "ghost"}
+		ghost, err := runtimes.Describe("nowhere/ghost", ghostSpec, runtimes.Options{AreasRoot: areasRoot})
+		Expect(err).NotTo(HaveOccurred())
 		mgr.stop()
+		_, err = mgr.rt.Ensure(ctx, ghost)
+		Expect(err).NotTo(HaveOccurred())
+
 		mgr = startManager()
+
+		By("the restarted controller deletes the orphan and keeps its areas")
+		Eventually(func() bool {
+			st, err := mgr.rt.Inspect(ctx, ghost.Name)
+			return err == nil && !st.Exists
+		}, timeout).Should(BeTrue())
+		Expect(filepath.Join(areasRoot, "ghost", "workspace")).To(BeADirectory())
 
 		Eventually(func() int { return mgr.rt.count("Inspect", inst) }, timeout).Should(BeNumerically(">=", 1))
 		Consistently(func() int { return mgr.rt.count("Ensure", inst) }, 2*time.Second).Should(Equal(0))

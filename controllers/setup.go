@@ -34,6 +34,12 @@ type Options struct {
 	NodeName string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// HealthInterval is how often a running instance with a writable root
+	// is inspected again for OverlayHealthy; zero means 30s.
+	HealthInterval time.Duration
+	// OrphanInterval is how often instances whose Sandbox is gone are
+	// looked for and deleted; zero means 5m.
+	OrphanInterval time.Duration
 }
 
 // Setup registers the field indexes and both controllers with mgr.
@@ -55,6 +61,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")}
 	if err := sr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Sandbox controller: %w", err)
+	}
+	gcEvery := opts.OrphanInterval
+	if gcEvery == 0 {
+		gcEvery = 5 * time.Minute
+	}
+	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, interval: gcEvery}); err != nil {
+		return fmt.Errorf("adding the orphan collector: %w", err)
+	}
+	if err := mgr.Add(&shutdownStopper{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {
+		return fmt.Errorf("adding the shutdown stopper: %w", err)
 	}
 	cr := &SessionClaimReconciler{Client: mgr.GetClient(), NodeName: opts.NodeName}
 	if err := cr.SetupWithManager(mgr); err != nil {

@@ -46,12 +46,16 @@ type Instance struct {
 	// Areas are the standard areas, host source to sandbox target.
 	Areas []Bind `json:"areas"`
 	// Mounts are the custom mounts, targets already below /workspace/.
-	Mounts   []Bind              `json:"mounts"`
-	Binaries []string            `json:"binaries"`
-	Devices  v1alpha1.Devices    `json:"devices"`
-	Env      []string            `json:"passthrough"`
-	Image    string              `json:"image,omitempty"`
-	Incus    *v1alpha1.IncusSpec `json:"incus,omitempty"`
+	Mounts     []Bind                   `json:"mounts"`
+	Binaries   []string                 `json:"binaries"`
+	Devices    v1alpha1.Devices         `json:"devices"`
+	Env        []string                 `json:"passthrough"`
+	Image      string                   `json:"image,omitempty"`
+	Containerd *v1alpha1.ContainerdSpec `json:"containerd,omitempty"`
+	Incus      *v1alpha1.IncusSpec      `json:"incus,omitempty"`
+	// StopOnExit asks the controller to stop the instance when it shuts
+	// down (incus shutdownOnExit, default true).
+	StopOnExit bool `json:"stopOnExit"`
 	// ConfigHash identifies everything above; a running instance whose hash
 	// differs needs a restart to take the change.
 	ConfigHash string `json:"-"`
@@ -111,9 +115,11 @@ func Describe(owner string, spec *v1alpha1.SandboxSpec, opts Options) (Instance,
 	switch spec.BackendOrDefault() {
 	case v1alpha1.BackendContainerd:
 		in.Image = spec.Containerd.Image
+		in.Containerd = spec.Containerd.DeepCopy()
 	case v1alpha1.BackendIncus:
 		in.Image = spec.Incus.Image
 		in.Incus = spec.Incus.DeepCopy()
+		in.StopOnExit = spec.Incus.ShutdownOnExit == nil || *spec.Incus.ShutdownOnExit
 	}
 	in.ConfigHash = hashOf(in)
 	return in, nil

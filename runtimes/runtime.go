@@ -42,6 +42,20 @@ type State struct {
 	ConfigHash string
 	// CreatedAt is when the instance was first created; adoption keeps it.
 	CreatedAt time.Time
+	// RestartRequired, when not empty, says which change the running
+	// instance could not take live; it applies on the next stop and start.
+	RestartRequired string
+	// Overlay is the health of the instance's writable root; nil for
+	// drivers without one.
+	Overlay *Health
+}
+
+// Health is a condition a driver observed: Reason is one of the condition
+// reasons of the API (Healthy, SnapshotMissing, NotMounted, UpperDirOverLimit).
+type Health struct {
+	Healthy bool
+	Reason  string
+	Message string
 }
 
 // ExecRequest is one command. Argv is passed as separate arguments, never

@@ -10,6 +10,10 @@ const (
 	ConditionRuntimeReady = "RuntimeReady"
 	// ConditionBound on a SessionClaim: the claim holds its Sandbox.
 	ConditionBound = "Bound"
+	// ConditionOverlayHealthy on a Sandbox: the instance's writable root
+	// (containerd snapshot, Incus root volume) is present, mounted and within
+	// its size limit. Absent for backends without one (bwrap).
+	ConditionOverlayHealthy = "OverlayHealthy"
 )
 
 // Condition reasons. Every reason a controller sets is one of these.
@@ -36,6 +40,20 @@ const (
 	ReasonRuntimeError = "RuntimeError"
 	// ReasonDeleting: the Sandbox is being deleted.
 	ReasonDeleting = "Deleting"
+	// ReasonRestartRequired: the spec changed in a way the running instance
+	// cannot take live; it is applied per spec.restartPolicy.
+	ReasonRestartRequired = "RestartRequired"
+	// ReasonImageNotFound: the image is not present where the runtime looks.
+	ReasonImageNotFound = "ImageNotFound"
+
+	// ReasonHealthy: the writable root is present, mounted and within its limit.
+	ReasonHealthy = "Healthy"
+	// ReasonSnapshotMissing: the container's snapshot is gone.
+	ReasonSnapshotMissing = "SnapshotMissing"
+	// ReasonNotMounted: the writable root is not mounted or a lower layer is missing.
+	ReasonNotMounted = "NotMounted"
+	// ReasonUpperDirOverLimit: the writable layer exceeds its size limit.
+	ReasonUpperDirOverLimit = "UpperDirOverLimit"
 
 	// ReasonBound: the claim holds its Sandbox.
 	ReasonBound = "Bound"

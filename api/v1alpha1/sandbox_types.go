@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -94,6 +95,18 @@ type ContainerdSpec struct {
 	// present in the controller's containerd namespace; it is never pulled.
 	// +kubebuilder:validation:MinLength=1
 	Image string `json:"image"`
+	// MemoryLimit caps the container's memory. The 64 MiB /tmp is a tmpfs
+	// and counts against it.
+	// +optional
+	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
+	// PidsLimit caps the number of processes in the container.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	PidsLimit *int64 `json:"pidsLimit,omitempty"`
+	// RootfsSizeLimit is the size the container's writable layer may reach
+	// before OverlayHealthy turns False (reason UpperDirOverLimit).
+	// +optional
+	RootfsSizeLimit *resource.Quantity `json:"rootfsSizeLimit,omitempty"`
 }
 
 // IncusSpec configures the Incus backend (the seed's [incus] table).
@@ -114,7 +127,22 @@ type IncusSpec struct {
 	// +kubebuilder:default=true
 	// +optional
 	ShutdownOnExit *bool `json:"shutdownOnExit,omitempty"`
+	// RootSizeLimit is the size the instance's root volume may reach before
+	// OverlayHealthy turns False.
+	// +optional
+	RootSizeLimit *resource.Quantity `json:"rootSizeLimit,omitempty"`
 }
+
+// RestartPolicy says when a change a running instance cannot take live is applied.
+// +kubebuilder:validation:Enum=WhenIdle;Immediate
+type RestartPolicy string
+
+const (
+	// RestartWhenIdle applies the change once no claim holds the instance.
+	RestartWhenIdle RestartPolicy = "WhenIdle"
+	// RestartImmediate restarts the instance at once, ending running commands.
+	RestartImmediate RestartPolicy = "Immediate"
+)
 
 // SandboxSpec is what an agent's environment is.
 // +kubebuilder:validation:XValidation:rule="self.backend != 'incus' || has(self.incus)",message="backend incus requires the incus table (spec.incus with an image)"
@@ -182,6 +210,14 @@ type SandboxSpec struct {
 	// KeepRunning keeps the instance running when no claim needs it.
 	// +optional
 	KeepRunning bool `json:"keepRunning,omitempty"`
+
+	// RestartPolicy says when a change the running instance cannot take live
+	// (a new image, for example) is applied: WhenIdle (default) once no claim
+	// holds it, Immediate at once. Until then RuntimeReady is False with
+	// reason RestartRequired.
+	// +kubebuilder:default=WhenIdle
+	// +optional
+	RestartPolicy RestartPolicy `json:"restartPolicy,omitempty"`
 }
 
 // SandboxStatus is what the controller observed.
