@@ -1,27 +1,22 @@
 package controllers_test
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
-const timeout = 30 * time.Second
-
-var ctx = context.Background()
+const timeout = framework.Timeout
 
 func newSandbox(ns, name, agent string, idle time.Duration) *v1alpha1.Sandbox {
 	return &v1alpha1.Sandbox{
@@ -34,59 +29,19 @@ func newSandbox(ns, name, agent string, idle time.Duration) *v1alpha1.Sandbox {
 	}
 }
 
-func newClaim(ns, name, sandbox string) *v1alpha1.SessionClaim {
-	return &v1alpha1.SessionClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       v1alpha1.SessionClaimSpec{SandboxName: sandbox, Session: "session-" + name},
-	}
-}
+var (
+	newClaim      = framework.NewClaim
+	haveCondition = framework.HaveCondition
+	sandboxIs     = framework.SandboxIs
+)
 
-func newNamespace() string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "t-"}}
-	Expect(k8s.Create(ctx, ns)).To(Succeed())
-	return ns.Name
-}
-
-// sandboxStatus reads the Sandbox straight from the API server.
+func newNamespace() string            { return env.NewNamespace() }
+func deleteAndWait(obj client.Object) { env.DeleteAndWait(obj) }
 func sandboxStatus(ns, name string) func() (v1alpha1.SandboxStatus, error) {
-	return func() (v1alpha1.SandboxStatus, error) {
-		var sb v1alpha1.Sandbox
-		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb)
-		return sb.Status, err
-	}
+	return env.SandboxStatus(ns, name)
 }
-
 func claimStatus(ns, name string) func() (v1alpha1.SessionClaimStatus, error) {
-	return func() (v1alpha1.SessionClaimStatus, error) {
-		var c v1alpha1.SessionClaim
-		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &c)
-		return c.Status, err
-	}
-}
-
-// haveCondition matches a status whose condition typ has that status and reason.
-func haveCondition(typ string, status metav1.ConditionStatus, reason string) OmegaMatcher {
-	return WithTransform(func(conds []metav1.Condition) string {
-		c := meta.FindStatusCondition(conds, typ)
-		if c == nil {
-			return "absent"
-		}
-		return fmt.Sprintf("%s/%s", c.Status, c.Reason)
-	}, Equal(fmt.Sprintf("%s/%s", status, reason)))
-}
-
-func sandboxIs(claims int32, status metav1.ConditionStatus, reason string) OmegaMatcher {
-	return And(
-		HaveField("Claims", claims),
-		HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, status, reason)),
-	)
-}
-
-func deleteAndWait(obj client.Object) {
-	Expect(k8s.Delete(ctx, obj)).To(Succeed())
-	Eventually(func() bool {
-		return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj))
-	}, timeout).Should(BeTrue(), "%s should be gone", obj.GetName())
+	return env.ClaimStatus(ns, name)
 }
 
 var _ = Describe("Sandbox refcounting", func() {
@@ -100,13 +55,13 @@ var _ = Describe("Sandbox refcounting", func() {
 
 		By("no claims: stopped, nothing ensured")
 		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
-		Expect(rt.count("Ensure", inst)).To(Equal(0))
+		Expect(rt.Count("Ensure", inst)).To(Equal(0))
 
 		By("0→1: the instance is ensured once and Ready")
 		c1 := newClaim(ns, "c1", "counted")
 		Expect(k8s.Create(ctx, c1)).To(Succeed())
 		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		Expect(rt.count("Ensure", inst)).To(Equal(1))
+		Expect(rt.Count("Ensure", inst)).To(Equal(1))
 		Eventually(claimStatus(ns, "c1"), timeout).Should(And(
 			HaveField("Instance", inst),
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionBound, metav1.ConditionTrue, v1alpha1.ReasonBound)),
@@ -121,25 +76,25 @@ var _ = Describe("Sandbox refcounting", func() {
 		By("2→1: still running, no Stop")
 		deleteAndWait(c1)
 		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		Expect(rt.count("Stop", inst)).To(Equal(0))
+		Expect(rt.Count("Stop", inst)).To(Equal(0))
 
 		By("1→0: idle first, stopped only after idleTimeout")
 		deleteAndWait(c2)
 		released := time.Now()
 		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(0, metav1.ConditionTrue, v1alpha1.ReasonIdle))
-		Expect(rt.count("Stop", inst)).To(Equal(0))
+		Expect(rt.Count("Stop", inst)).To(Equal(0))
 		Eventually(sandboxStatus(ns, "counted"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
-		stops := rt.times("Stop", inst)
+		stops := rt.Times("Stop", inst)
 		Expect(stops).To(HaveLen(1))
 		Expect(stops[0].Sub(released)).To(BeNumerically(">=", idle-100*time.Millisecond),
 			"Stop came %s after the last claim went; idleTimeout is %s", stops[0].Sub(released), idle)
-		Expect(rt.count("Ensure", inst)).To(Equal(1))
+		Expect(rt.Count("Ensure", inst)).To(Equal(1))
 
 		st, err := rt.Inspect(ctx, inst)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(st.Exists).To(BeTrue())
 		Expect(st.Running).To(BeFalse())
-		Consistently(func() int { return rt.count("Stop", inst) }, 1500*time.Millisecond).Should(Equal(1))
+		Consistently(func() int { return rt.Count("Stop", inst) }, 1500*time.Millisecond).Should(Equal(1))
 	})
 
 	It("keeps the instance running with keepRunning after the last claim goes", func() {
@@ -152,7 +107,7 @@ var _ = Describe("Sandbox refcounting", func() {
 		Eventually(sandboxStatus(ns, "kept"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		deleteAndWait(c)
 		Eventually(sandboxStatus(ns, "kept"), timeout).Should(sandboxIs(0, metav1.ConditionTrue, v1alpha1.ReasonIdle))
-		Consistently(func() int { return mgr.rt.count("Stop", v1alpha1.InstanceName("kept")) }, 2500*time.Millisecond).Should(Equal(0))
+		Consistently(func() int { return mgr.rt.Count("Stop", v1alpha1.InstanceName("kept")) }, 2500*time.Millisecond).Should(Equal(0))
 	})
 })
 
@@ -196,7 +151,7 @@ var _ = Describe("Sandbox deletion", func() {
 			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "claim %s should be gone, got %v", name, err)
 		}
 		inst := v1alpha1.InstanceName("doomed")
-		Expect(mgr.rt.count("Delete", inst)).To(Equal(1))
+		Expect(mgr.rt.Count("Delete", inst)).To(Equal(1))
 		st, err := mgr.rt.Inspect(ctx, inst)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(st.Exists).To(BeFalse())
@@ -260,8 +215,8 @@ var _ = Describe("Controller restart", Ordered, func() {
 		}, timeout).Should(BeTrue())
 		Expect(filepath.Join(areasRoot, "ghost", "workspace")).To(BeADirectory())
 
-		Eventually(func() int { return mgr.rt.count("Inspect", inst) }, timeout).Should(BeNumerically(">=", 1))
-		Consistently(func() int { return mgr.rt.count("Ensure", inst) }, 2*time.Second).Should(Equal(0))
+		Eventually(func() int { return mgr.rt.Count("Inspect", inst) }, timeout).Should(BeNumerically(">=", 1))
+		Consistently(func() int { return mgr.rt.Count("Ensure", inst) }, 2*time.Second).Should(Equal(0))
 		after, err := mgr.rt.Inspect(ctx, inst)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(after.Running).To(BeTrue())
