@@ -14,6 +14,13 @@ const (
 	// (containerd snapshot, Incus root volume) is present, mounted and within
 	// its size limit. Absent for backends without one (bwrap).
 	ConditionOverlayHealthy = "OverlayHealthy"
+	// ConditionWorktreeReady on a SessionClaim with spec.worktree: the
+	// worktree exists and is checked out inside the sandbox.
+	ConditionWorktreeReady = "WorktreeReady"
+	// ConditionGitHealthy on a SessionClaim with spec.worktree: git works in
+	// the worktree, from the host and inside the sandbox. On a Sandbox: the
+	// summary over its claims' worktrees (absent when none has one).
+	ConditionGitHealthy = "GitHealthy"
 )
 
 // Condition reasons. Every reason a controller sets is one of these.
@@ -45,6 +52,29 @@ const (
 	ReasonRestartRequired = "RestartRequired"
 	// ReasonImageNotFound: the image is not present where the runtime looks.
 	ReasonImageNotFound = "ImageNotFound"
+
+	// ReasonWorktreeCreated: the worktree exists and is checked out.
+	ReasonWorktreeCreated = "WorktreeCreated"
+	// ReasonWaitingForSandbox: the worktree is checked out inside the sandbox,
+	// which is not Ready yet.
+	ReasonWaitingForSandbox = "WaitingForSandbox"
+	// ReasonWorktreeFailed: making the worktree failed; the message says why.
+	ReasonWorktreeFailed = "WorktreeFailed"
+	// ReasonGitdirMissing: the worktree's .git file names a gitdir that is gone.
+	ReasonGitdirMissing = "GitdirMissing"
+	// ReasonGitdirMismatch: the gitdir's back-pointer names another worktree.
+	ReasonGitdirMismatch = "GitdirMismatch"
+	// ReasonWorktreeLocked: the worktree is locked.
+	ReasonWorktreeLocked = "WorktreeLocked"
+	// ReasonWorktreePrunable: git would prune the worktree (its directory is gone).
+	ReasonWorktreePrunable = "WorktreePrunable"
+	// ReasonHeadUnresolvable: the worktree's HEAD does not resolve to a commit.
+	ReasonHeadUnresolvable = "HeadUnresolvable"
+	// ReasonProbeFailed: git rev-parse inside the sandbox failed.
+	ReasonProbeFailed = "ProbeFailed"
+	// ReasonWorktreeKept: the claim went, its worktree had uncommitted
+	// changes and was kept on disk.
+	ReasonWorktreeKept = "WorktreeKept"
 
 	// ReasonHealthy: the writable root is present, mounted and within its limit.
 	ReasonHealthy = "Healthy"

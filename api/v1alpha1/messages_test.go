@@ -20,7 +20,8 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 		v1alpha1.MsgBinarySpace: true, v1alpha1.MsgBinaryMeta: true, v1alpha1.MsgBinarySlash: true,
 		v1alpha1.MsgEnvName: true, v1alpha1.MsgAgentLabel: true, v1alpha1.MsgAgentImmutable: true,
 		v1alpha1.MsgBackendImmutable: true, v1alpha1.MsgIncusRequired: true, v1alpha1.MsgContainerdRequired: true,
-		v1alpha1.MsgSandboxNameImmut: true,
+		v1alpha1.MsgSandboxNameImmut: true, v1alpha1.MsgWorktreeImmutable: true, v1alpha1.MsgWorktreeRepository: true,
+		v1alpha1.MsgWorktreeName: true,
 	}
 	files, err := filepath.Glob("../../config/crd/bases/*.yaml")
 	if err != nil || len(files) != 2 {

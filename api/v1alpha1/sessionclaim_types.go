@@ -16,6 +16,61 @@ type SessionClaimSpec struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	Session string `json:"session,omitempty"`
+
+	// Worktree asks for a git worktree of its own for this session. Immutable.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="worktree is immutable: create a new SessionClaim for another worktree"
+	// +optional
+	Worktree *WorktreeSpec `json:"worktree,omitempty"`
+}
+
+// WorktreeSpec is a git worktree added for one session inside a mount.
+type WorktreeSpec struct {
+	// Repository is the repository's path inside the sandbox, relative to
+	// /workspace/: a mount target ("project") or a directory below one
+	// ("project/service"). It must be a git repository on the host.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.split('/').exists(s, s == '..' || s == '.' || s == '')",message="worktree repository is a relative path below /workspace/ without '.', '..' or empty segments"
+	Repository string `json:"repository"`
+
+	// Ref is the branch or commit to check out. With createBranch, the new
+	// branch starts here; empty means the repository's HEAD.
+	// +kubebuilder:validation:MaxLength=255
+	// +optional
+	Ref string `json:"ref,omitempty"`
+
+	// Name names the worktree (its directory and, with createBranch, its
+	// branch). Defaults to the claim's name.
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9][A-Za-z0-9._-]*$')",message="worktree name contains only letters, digits, '.', '_' and '-' and starts with a letter or digit"
+	// +optional
+	Name string `json:"name,omitempty"`
+
+	// CreateBranch creates a branch named after the worktree at ref. The
+	// branch and its commits stay when the claim goes.
+	// +optional
+	CreateBranch bool `json:"createBranch,omitempty"`
+}
+
+// WorktreeStatus reports a session's worktree.
+type WorktreeStatus struct {
+	// Path is the worktree inside the sandbox, e.g. /workspace/project/.worktrees/s1.
+	Path string `json:"path"`
+	// HostPath is the worktree on the controller's host.
+	HostPath string `json:"hostPath"`
+	// GitCommonDir is the repository's git directory on the host; it is
+	// mounted at this same absolute path inside the sandbox so that the
+	// worktree's .git file resolves there too.
+	GitCommonDir string `json:"gitCommonDir"`
+	// Branch is the branch checked out, empty for a detached HEAD.
+	// +optional
+	Branch string `json:"branch,omitempty"`
+	// Head is the commit checked out when the worktree was made.
+	// +optional
+	Head string `json:"head,omitempty"`
+	// CheckedOut says the files have been checked out inside the sandbox.
+	// +optional
+	CheckedOut bool `json:"checkedOut,omitempty"`
 }
 
 // SessionClaimStatus is what the controller observed.
@@ -26,6 +81,9 @@ type SessionClaimStatus struct {
 	// Instance is the runtime instance the session's commands run in.
 	// +optional
 	Instance string `json:"instance,omitempty"`
+	// Worktree is what the controller made of spec.worktree.
+	// +optional
+	Worktree *WorktreeStatus `json:"worktree,omitempty"`
 	// Conditions: Bound (the claim holds its Sandbox) and Ready (the Sandbox
 	// is ready to run the session's commands).
 	// +listType=map
@@ -43,6 +101,8 @@ type SessionClaimStatus struct {
 // +kubebuilder:printcolumn:name="Bound",type=string,JSONPath=`.status.conditions[?(@.type=="Bound")].status`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
 // +kubebuilder:printcolumn:name="Session",type=string,JSONPath=`.spec.session`,priority=1
+// +kubebuilder:printcolumn:name="Worktree",type=string,JSONPath=`.status.worktree.path`,priority=1
+// +kubebuilder:printcolumn:name="Git",type=string,JSONPath=`.status.conditions[?(@.type=="GitHealthy")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type SessionClaim struct {
 	metav1.TypeMeta   `json:",inline"`

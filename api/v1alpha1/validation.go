@@ -29,6 +29,9 @@ const (
 	MsgIncusRequired      = "backend incus requires the incus table (spec.incus with an image)"
 	MsgContainerdRequired = "backend containerd requires the containerd table (spec.containerd with an image)"
 	MsgSandboxNameImmut   = "sandboxName is immutable: create a new SessionClaim for another Sandbox"
+	MsgWorktreeImmutable  = "worktree is immutable: create a new SessionClaim for another worktree"
+	MsgWorktreeRepository = "worktree repository is a relative path below /workspace/ without '.', '..' or empty segments"
+	MsgWorktreeName       = "worktree name contains only letters, digits, '.', '_' and '-' and starts with a letter or digit"
 )
 
 // ShellMetacharacters are the characters a binary name (and the command of
@@ -105,6 +108,21 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 		if !envNamePattern.MatchString(string(n)) {
 			errs = append(errs, field.Invalid(p.Child("env", "passthrough").Index(i), n, MsgEnvName))
 		}
+	}
+	return errs
+}
+
+var worktreeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// ValidateWorktree applies the admission rules of spec.worktree.
+func ValidateWorktree(w *WorktreeSpec) field.ErrorList {
+	var errs field.ErrorList
+	p := field.NewPath("spec", "worktree")
+	if w.Repository == "" || strings.HasPrefix(w.Repository, "/") || len(CheckMountTarget(w.Repository)) > 0 {
+		errs = append(errs, field.Invalid(p.Child("repository"), w.Repository, MsgWorktreeRepository))
+	}
+	if w.Name != "" && (len(w.Name) > 63 || !worktreeNamePattern.MatchString(w.Name)) {
+		errs = append(errs, field.Invalid(p.Child("name"), w.Name, MsgWorktreeName))
 	}
 	return errs
 }

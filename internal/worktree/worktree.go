@@ -1,0 +1,205 @@
+// Package worktree adds and removes the git worktree of a session inside an
+// agent's mount, and checks its health.
+//
+// The host side never lets an agent's repository run code as the
+// controller: worktrees are added with --no-checkout, hooks pointed at
+// /dev/null and fsmonitor off, so no hook, filter or fsmonitor configured in
+// the repository runs on the host; the checkout itself, which may run the
+// repository's filters, happens inside the sandbox. Reads of git's files go
+// through internal/areas, and removal deletes through it too, so a symbolic
+// link planted in a worktree never leads the controller outside the mount.
+// Commits and branches are never removed.
+package worktree
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+)
+
+// Dir is the directory, inside the repository's working tree, that holds
+// the sessions' worktrees. It is added to the repository's info/exclude so
+// it never shows as untracked.
+const Dir = ".worktrees"
+
+// SandboxGitConfig is the git configuration every command in a sandbox runs
+// with, as GIT_CONFIG_* variables: other worktrees' back-pointers name host
+// paths the sandbox does not mount, so gc must never prune worktrees there,
+// and the repository belongs to the host user, not the sandbox's identity.
+var SandboxGitConfig = []string{
+	"GIT_CONFIG_COUNT=2",
+	"GIT_CONFIG_KEY_0=gc.worktreePruneExpire", "GIT_CONFIG_VALUE_0=never",
+	"GIT_CONFIG_KEY_1=safe.directory", "GIT_CONFIG_VALUE_1=*",
+}
+
+// ErrDirty is returned by Remove for a worktree with uncommitted changes;
+// the worktree is kept.
+var ErrDirty = errors.New("worktree has uncommitted changes")
+
+// Repo is a repository inside a mount: the mount's contained root and the
+// repository's path relative to it.
+type Repo struct {
+	Mount *areas.Root
+	// Rel is the repository's working tree relative to the mount ("" for the mount itself).
+	Rel string
+}
+
+// HostPath is the repository's working tree on the host.
+func (r Repo) HostPath() string { return filepath.Join(r.Mount.HostPath(), r.Rel) }
+
+// GitCommonDir is the repository's git directory on the host.
+func (r Repo) GitCommonDir() string { return filepath.Join(r.HostPath(), ".git") }
+
+func (r Repo) rel(parts ...string) string { return path.Join(append([]string{r.Rel}, parts...)...) }
+
+// Worktree is one session's worktree.
+type Worktree struct {
+	Name string
+	// HostPath is the worktree's directory on the host.
+	HostPath string
+	// Rel is the worktree's directory relative to the mount.
+	Rel          string
+	GitCommonDir string
+	Branch       string
+	Head         string
+}
+
+// Spec says what to add.
+type Spec struct {
+	Name         string
+	Ref          string
+	CreateBranch bool
+}
+
+// Add adds the worktree without checking files out; Checkout does that
+// inside the sandbox. Adding a worktree that exists already returns it.
+func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
+	wt := Worktree{
+		Name:         spec.Name,
+		Rel:          repo.rel(Dir, spec.Name),
+		GitCommonDir: repo.GitCommonDir(),
+	}
+	wt.HostPath = filepath.Join(repo.Mount.HostPath(), wt.Rel)
+	fi, err := repo.Mount.Lstat(repo.rel(".git"))
+	if err != nil {
+		return wt, fmt.Errorf("adding worktree %s: %s is not a git repository: %w", spec.Name, repo.HostPath(), err)
+	}
+	if !fi.IsDir() {
+		return wt, fmt.Errorf("adding worktree %s: %s/.git is not a directory; the repository must be a main working tree, not a worktree or submodule", spec.Name, repo.HostPath())
+	}
+	if err := excludeWorktreeDir(repo); err != nil {
+		return wt, err
+	}
+	if _, err := repo.Mount.Lstat(wt.Rel); err == nil {
+		h := Check(ctx, repo, wt)
+		if h.Reason != ReasonHealthy {
+			return wt, fmt.Errorf("adding worktree %s: %s exists but is not a healthy worktree of %s: %s", spec.Name, wt.HostPath, repo.HostPath(), h.Message)
+		}
+		return describe(ctx, repo, wt)
+	}
+	if err := repo.Mount.Mkdir(repo.rel(Dir), false); err != nil && !errors.Is(err, fs.ErrExist) {
+		return wt, fmt.Errorf("adding worktree %s: %w", spec.Name, err)
+	}
+	args := []string{"worktree", "add", "--no-checkout"}
+	switch {
+	case spec.CreateBranch:
+		args = append(args, "-b", spec.Name, wt.HostPath)
+		if spec.Ref != "" {
+			args = append(args, spec.Ref)
+		}
+	case spec.Ref == "":
+		args = append(args, "--detach", wt.HostPath, "HEAD")
+	default:
+		args = append(args, wt.HostPath, spec.Ref)
+	}
+	if _, err := hostGit(ctx, repo.HostPath(), args...); err != nil {
+		return wt, fmt.Errorf("adding worktree %s of %s: %w", spec.Name, repo.HostPath(), err)
+	}
+	return describe(ctx, repo, wt)
+}
+
+func describe(ctx context.Context, repo Repo, wt Worktree) (Worktree, error) {
+	head, err := hostGit(ctx, wt.HostPath, "rev-parse", "--verify", "HEAD^{commit}")
+	if err != nil {
+		return wt, fmt.Errorf("reading HEAD of worktree %s: %w", wt.HostPath, err)
+	}
+	wt.Head = head
+	if b, err := hostGit(ctx, wt.HostPath, "symbolic-ref", "--quiet", "--short", "HEAD"); err == nil {
+		wt.Branch = b
+	}
+	return wt, nil
+}
+
+// excludeWorktreeDir adds Dir to info/exclude once, so the sessions'
+// worktrees never show as untracked files of the main working tree.
+func excludeWorktreeDir(repo Repo) error {
+	excl := repo.rel(".git", "info", "exclude")
+	line := "/" + Dir + "/"
+	old, err := repo.Mount.Read(excl)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("reading %s/.git/info/exclude: %w", repo.HostPath(), err)
+	}
+	for _, l := range strings.Split(string(old), "\n") {
+		if strings.TrimSpace(l) == line {
+			return nil
+		}
+	}
+	if err := repo.Mount.Mkdir(repo.rel(".git", "info"), false); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("creating %s/.git/info: %w", repo.HostPath(), err)
+	}
+	buf := bytes.NewBuffer(old)
+	if len(old) > 0 && !bytes.HasSuffix(old, []byte("\n")) {
+		buf.WriteByte('\n')
+	}
+	buf.WriteString("# session worktrees (sandbox-controller)\n" + line + "\n")
+	if err := repo.Mount.Write(excl, buf.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("writing %s/.git/info/exclude: %w", repo.HostPath(), err)
+	}
+	return nil
+}
+
+// Remove deletes a clean worktree's directory and its administrative
+// directory in the repository. dirty says whether the worktree has
+// uncommitted changes (found inside the sandbox, where the repository's own
+// filters may run); a dirty worktree is kept and ErrDirty returned. The
+// branch and its commits stay.
+func Remove(repo Repo, wt Worktree, dirty bool) error {
+	if dirty {
+		return fmt.Errorf("keeping %s: %w", wt.HostPath, ErrDirty)
+	}
+	if err := repo.Mount.Remove(wt.Rel, true); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing worktree %s: %w", wt.HostPath, err)
+	}
+	admin := repo.rel(".git", "worktrees", wt.Name)
+	if err := repo.Mount.Remove(admin, true); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the administrative files of worktree %s: %w", wt.HostPath, err)
+	}
+	return nil
+}
+
+// hostGit runs git on the host with nothing of the repository that could
+// execute: no hooks, no fsmonitor, no system or global configuration.
+func hostGit(ctx context.Context, dir string, args ...string) (string, error) {
+	full := append([]string{
+		"-c", "core.hooksPath=/dev/null",
+		"-c", "core.fsmonitor=false",
+		"-c", "safe.directory=*",
+		"-C", dir,
+	}, args...)
+	cmd := exec.CommandContext(ctx, "git", full...)
+	cmd.Env = []string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "HOME=/nonexistent", "GIT_TERMINAL_PROMPT=0", "PATH=/usr/local/bin:/usr/bin:/bin", "LC_ALL=C"}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return strings.TrimSpace(out.String()), nil
+}

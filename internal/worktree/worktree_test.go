@@ -1,0 +1,182 @@
+package worktree_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/worktree"
+)
+
+var ctx = context.Background()
+
+func git(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-C", dir}, args...)...)
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// newRepo makes a mount holding a repository with one commit on main.
+func newRepo(t *testing.T) worktree.Repo {
+	t.Helper()
+	testenv.Binary(t, "git", "install git (hack/install-deps.sh)")
+	mount := t.TempDir()
+	repo := filepath.Join(mount, "app")
+	if err := os.MkdirAll(repo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git(t, repo, "init", "-q", "-b", "main")
+	if err := os.WriteFile(filepath.Join(repo, "README"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git(t, repo, "add", "README")
+	git(t, repo, "commit", "-q", "-m", "first")
+	root, err := areas.OpenRoot("/workspace/project", mount, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return worktree.Repo{Mount: root, Rel: "app"}
+}
+
+func TestAddCreatesBranchWithoutCheckingOutAndIsIdempotent(t *testing.T) {
+	repo := newRepo(t)
+	wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "s1", CreateBranch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wt.Branch != "s1" || wt.Head != git(t, repo.HostPath(), "rev-parse", "main") {
+		t.Fatalf("got branch %q head %q", wt.Branch, wt.Head)
+	}
+	if _, err := os.Stat(filepath.Join(wt.HostPath, "README")); !os.IsNotExist(err) {
+		t.Fatalf("files were checked out on the host; the checkout belongs inside the sandbox (%v)", err)
+	}
+	if got := git(t, repo.HostPath(), "status", "--porcelain"); got != "" {
+		t.Fatalf("the main working tree shows the worktrees directory: %q", got)
+	}
+	again, err := worktree.Add(ctx, repo, worktree.Spec{Name: "s1", CreateBranch: true})
+	if err != nil || again.HostPath != wt.HostPath || again.Head != wt.Head {
+		t.Fatalf("second Add: %+v, %v", again, err)
+	}
+	if h := worktree.Check(ctx, repo, wt); h.Reason != worktree.ReasonHealthy {
+		t.Fatalf("health: %+v", h)
+	}
+}
+
+func TestAddDetachedAtRef(t *testing.T) {
+	repo := newRepo(t)
+	head := git(t, repo.HostPath(), "rev-parse", "HEAD")
+	wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "d", Ref: head})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wt.Branch != "" || wt.Head != head {
+		t.Fatalf("want detached at %s, got branch %q head %q", head, wt.Branch, wt.Head)
+	}
+}
+
+func TestAddRunsNoHookOfTheRepository(t *testing.T) {
+	repo := newRepo(t)
+	marker := filepath.Join(t.TempDir(), "hook-ran")
+	hook := filepath.Join(repo.GitCommonDir(), "hooks", "post-checkout")
+	if err := os.WriteFile(hook, []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worktree.Add(ctx, repo, worktree.Spec{Name: "h", CreateBranch: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("a hook of the repository ran on the host")
+	}
+}
+
+func TestCheckReasons(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		breakIt func(t *testing.T, repo worktree.Repo, wt worktree.Worktree)
+		reason  string
+	}{
+		{"Healthy", func(*testing.T, worktree.Repo, worktree.Worktree) {}, worktree.ReasonHealthy},
+		{"GitdirMissing", func(t *testing.T, repo worktree.Repo, wt worktree.Worktree) {
+			if err := os.RemoveAll(filepath.Join(repo.GitCommonDir(), "worktrees", wt.Name)); err != nil {
+				t.Fatal(err)
+			}
+		}, worktree.ReasonGitdirMissing},
+		{"GitdirMismatch", func(t *testing.T, repo worktree.Repo, wt worktree.Worktree) {
+			back := filepath.Join(repo.GitCommonDir(), "worktrees", wt.Name, "gitdir")
+			if err := os.WriteFile(back, []byte("/elsewhere/.git\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, worktree.ReasonGitdirMismatch},
+		{"WorktreeLocked", func(t *testing.T, repo worktree.Repo, wt worktree.Worktree) {
+			git(t, repo.HostPath(), "worktree", "lock", "--reason", "on a laptop", wt.HostPath)
+		}, worktree.ReasonWorktreeLocked},
+		{"WorktreePrunable", func(t *testing.T, repo worktree.Repo, wt worktree.Worktree) {
+			if err := os.RemoveAll(wt.HostPath); err != nil {
+				t.Fatal(err)
+			}
+		}, worktree.ReasonWorktreePrunable},
+		{"HeadUnresolvable", func(t *testing.T, repo worktree.Repo, wt worktree.Worktree) {
+			head := filepath.Join(repo.GitCommonDir(), "worktrees", wt.Name, "HEAD")
+			if err := os.WriteFile(head, []byte("ref: refs/heads/no-such-branch\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, worktree.ReasonHeadUnresolvable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := newRepo(t)
+			wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "w", CreateBranch: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.breakIt(t, repo, wt)
+			if h := worktree.Check(ctx, repo, wt); h.Reason != tc.reason {
+				t.Fatalf("want %s, got %s: %s", tc.reason, h.Reason, h.Message)
+			}
+		})
+	}
+}
+
+func TestRemoveKeepsDirtyAndRemovesCleanButNeverTheBranch(t *testing.T) {
+	repo := newRepo(t)
+	wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "r", CreateBranch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(t.TempDir(), "precious")
+	if err := os.WriteFile(outside, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(outside), filepath.Join(wt.HostPath, "link-out")); err != nil {
+		t.Fatal(err)
+	}
+	if err := worktree.Remove(repo, wt, true); !errors.Is(err, worktree.ErrDirty) {
+		t.Fatalf("dirty: want ErrDirty, got %v", err)
+	}
+	if _, err := os.Stat(wt.HostPath); err != nil {
+		t.Fatalf("dirty worktree was not kept: %v", err)
+	}
+	if err := worktree.Remove(repo, wt, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(wt.HostPath); !os.IsNotExist(err) {
+		t.Fatalf("clean worktree still there: %v", err)
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Fatalf("removal followed a symbolic link out of the mount: %v", err)
+	}
+	if got := git(t, repo.HostPath(), "worktree", "list", "--porcelain"); strings.Contains(got, wt.HostPath) {
+		t.Fatalf("git still lists the removed worktree:\n%s", got)
+	}
+	git(t, repo.HostPath(), "rev-parse", "--verify", "refs/heads/r")
+}
