@@ -58,3 +58,8 @@ $(CONTROLLER_GEN):
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: bench
+bench: ## Measure per-command latency of the bwrap backend and write docs/benchmarks.md.
+	@hack/install-deps.sh
+	SANDBOX_BENCH_TABLE="$(CURDIR)/docs/benchmarks.md" go test -count=1 -run '^TestLatencyTable$$' -v ./runtimes/bwrap/

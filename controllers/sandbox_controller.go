@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -78,6 +79,8 @@ type sandboxScope struct {
 	claims   []v1alpha1.SessionClaim
 	live     int
 	state    runtimes.State
+	// gitDirs are the worktrees' git directories the instance must mount.
+	gitDirs []string
 }
 
 // Reconcile converges one Sandbox. It is safe to repeat after a crash at
@@ -116,7 +119,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		return r.reconcileDelete(ctx, s)
 	}
 	for _, phase := range []func(context.Context, *sandboxScope) (bool, error){
-		r.checkBackend, r.checkSpec, r.checkNameConflict, r.inspect,
+		r.checkBackend, r.checkEnforcement, r.checkSpec, r.checkNameConflict, r.inspect,
 	} {
 		if stop, err := phase(ctx, s); stop || err != nil {
 			return ctrl.Result{}, err
@@ -166,6 +169,32 @@ func (r *SandboxReconciler) checkBackend(_ context.Context, s *sandboxScope) (bo
 	return false, nil
 }
 
+// checkEnforcement makes an unsandboxed bwrap backend impossible to miss:
+// with the insecure disable variable set, every bwrap Sandbox says so in a
+// condition and a Warning Event.
+func (r *SandboxReconciler) checkEnforcement(_ context.Context, s *sandboxScope) (bool, error) {
+	conds := &s.sb.Status.Conditions
+	if s.sb.Spec.BackendOrDefault() != v1alpha1.BackendBwrap {
+		meta.RemoveStatusCondition(conds, v1alpha1.ConditionSandboxEnforced)
+		return false, nil
+	}
+	value, disabled := policy.SandboxDisabled(r.Getenv)
+	if !disabled {
+		msg := "commands run inside bubblewrap"
+		if value != "" {
+			msg = fmt.Sprintf("commands run inside bubblewrap (%s is set to %q, which is not a bypass value, so it is ignored)", policy.DisableSandboxEnv, value)
+		}
+		setCondition(conds, s.sb.Generation, v1alpha1.ConditionSandboxEnforced, true, v1alpha1.ReasonEnforced, msg)
+		return false, nil
+	}
+	msg := fmt.Sprintf("INSECURE: the controller runs with %s=%s, so this Sandbox's commands run directly on the host with the controller's privileges", policy.DisableSandboxEnv, value)
+	if !meta.IsStatusConditionFalse(*conds, v1alpha1.ConditionSandboxEnforced) {
+		r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonSandboxDisabled, msg)
+	}
+	setCondition(conds, s.sb.Generation, v1alpha1.ConditionSandboxEnforced, false, v1alpha1.ReasonSandboxDisabled, msg)
+	return false, nil
+}
+
 func (r *SandboxReconciler) enabledBackends() []string {
 	var out []string
 	for b := range r.Runtimes {
@@ -181,7 +210,9 @@ func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool,
 		r.notReady(s, v1alpha1.ReasonInvalidSpec, err.Error())
 		return true, nil
 	}
-	s.instance = in
+	binds, dirs := gitDirBinds(in, s.claims)
+	in.AddBinds(binds...)
+	s.instance, s.gitDirs = in, dirs
 	return false, nil
 }
 
@@ -239,6 +270,13 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 		res.RequeueAfter = r.healthInterval()
 	}
 	defer r.reportOverlay(s)
+	defer func() {
+		summariseGit(sb, s.claims)
+		sb.Status.MountedGitDirs = nil
+		if s.state.Running && s.state.ConfigHash == s.instance.ConfigHash {
+			sb.Status.MountedGitDirs = s.gitDirs
+		}
+	}()
 
 	switch {
 	case s.live > 0:

@@ -7,11 +7,13 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
@@ -222,5 +224,33 @@ var _ = Describe("Controller restart", Ordered, func() {
 		Expect(after.Running).To(BeTrue())
 		Expect(after.CreatedAt).To(Equal(before.CreatedAt))
 		Expect(sandboxStatus(ns, "survivor")()).To(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+	})
+})
+
+var _ = Describe("Insecure sandbox disable", func() {
+	It("marks every bwrap Sandbox when the controller runs with a bypass value, and only then", func() {
+		ns := newNamespace()
+		DeferCleanup(func() { controllerEnv.Delete(policy.DisableSandboxEnv) })
+
+		controllerEnv.Store(policy.DisableSandboxEnv, "I-AM-IN-A-CONTAINER")
+		Expect(k8s.Create(ctx, newSandbox(ns, "near-miss", "near-miss", time.Minute))).To(Succeed())
+		Eventually(sandboxStatus(ns, "near-miss"), timeout).Should(HaveField("Conditions",
+			haveCondition(v1alpha1.ConditionSandboxEnforced, metav1.ConditionTrue, v1alpha1.ReasonEnforced)))
+
+		controllerEnv.Store(policy.DisableSandboxEnv, "i-am-in-a-container")
+		Expect(k8s.Create(ctx, newSandbox(ns, "exposed", "exposed", time.Minute))).To(Succeed())
+		Eventually(sandboxStatus(ns, "exposed"), timeout).Should(HaveField("Conditions",
+			haveCondition(v1alpha1.ConditionSandboxEnforced, metav1.ConditionFalse, v1alpha1.ReasonSandboxDisabled)))
+		Eventually(func() ([]string, error) {
+			var evs corev1.EventList
+			err := k8s.List(ctx, &evs, client.InNamespace(ns))
+			var reasons []string
+			for _, e := range evs.Items {
+				if e.InvolvedObject.Name == "exposed" {
+					reasons = append(reasons, e.Reason)
+				}
+			}
+			return reasons, err
+		}, timeout).Should(ContainElement(v1alpha1.ReasonSandboxDisabled))
 	})
 })

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -21,7 +22,8 @@ import (
 // Sandbox's readiness on them.
 type SessionClaimReconciler struct {
 	client.Client
-	NodeName string
+	Options
+	Recorder record.EventRecorder
 }
 
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;update;patch
@@ -68,7 +70,11 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 
 	if !claim.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.release(ctx, claim)
+		var owner *v1alpha1.Sandbox
+		if found {
+			owner = sb
+		}
+		return ctrl.Result{}, r.release(ctx, claim, owner)
 	}
 	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
 		controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
@@ -119,14 +125,19 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, msg)
 	}
-	return ctrl.Result{}, nil
+	return r.reconcileWorktree(ctx, claim, sb)
 }
 
-// release lets a deleted claim go. The Sandbox hears of it through its
-// claim watch and recounts.
-func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.SessionClaim) error {
+// release removes the claim's worktree (or keeps it when dirty) and lets
+// the claim go. The Sandbox hears of it through its claim watch and recounts.
+func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) error {
 	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
 		return nil
+	}
+	before := claim.DeepCopy()
+	r.releaseWorktree(ctx, claim, sb)
+	if err := r.patchStatus(ctx, before, claim); err != nil {
+		return err
 	}
 	controllerutil.RemoveFinalizer(claim, v1alpha1.Finalizer)
 	return client.IgnoreNotFound(r.Update(ctx, claim))

@@ -8,6 +8,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -37,6 +38,9 @@ type Options struct {
 	// HealthInterval is how often a running instance with a writable root
 	// is inspected again for OverlayHealthy; zero means 30s.
 	HealthInterval time.Duration
+	// Getenv reads the controller's environment (the insecure disable
+	// variable); nil means os.Getenv.
+	Getenv func(string) string
 	// OrphanInterval is how often instances whose Sandbox is gone are
 	// looked for and deleted; zero means 5m.
 	OrphanInterval time.Duration
@@ -46,6 +50,9 @@ type Options struct {
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.Getenv == nil {
+		opts.Getenv = os.Getenv
 	}
 	idx := mgr.GetFieldIndexer()
 	if err := idx.IndexField(ctx, &v1alpha1.SessionClaim{}, indexClaimSandbox, func(o client.Object) []string {
@@ -72,7 +79,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(&shutdownStopper{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {
 		return fmt.Errorf("adding the shutdown stopper: %w", err)
 	}
-	cr := &SessionClaimReconciler{Client: mgr.GetClient(), NodeName: opts.NodeName}
+	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")}
 	if err := cr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the SessionClaim controller: %w", err)
 	}

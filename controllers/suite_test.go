@@ -3,7 +3,9 @@ package controllers_test
 import (
 	"context"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -23,6 +25,8 @@ var (
 	areasRoot string
 	mgr       *managerRun
 	ctx       = context.Background()
+	// controllerEnv is the controller's environment as its Getenv sees it.
+	controllerEnv sync.Map
 )
 
 func TestControllers(t *testing.T) {
@@ -58,6 +62,13 @@ func (m *managerRun) stop() { m.Stop() }
 func startManager() *managerRun {
 	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "state")})
 	Expect(err).NotTo(HaveOccurred())
-	m := env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{})
+	m := env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{
+		HealthInterval: time.Second,
+		Getenv: func(k string) string {
+			v, _ := controllerEnv.Load(k)
+			s, _ := v.(string)
+			return s
+		},
+	})
 	return &managerRun{Manager: m, rt: m.Runtimes[v1alpha1.BackendBwrap]}
 }

@@ -136,3 +136,12 @@ func hashOf(in Instance) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])
 }
+
+// AddBinds adds binds at absolute targets outside /workspace (the git
+// directories of session worktrees, mounted where their worktrees' .git
+// files point) and updates the ConfigHash.
+func (in *Instance) AddBinds(binds ...Bind) {
+	in.Mounts = append(in.Mounts, binds...)
+	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
+	in.ConfigHash = hashOf(*in)
+}

@@ -21,6 +21,10 @@ const (
 	// the worktree, from the host and inside the sandbox. On a Sandbox: the
 	// summary over its claims' worktrees (absent when none has one).
 	ConditionGitHealthy = "GitHealthy"
+	// ConditionSandboxEnforced on a bwrap Sandbox: commands run inside
+	// bubblewrap. False (reason SandboxDisabled) when the controller runs
+	// with the insecure disable variable set to one of its bypass values.
+	ConditionSandboxEnforced = "SandboxEnforced"
 )
 
 // Condition reasons. Every reason a controller sets is one of these.
@@ -75,6 +79,12 @@ const (
 	// ReasonWorktreeKept: the claim went, its worktree had uncommitted
 	// changes and was kept on disk.
 	ReasonWorktreeKept = "WorktreeKept"
+
+	// ReasonEnforced: commands run inside the sandbox.
+	ReasonEnforced = "Enforced"
+	// ReasonSandboxDisabled: commands run directly on the host because the
+	// controller's environment disables the sandbox.
+	ReasonSandboxDisabled = "SandboxDisabled"
 
 	// ReasonHealthy: the writable root is present, mounted and within its limit.
 	ReasonHealthy = "Healthy"

@@ -235,8 +235,14 @@ type SandboxStatus struct {
 	// running; the instance stops idleTimeout later.
 	// +optional
 	IdleSince *metav1.Time `json:"idleSince,omitempty"`
-	// Conditions: Ready (the instance is running and takes commands) and
-	// RuntimeReady (the instance is in the state the claims ask for).
+	// MountedGitDirs are the git directories of the claims' worktrees that
+	// the running instance mounts at their host paths.
+	// +optional
+	MountedGitDirs []string `json:"mountedGitDirs,omitempty"`
+	// Conditions: Ready (the instance is running and takes commands),
+	// RuntimeReady (the instance is in the state the claims ask for),
+	// OverlayHealthy (backends with a writable root) and GitHealthy (a
+	// summary of the claims' worktrees; absent when none has one).
 	// +listType=map
 	// +listMapKey=type
 	// +optional

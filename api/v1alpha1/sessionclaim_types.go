@@ -71,6 +71,10 @@ type WorktreeStatus struct {
 	// CheckedOut says the files have been checked out inside the sandbox.
 	// +optional
 	CheckedOut bool `json:"checkedOut,omitempty"`
+	// Kept says the claim is going and its worktree was kept on disk
+	// because it had uncommitted changes (or they could not be ruled out).
+	// +optional
+	Kept bool `json:"kept,omitempty"`
 }
 
 // SessionClaimStatus is what the controller observed.

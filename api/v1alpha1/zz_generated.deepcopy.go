@@ -227,6 +227,11 @@ func (in *SandboxStatus) DeepCopyInto(out *SandboxStatus) {
 		in, out := &in.IdleSince, &out.IdleSince
 		*out = (*in).DeepCopy()
 	}
+	if in.MountedGitDirs != nil {
+		in, out := &in.MountedGitDirs, &out.MountedGitDirs
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))

@@ -1,6 +1,11 @@
 // Package policy decides whether a command may run in a sandbox and builds
-// the environment it runs with. Every driver calls it before running
-// anything; it never runs a command itself and never consults a shell.
+// the environment it runs with: the binaries allowlist, the argv checks, the
+// environment rebuilt from nothing, and the insecure switch that disables
+// the sandbox. Every driver calls it before running anything.
+//
+// It must never run a command itself, never consult a shell, and never let
+// a variable of the runtime's own environment through unless the sandbox
+// configuration names it.
 package policy
 
 import (
@@ -25,7 +30,7 @@ func CheckArgv(allowed []string, argv []string) error {
 	cmd := argv[0]
 	if r, ok := v1alpha1.FirstForbidden(cmd); ok {
 		what := "shell metacharacter"
-		if r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f' {
+		if isSpace(r) {
 			what = "whitespace"
 		}
 		return fmt.Errorf("%w: command %q contains the %s %q; pass arguments separately, never as one string", ErrRefused, cmd, what, r)
@@ -37,4 +42,8 @@ func CheckArgv(allowed []string, argv []string) error {
 		return fmt.Errorf("%w: command %q is not in the sandbox's binaries allowlist %v", ErrRefused, cmd, allowed)
 	}
 	return nil
+}
+
+func isSpace(r rune) bool {
+	return r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f'
 }

@@ -30,16 +30,6 @@ import (
 // it never shows as untracked.
 const Dir = ".worktrees"
 
-// SandboxGitConfig is the git configuration every command in a sandbox runs
-// with, as GIT_CONFIG_* variables: other worktrees' back-pointers name host
-// paths the sandbox does not mount, so gc must never prune worktrees there,
-// and the repository belongs to the host user, not the sandbox's identity.
-var SandboxGitConfig = []string{
-	"GIT_CONFIG_COUNT=2",
-	"GIT_CONFIG_KEY_0=gc.worktreePruneExpire", "GIT_CONFIG_VALUE_0=never",
-	"GIT_CONFIG_KEY_1=safe.directory", "GIT_CONFIG_VALUE_1=*",
-}
-
 // ErrDirty is returned by Remove for a worktree with uncommitted changes;
 // the worktree is kept.
 var ErrDirty = errors.New("worktree has uncommitted changes")
@@ -99,11 +89,16 @@ func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
 		return wt, err
 	}
 	if _, err := repo.Mount.Lstat(wt.Rel); err == nil {
-		h := Check(ctx, repo, wt)
-		if h.Reason != ReasonHealthy {
-			return wt, fmt.Errorf("adding worktree %s: %s exists but is not a healthy worktree of %s: %s", spec.Name, wt.HostPath, repo.HostPath(), h.Message)
+		// Already added. A lock or an unresolvable HEAD is the health
+		// check's to report; only broken links make it someone else's.
+		switch h := Check(ctx, repo, wt); h.Reason {
+		case ReasonGitdirMissing, ReasonGitdirMismatch, ReasonWorktreePrunable:
+			return wt, fmt.Errorf("adding worktree %s: %s exists but is not a worktree of %s: %s", spec.Name, wt.HostPath, repo.HostPath(), h.Message)
 		}
-		return describe(ctx, repo, wt)
+		if full, err := describe(ctx, repo, wt); err == nil {
+			return full, nil
+		}
+		return wt, nil
 	}
 	if err := repo.Mount.Mkdir(repo.rel(Dir), false); err != nil && !errors.Is(err, fs.ErrExist) {
 		return wt, fmt.Errorf("adding worktree %s: %w", spec.Name, err)

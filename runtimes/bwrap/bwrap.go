@@ -11,11 +11,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,25 +31,73 @@ import (
 // TmpSize is the size of the fresh /tmp every command gets (64 MiB).
 const TmpSize = 64 << 20
 
-// HostPath is where allowed binaries are looked up on the host, and the PATH
-// commands see inside the sandbox.
-const HostPath = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-
 // Config configures the driver.
 type Config struct {
 	// StateDir records one file per instance. It must not be inside an area.
 	StateDir string
 	// Bwrap is the bubblewrap executable; empty means "bwrap" on PATH.
 	Bwrap string
+	// LookupEnv reads the runtime's own environment: the locale, the values
+	// of passthrough variables and the switch that disables the sandbox.
+	// Nil means os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+	// Warnings receives the warning printed before every command that runs
+	// without the sandbox. Nil means os.Stderr.
+	Warnings io.Writer
+	// Host describes the host's file system; zero fields mean the real
+	// host's. Tests point it at synthetic layouts.
+	Host Host
 }
+
+// Host is where the driver finds things on the host.
+type Host struct {
+	// SearchPath lists the directories allowed commands are looked up in,
+	// in order. Empty means the minimal PATH followed by the NixOS system
+	// profile.
+	SearchPath []string
+	// NixStore is the Nix store; empty means /nix/store. Allowed commands
+	// that resolve into it get their store requisites bound read-only.
+	NixStore string
+	// NixStoreQuery is the nix-store command used to list requisites;
+	// empty means nix-store on the search path. When there is none the
+	// requisites are read from ELF interpreters, RPATH/RUNPATH and script
+	// interpreter lines.
+	NixStoreQuery string
+	// USBDevices is the host's USB device directory; empty means
+	// /dev/bus/usb.
+	USBDevices string
+}
+
+func (h Host) withDefaults() Host {
+	if len(h.SearchPath) == 0 {
+		h.SearchPath = append(filepath.SplitList(policy.MinimalPath), nixSystemProfile)
+	}
+	if h.NixStore == "" {
+		h.NixStore = "/nix/store"
+	}
+	h.NixStore = filepath.Clean(h.NixStore)
+	if h.USBDevices == "" {
+		h.USBDevices = "/dev/bus/usb"
+	}
+	return h
+}
+
+// nixSystemProfile is where NixOS puts the system's commands.
+const nixSystemProfile = "/run/current-system/sw/bin"
 
 // Runtime is the bwrap driver.
 type Runtime struct {
-	stateDir string
-	bwrap    string
+	stateDir  string
+	bwrap     string
+	lookupEnv func(string) (string, bool)
+	warnings  io.Writer
+	host      Host
 
 	mu      sync.Mutex
 	running map[string]map[*exec.Cmd]struct{}
+	// closures caches the Nix store requisites of a resolved command. Store
+	// paths are immutable, so an entry never goes stale.
+	closures map[string][]string
 }
 
 var _ runtimes.Runtime = (*Runtime)(nil)
@@ -61,11 +111,25 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating bwrap state directory: %w", err)
 	}
-	b := cfg.Bwrap
-	if b == "" {
-		b = "bwrap"
+	r := &Runtime{
+		stateDir:  cfg.StateDir,
+		bwrap:     cfg.Bwrap,
+		lookupEnv: cfg.LookupEnv,
+		warnings:  cfg.Warnings,
+		host:      cfg.Host.withDefaults(),
+		running:   map[string]map[*exec.Cmd]struct{}{},
+		closures:  map[string][]string{},
 	}
-	return &Runtime{stateDir: cfg.StateDir, bwrap: b, running: map[string]map[*exec.Cmd]struct{}{}}, nil
+	if r.bwrap == "" {
+		r.bwrap = "bwrap"
+	}
+	if r.lookupEnv == nil {
+		r.lookupEnv = os.LookupEnv
+	}
+	if r.warnings == nil {
+		r.warnings = os.Stderr
+	}
+	return r, nil
 }
 
 // record is the state file of one instance.
@@ -215,27 +279,35 @@ func (r *Runtime) List(_ context.Context) ([]runtimes.State, error) {
 	return out, nil
 }
 
-// Exec runs one allowed command in a fresh namespace set.
+// Exec runs one allowed command in a fresh namespace set, or directly on
+// the host when the runtime's environment disables the sandbox with one of
+// the exact values the policy accepts.
 func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
+	const op = "running a command in"
 	rec, err := r.load(name)
 	if err != nil {
 		return runtimes.ExitStatus{}, err
 	}
 	if rec == nil || !rec.Running {
-		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonNotFound, "running a command in", name, "the instance is not running")
+		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonNotFound, op, name, "the instance is not running")
 	}
-	if err := policy.CheckArgv(rec.Instance.Binaries, req.Argv); err != nil {
-		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: "running a command in", Name: name, Err: err}
-	}
-	bin, err := lookHost(req.Argv[0])
+	value, disabled := policy.SandboxDisabled(r.getenv)
+	c, err := r.prepare(rec.Instance, req, disabled)
 	if err != nil {
-		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: "running a command in", Name: name, Err: err}
+		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: op, Name: name, Err: err}
 	}
-	args := Args(rec.Instance, bin, req.Env)
-	args = append(args, req.Argv[1:]...)
 
-	cmd := exec.CommandContext(ctx, r.bwrap, args...)
-	cmd.Env = []string{}
+	var cmd *exec.Cmd
+	if disabled {
+		fmt.Fprint(r.warnings, policy.DisabledWarning(value))
+		cmd = exec.CommandContext(ctx, c.Path, c.Args...)
+		cmd.Args[0] = req.Argv[0]
+		cmd.Dir = c.Workspace
+		cmd.Env = c.Env
+	} else {
+		cmd = exec.CommandContext(ctx, r.bwrap, r.Args(rec.Instance, c)...)
+		cmd.Env = []string{}
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	// bwrap's --die-with-parent ends the sandbox if we die; its own process
 	// group lets Stop end it and anything it started.
@@ -256,8 +328,79 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		}
 		return runtimes.ExitStatus{Code: code}, nil
 	default:
-		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonUnavailable, "running a command in", name, "starting bwrap: %w", err)
+		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonUnavailable, op, name, "starting %s: %w", cmd.Path, err)
 	}
+}
+
+func (r *Runtime) getenv(k string) string {
+	v, _ := r.lookupEnv(k)
+	return v
+}
+
+// Command is one checked command, ready to run.
+type Command struct {
+	// Path is the host path of the executable.
+	Path string
+	// Args are the command's arguments, argv[1:].
+	Args []string
+	// Env is the complete environment, built by the policy.
+	Env []string
+	// Binds are host paths bound read-only at the same place (the Nix store
+	// requisites of the command).
+	Binds []string
+	// Workspace is the agent's workspace directory on the host.
+	Workspace string
+}
+
+// prepare applies the policy: the allowlist and argv checks, the lookup of
+// the command on the host, and the environment rebuilt from nothing.
+func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabled bool) (Command, error) {
+	if len(req.Env) > 0 {
+		return Command{}, fmt.Errorf("%w: the request carries environment variables; the environment is rebuilt by the sandbox policy from the passthrough list, workspace/%s and the locale, never taken from a request", policy.ErrRefused, policy.DotEnvFile)
+	}
+	if err := policy.CheckArgv(in.Binaries, req.Argv); err != nil {
+		return Command{}, err
+	}
+	bin, err := r.lookHost(req.Argv[0])
+	if err != nil {
+		return Command{}, err
+	}
+	ws := workspaceDir(in)
+	if ws == "" {
+		return Command{}, fmt.Errorf("instance %s has no /workspace area", in.Name)
+	}
+	dotEnv, err := policy.ReadDotEnv(ws)
+	if err != nil {
+		return Command{}, err
+	}
+	src := policy.EnvSources{Passthrough: in.Env, Lookup: r.lookupEnv, DotEnv: dotEnv}
+	if disabled {
+		// /workspace does not exist on the host: HOME is the workspace
+		// there too, at its host path.
+		src.Home = ws
+	}
+	env, err := policy.BuildEnv(src)
+	if err != nil {
+		return Command{}, err
+	}
+	c := Command{Path: bin, Args: req.Argv[1:], Env: env, Workspace: ws}
+	if disabled {
+		return c, nil
+	}
+	c.Path, c.Binds, err = r.nixClosure(bin)
+	if err != nil {
+		return Command{}, err
+	}
+	return c, nil
+}
+
+func workspaceDir(in runtimes.Instance) string {
+	for _, a := range in.Areas {
+		if a.Target == policy.SandboxHome {
+			return a.Source
+		}
+	}
+	return ""
 }
 
 func (r *Runtime) track(name string, cmd *exec.Cmd) {
@@ -287,15 +430,15 @@ func (r *Runtime) killAll(name string) {
 	}
 }
 
-// lookHost finds an allowed command on the host's system PATH.
-func lookHost(name string) (string, error) {
-	for _, dir := range filepath.SplitList(HostPath) {
+// lookHost finds an allowed command in the host search path.
+func (r *Runtime) lookHost(name string) (string, error) {
+	for _, dir := range r.host.SearchPath {
 		p := filepath.Join(dir, name)
 		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("command %q is allowed but not installed on the host (looked in %s)", name, HostPath)
+	return "", fmt.Errorf("command %q is allowed but not installed on the host (looked in %s)", name, strings.Join(r.host.SearchPath, ":"))
 }
 
 // systemDirs are exposed read-only so allowed commands and their libraries
@@ -310,12 +453,17 @@ var hostFiles = []string{
 	"/etc/ssl", "/etc/ca-certificates", "/etc/pki", "/etc/alternatives",
 }
 
-// Args builds the bwrap argument list for one command: everything up to and
-// including the command path. The caller appends the command's arguments.
-func Args(in runtimes.Instance, bin string, env []string) []string {
-	a := []string{
-		"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-	}
+// usbSysfs are the read-only sysfs directories USB libraries enumerate
+// devices through (libusb reads /sys/bus/usb/devices, whose entries link
+// into /sys/devices), and udev's device database.
+var usbSysfs = []string{"/sys/bus/usb", "/sys/devices", "/sys/dev/char", "/run/udev/data"}
+
+// Args builds the complete bwrap argument list for one command: the
+// namespaces, the read-only host, the standard areas and mounts, devices,
+// the environment, then the command and its arguments.
+func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
+	a := make([]string, 0, 96+3*len(c.Binds)+2*len(c.Env)+len(c.Args))
+	a = append(a, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
 	for _, d := range systemDirs {
 		fi, err := os.Lstat(d)
 		switch {
@@ -331,34 +479,40 @@ func Args(in runtimes.Instance, bin string, env []string) []string {
 	for _, f := range hostFiles {
 		a = append(a, "--ro-bind-try", f, f)
 	}
-	if !underSystemDir(bin) {
-		a = append(a, "--ro-bind", bin, bin)
-	}
 	a = append(a, "--proc", "/proc")
 	switch {
 	case in.Devices.All:
 		a = append(a, "--dev-bind", "/dev", "/dev")
 	case in.Devices.USB:
-		a = append(a, "--dev", "/dev", "--dev-bind-try", "/dev/bus/usb", "/dev/bus/usb")
+		a = append(a, "--dev", "/dev", "--dev-bind-try", r.host.USBDevices, "/dev/bus/usb")
+		for _, d := range usbSysfs {
+			a = append(a, "--ro-bind-try", d, d)
+		}
 	default:
 		a = append(a, "--dev", "/dev")
 	}
-	a = append(a, "--size", fmt.Sprint(TmpSize), "--tmpfs", "/tmp")
+	a = append(a, "--size", strconv.Itoa(TmpSize), "--tmpfs", "/tmp")
+	// After /tmp, so that a command or store path below /tmp stays visible.
+	for _, b := range c.Binds {
+		a = append(a, "--ro-bind", b, b)
+	}
+	if !underSystemDir(c.Path) && !slices.ContainsFunc(c.Binds, func(b string) bool { return within(c.Path, b) }) {
+		a = append(a, "--ro-bind", c.Path, c.Path)
+	}
 	for _, b := range in.Areas {
 		a = append(a, bindFlag(b.ReadOnly), b.Source, b.Target)
 	}
 	for _, m := range in.Mounts {
 		a = append(a, bindFlag(m.ReadOnly), m.Source, m.Target)
 	}
-	a = append(a, "--remount-ro", "/", "--chdir", "/workspace", "--clearenv")
-	a = append(a, "--setenv", "HOME", "/workspace", "--setenv", "PATH", HostPath)
-	for _, kv := range env {
-		k, v, ok := strings.Cut(kv, "=")
-		if ok && k != "" {
+	a = append(a, "--remount-ro", "/", "--chdir", policy.SandboxHome, "--clearenv")
+	for _, kv := range c.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 			a = append(a, "--setenv", k, v)
 		}
 	}
-	return append(a, "--", bin)
+	a = append(a, "--", c.Path)
+	return append(a, c.Args...)
 }
 
 func bindFlag(ro bool) string {
@@ -369,5 +523,10 @@ func bindFlag(ro bool) string {
 }
 
 func underSystemDir(p string) bool {
-	return slices.ContainsFunc(systemDirs, func(d string) bool { return strings.HasPrefix(p, d+"/") })
+	return slices.ContainsFunc(systemDirs, func(d string) bool { return within(p, d) })
+}
+
+// within reports whether p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+"/")
 }

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+)
+
+func needBwrap(t *testing.T) {
+	t.Helper()
+	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh); in CI a missing bwrap fails this test")
+}
+
+func writeConfig(t *testing.T, dir, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, "sandbox.toml")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func sandboxctl(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestRun(t *testing.T) {
+	needBwrap(t)
+	dir := t.TempDir()
+	areas := filepath.Join(dir, "areas")
+	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\", \"cat\"]\n")
+	base := []string{"run", "--config", cfg, "--agent", "ada", "--areas-root", areas, "--"}
+
+	t.Run("run/exit code, stdout and stderr are the command's", func(t *testing.T) {
+		code, out, stderr := sandboxctl(t, "", append(base, "sh", "-c", "echo out; echo err >&2; exit 7")...)
+		if code != 7 || out != "out\n" || stderr != "err\n" {
+			t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
+		}
+	})
+	t.Run("run/stdin is the command's", func(t *testing.T) {
+		code, out, _ := sandboxctl(t, "from stdin", append(base, "cat")...)
+		if code != 0 || out != "from stdin" {
+			t.Fatalf("exit %d stdout %q", code, out)
+		}
+	})
+	t.Run("run/areas are created when missing", func(t *testing.T) {
+		for _, a := range []string{"workspace", "memories", "blocks", "skills", "tasks"} {
+			if fi, err := os.Stat(filepath.Join(areas, "ada", a)); err != nil || !fi.IsDir() {
+				t.Fatalf("area %s: %v", a, err)
+			}
+		}
+	})
+	t.Run("run/refused command runs nothing and exits 126 with the reason", func(t *testing.T) {
+		code, out, stderr := sandboxctl(t, "", append(base, "touch", "/workspace/ran")...)
+		if code != exitRefused || out != "" || !strings.Contains(stderr, "not in the sandbox's binaries allowlist") {
+			t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
+		}
+		code, _, stderr = sandboxctl(t, "", append(base, "sh;touch", "/workspace/ran")...)
+		if code != exitRefused || !strings.Contains(stderr, `shell metacharacter ';'`) {
+			t.Fatalf("exit %d stderr %q", code, stderr)
+		}
+		if _, err := os.Stat(filepath.Join(areas, "ada", "workspace", "ran")); !os.IsNotExist(err) {
+			t.Fatalf("a refused command ran: %v", err)
+		}
+	})
+	t.Run("run/invalid configuration runs nothing and says where", func(t *testing.T) {
+		bad := writeConfig(t, t.TempDir(), "[bwrap]\nbinaries = [\"sh\"]\nshell = true\n")
+		code, _, stderr := sandboxctl(t, "", "run", "--config", bad, "--agent", "ada", "--areas-root", areas, "--", "sh", "-c", "true")
+		if code != exitFailed || !strings.Contains(stderr, "sandbox.toml:3:1: bwrap.shell: unknown key") {
+			t.Fatalf("exit %d stderr %q", code, stderr)
+		}
+	})
+	t.Run("run/missing configuration is the default: nothing allowed", func(t *testing.T) {
+		code, _, stderr := sandboxctl(t, "", "run", "--config", filepath.Join(dir, "absent.toml"), "--agent", "ada", "--areas-root", areas, "--", "sh", "-c", "true")
+		if code != exitRefused || !strings.Contains(stderr, "allowlist []") {
+			t.Fatalf("exit %d stderr %q", code, stderr)
+		}
+	})
+	t.Run("run/usage errors", func(t *testing.T) {
+		if code, _, stderr := sandboxctl(t, "", "run", "--config", cfg, "--", "sh"); code != exitUsage || !strings.Contains(stderr, "--agent") {
+			t.Fatalf("no agent: exit %d stderr %q", code, stderr)
+		}
+		if code, _, _ := sandboxctl(t, ""); code != exitUsage {
+			t.Fatalf("no command: exit %d", code)
+		}
+		if code, out, _ := sandboxctl(t, "", "help"); code != 0 || !strings.Contains(out, "sandboxctl run") {
+			t.Fatalf("help: exit %d", code)
+		}
+	})
+}
+
+func TestConvert(t *testing.T) {
+	code, out, stderr := sandboxctl(t, "", "convert", filepath.Join("..", "..", "config", "sandbox.toml"), "--agent", "ada", "--namespace", "agents")
+	if code != 0 {
+		t.Fatalf("exit %d stderr %q", code, stderr)
+	}
+	var sb v1alpha1.Sandbox
+	if err := yaml.UnmarshalStrict([]byte(out), &sb); err != nil {
+		t.Fatalf("not a Sandbox manifest: %v\n%s", err, out)
+	}
+	if sb.Kind != "Sandbox" || sb.Name != "ada" || sb.Namespace != "agents" || sb.Spec.Agent != "ada" || len(sb.Spec.Binaries) != 2 {
+		t.Fatalf("manifest:\n%s", out)
+	}
+	if code, _, stderr := sandboxctl(t, "", "convert", "--agent", "ada"); code != exitUsage || !strings.Contains(stderr, "FILE") {
+		t.Fatalf("convert without a file: exit %d stderr %q", code, stderr)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that serve's watcher goroutine writes
+// while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// lineReader reads serve's responses, one JSON line each.
+type lineReader struct{ r *bufio.Reader }
+
+func (l lineReader) next(t *testing.T) response {
+	t.Helper()
+	line, err := l.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading a response: %v", err)
+	}
+	var resp response
+	if err := json.Unmarshal([]byte(line), &resp); err != nil {
+		t.Fatalf("response %q: %v", line, err)
+	}
+	return resp
+}
+
+func TestServeReloads(t *testing.T) {
+	needBwrap(t)
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\"]\n")
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	stderr := &lockedBuffer{}
+	done := make(chan int)
+	go func() {
+		done <- run([]string{"serve", "--config", cfg, "--agent", "ada", "--areas-root", filepath.Join(dir, "areas")}, inR, outW, stderr)
+		outW.Close()
+	}()
+	responses := lineReader{bufio.NewReader(outR)}
+	send := func(line string) { io.WriteString(inW, line+"\n") }
+
+	send(`["sh","-c","echo hi; exit 3"]`)
+	if r := responses.next(t); r.Exit != 3 || r.Stdout != "hi\n" || r.Error != "" {
+		t.Fatalf("first command: %+v", r)
+	}
+	send(`["cat","/etc/hostname"]`)
+	if r := responses.next(t); !r.Refused || r.Exit != exitRefused {
+		t.Fatalf("cat before the reload: %+v", r)
+	}
+	send(`not json`)
+	if r := responses.next(t); r.Error == "" || r.Exit != exitUsage {
+		t.Fatalf("malformed request: %+v", r)
+	}
+
+	tmp := cfg + ".new"
+	if err := os.WriteFile(tmp, []byte("[bwrap]\nbinaries = [\"sh\", \"cat\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, cfg); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		send(`["cat","/proc/self/comm"]`)
+		r := responses.next(t)
+		if r.Error == "" && r.Stdout == "cat\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reload never reached a command: %+v", r)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	if err := os.WriteFile(cfg, []byte("[bwrap]\nbinaries = [\"sh\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for !strings.Contains(stderr.String(), "keeping the last good configuration") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the invalid edit was not reported; stderr %q", stderr.String())
+		}
+		send(`["cat","/proc/self/comm"]`)
+		if r := responses.next(t); r.Stdout != "cat\n" {
+			t.Fatalf("after an invalid edit the last good configuration must stay: %+v", r)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	inW.Close()
+	if code := <-done; code != 0 {
+		t.Fatalf("serve exited %d; stderr %q", code, stderr.String())
+	}
+}

@@ -1,0 +1,278 @@
+package controllers
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/worktree"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// claimRepo is where a claim's worktree lives: the repository inside one of
+// the Sandbox's mounts.
+type claimRepo struct {
+	repo worktree.Repo
+	// sandboxPath is the repository inside the sandbox, /workspace/<repository>.
+	sandboxPath string
+	instance    runtimes.Instance
+	rt          runtimes.Runtime
+}
+
+func worktreeName(c *v1alpha1.SessionClaim) string {
+	if c.Spec.Worktree.Name != "" {
+		return c.Spec.Worktree.Name
+	}
+	return c.Name
+}
+
+// resolveRepo finds the read-write mount that holds the claim's repository.
+func (r *SessionClaimReconciler) resolveRepo(c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) (*claimRepo, error) {
+	if errs := v1alpha1.ValidateWorktree(c.Spec.Worktree); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	rt, ok := r.Runtimes[sb.Spec.BackendOrDefault()]
+	if !ok {
+		return nil, fmt.Errorf("this controller was not started with the %s backend", sb.Spec.BackendOrDefault())
+	}
+	in, err := runtimes.Describe(sb.Namespace+"/"+sb.Name, &sb.Spec, r.Host)
+	if err != nil {
+		return nil, err
+	}
+	want := "/workspace/" + c.Spec.Worktree.Repository
+	var targets []string
+	for _, m := range in.Mounts {
+		targets = append(targets, m.Target)
+		if want != m.Target && !strings.HasPrefix(want, m.Target+"/") {
+			continue
+		}
+		if m.ReadOnly {
+			return nil, fmt.Errorf("repository %s is inside the read-only mount %s; a worktree needs a rw mount", want, m.Target)
+		}
+		root, err := areas.OpenRoot(m.Target, m.Source, false)
+		if err != nil {
+			return nil, fmt.Errorf("opening mount %s (%s): %w", m.Target, m.Source, err)
+		}
+		return &claimRepo{
+			repo:        worktree.Repo{Mount: root, Rel: strings.TrimPrefix(strings.TrimPrefix(want, m.Target), "/")},
+			sandboxPath: want,
+			instance:    in,
+			rt:          rt,
+		}, nil
+	}
+	return nil, fmt.Errorf("repository %s is not inside any mount of Sandbox %q (mount targets: %v)", want, sb.Name, targets)
+}
+
+// reconcileWorktree adds the claim's worktree on the host, checks it out
+// inside the sandbox once the sandbox mounts its git directory, and reports
+// WorktreeReady and GitHealthy.
+func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) (ctrl.Result, error) {
+	conds, gen := &c.Status.Conditions, c.Generation
+	if c.Spec.Worktree == nil {
+		c.Status.Worktree = nil
+		meta.RemoveStatusCondition(conds, v1alpha1.ConditionWorktreeReady)
+		meta.RemoveStatusCondition(conds, v1alpha1.ConditionGitHealthy)
+		return ctrl.Result{}, nil
+	}
+	fail := func(err error) {
+		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, v1alpha1.ReasonWorktreeFailed, err.Error())
+		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonWorktreeFailed, "no worktree: "+err.Error())
+	}
+	cr, err := r.resolveRepo(c, sb)
+	if err != nil {
+		// A spec or Sandbox change brings the claim back; retrying alone cannot help.
+		fail(err)
+		return ctrl.Result{}, nil
+	}
+	name := worktreeName(c)
+	wt, err := worktree.Add(ctx, cr.repo, worktree.Spec{Name: name, Ref: c.Spec.Worktree.Ref, CreateBranch: c.Spec.Worktree.CreateBranch})
+	if err != nil {
+		fail(err)
+		return ctrl.Result{}, err
+	}
+	st := c.Status.Worktree
+	if st == nil || st.HostPath != wt.HostPath {
+		st = &v1alpha1.WorktreeStatus{Head: wt.Head, Branch: wt.Branch}
+		c.Status.Worktree = st
+	}
+	st.Path = cr.sandboxPath + "/" + worktree.Dir + "/" + name
+	st.HostPath, st.GitCommonDir = wt.HostPath, wt.GitCommonDir
+
+	if !slices.Contains(sb.Status.MountedGitDirs, wt.GitCommonDir) || !conditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
+		msg := fmt.Sprintf("worktree %s added; it is checked out once Sandbox %q is Ready and mounts %s", st.Path, sb.Name, wt.GitCommonDir)
+		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, v1alpha1.ReasonWaitingForSandbox, msg)
+		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonWaitingForSandbox, msg)
+		return ctrl.Result{}, nil
+	}
+	if !st.CheckedOut {
+		// Inside the sandbox, where the repository's own filters may run.
+		if _, stderr, err := r.git(ctx, cr, "-C", st.Path, "reset", "--hard", "--quiet"); err != nil {
+			fail(fmt.Errorf("checking out worktree %s inside the sandbox: %w: %s", st.Path, err, stderr))
+			return ctrl.Result{}, err
+		}
+		st.CheckedOut = true
+		log.FromContext(ctx).Info("worktree checked out", "path", st.Path, "branch", st.Branch, "head", st.Head)
+	}
+	setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, true, v1alpha1.ReasonWorktreeCreated,
+		fmt.Sprintf("worktree %s checked out at %s", st.Path, describeRef(st)))
+
+	if h := worktree.Check(ctx, cr.repo, wt); h.Reason != worktree.ReasonHealthy {
+		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, h.Reason, h.Message)
+	} else if _, stderr, err := r.git(ctx, cr, "-C", st.Path, "rev-parse", "--verify", "HEAD"); err != nil {
+		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonProbeFailed,
+			fmt.Sprintf("git rev-parse inside the sandbox failed: %v: %s", err, strings.TrimSpace(stderr)))
+	} else {
+		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, true, v1alpha1.ReasonHealthy, h.Message+"; git works inside the sandbox")
+	}
+	return ctrl.Result{RequeueAfter: r.healthInterval()}, nil
+}
+
+func describeRef(st *v1alpha1.WorktreeStatus) string {
+	if st.Branch != "" {
+		return "branch " + st.Branch
+	}
+	return "commit " + st.Head
+}
+
+// releaseWorktree removes a clean worktree when its claim goes and keeps a
+// dirty one (or one whose state cannot be read) on disk. The claim's
+// deletion completes either way.
+func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) {
+	st := c.Status.Worktree
+	if c.Spec.Worktree == nil || st == nil {
+		return
+	}
+	keep := func(why string) {
+		st.Kept = true
+		msg := fmt.Sprintf("kept worktree %s on disk: %s; its branch and commits stay", st.HostPath, why)
+		log.FromContext(ctx).Info(msg)
+		r.Recorder.Event(c, "Warning", v1alpha1.ReasonWorktreeKept, msg)
+		if sb != nil {
+			r.Recorder.Event(sb, "Warning", v1alpha1.ReasonWorktreeKept, fmt.Sprintf("claim %s: %s", c.Name, msg))
+		}
+	}
+	if sb == nil {
+		keep(fmt.Sprintf("Sandbox %q is gone, so its uncommitted changes cannot be checked", c.Spec.SandboxName))
+		return
+	}
+	cr, err := r.resolveRepo(c, sb)
+	if err != nil {
+		keep(err.Error())
+		return
+	}
+	dirty := true
+	if st.CheckedOut {
+		out, stderr, err := r.git(ctx, cr, "-C", st.Path, "status", "--porcelain", "--untracked-files=normal")
+		if err != nil {
+			keep(fmt.Sprintf("git status inside the sandbox failed: %v: %s", err, strings.TrimSpace(stderr)))
+			return
+		}
+		dirty = strings.TrimSpace(out) != ""
+	} else {
+		// Never checked out: nothing in it can be the agent's work.
+		dirty = false
+	}
+	wt := worktree.Worktree{Name: worktreeName(c), HostPath: st.HostPath, Rel: filepath.Join(cr.repo.Rel, worktree.Dir, worktreeName(c)), GitCommonDir: st.GitCommonDir}
+	err = worktree.Remove(cr.repo, wt, dirty)
+	switch {
+	case errors.Is(err, worktree.ErrDirty):
+		keep("it has uncommitted changes")
+	case err != nil:
+		keep(err.Error())
+	default:
+		log.FromContext(ctx).Info("removed clean worktree", "path", st.HostPath, "branch", st.Branch)
+	}
+}
+
+// git runs git inside the claim's sandbox and returns stdout and stderr.
+func (r *SessionClaimReconciler) git(ctx context.Context, cr *claimRepo, args ...string) (string, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	st, err := cr.rt.Exec(ctx, cr.instance.Name, runtimes.ExecRequest{Argv: append([]string{"git"}, args...), Stdout: &out, Stderr: &errb})
+	if err != nil {
+		return out.String(), errb.String(), err
+	}
+	if st.Code != 0 {
+		return out.String(), errb.String(), fmt.Errorf("git %s exited with %d", args[len(args)-1], st.Code)
+	}
+	return out.String(), errb.String(), nil
+}
+
+func (r *SessionClaimReconciler) healthInterval() time.Duration {
+	if r.HealthInterval > 0 {
+		return r.HealthInterval
+	}
+	return 30 * time.Second
+}
+
+// gitDirBinds are the git directories of the claims' worktrees, each bound
+// at its own host path. Only directories inside one of the Sandbox's rw
+// mount sources count, so a claim status cannot widen what the sandbox sees.
+func gitDirBinds(in runtimes.Instance, claims []v1alpha1.SessionClaim) ([]runtimes.Bind, []string) {
+	var binds []runtimes.Bind
+	var dirs []string
+	for _, c := range claims {
+		if c.Status.Worktree == nil || c.Status.Worktree.GitCommonDir == "" {
+			continue
+		}
+		d := filepath.Clean(c.Status.Worktree.GitCommonDir)
+		if slices.Contains(dirs, d) {
+			continue
+		}
+		inside := slices.ContainsFunc(in.Mounts, func(m runtimes.Bind) bool {
+			return !m.ReadOnly && strings.HasPrefix(d, m.Source+"/")
+		})
+		if !inside {
+			continue
+		}
+		dirs = append(dirs, d)
+		binds = append(binds, runtimes.Bind{Source: d, Target: d})
+	}
+	slices.Sort(dirs)
+	return binds, dirs
+}
+
+// summariseGit sets the Sandbox's GitHealthy from its claims' worktrees.
+func summariseGit(sb *v1alpha1.Sandbox, claims []v1alpha1.SessionClaim) {
+	var total int
+	var bad []string
+	reason := v1alpha1.ReasonHealthy
+	for _, c := range claims {
+		if c.Spec.Worktree == nil || !c.DeletionTimestamp.IsZero() {
+			continue
+		}
+		total++
+		cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionGitHealthy)
+		if cond == nil || cond.Status != "True" {
+			r, m := "Unknown", "not checked yet"
+			if cond != nil {
+				r, m = cond.Reason, cond.Message
+			}
+			if len(bad) == 0 {
+				reason = r
+			}
+			bad = append(bad, fmt.Sprintf("claim %s: %s: %s", c.Name, r, m))
+		}
+	}
+	if total == 0 {
+		meta.RemoveStatusCondition(&sb.Status.Conditions, v1alpha1.ConditionGitHealthy)
+		return
+	}
+	if len(bad) == 0 {
+		setCondition(&sb.Status.Conditions, sb.Generation, v1alpha1.ConditionGitHealthy, true, v1alpha1.ReasonHealthy, fmt.Sprintf("%d worktree(s) healthy", total))
+		return
+	}
+	setCondition(&sb.Status.Conditions, sb.Generation, v1alpha1.ConditionGitHealthy, false, reason, strings.Join(bad, "; "))
+}

@@ -1,0 +1,123 @@
+package controllers_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+func hostGit(dir string, args ...string) string {
+	GinkgoHelper()
+	cmd := exec.Command("git", append([]string{"-C", dir}, args...)...)
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=host", "GIT_AUTHOR_EMAIL=host@example.com", "GIT_COMMITTER_NAME=host", "GIT_COMMITTER_EMAIL=host@example.com")
+	out, err := cmd.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "git %v: %s", args, out)
+	return strings.TrimSpace(string(out))
+}
+
+// sandboxRun runs argv in the Sandbox's instance through the runtime.
+func sandboxRun(agent string, argv ...string) (int, string, string) {
+	GinkgoHelper()
+	var out, errb bytes.Buffer
+	st, err := mgr.rt.Exec(ctx, v1alpha1.InstanceName(agent), runtimes.ExecRequest{Argv: argv, Stdout: &out, Stderr: &errb})
+	Expect(err).NotTo(HaveOccurred())
+	return st.Code, out.String(), errb.String()
+}
+
+func claimWithWorktree(ns, name, sandbox, repo string) *v1alpha1.SessionClaim {
+	c := newClaim(ns, name, sandbox)
+	c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: repo, CreateBranch: true}
+	return c
+}
+
+var _ = Describe("Session worktrees", Ordered, func() {
+	var ns, mountDir, repo string
+	const agent = "gitty"
+
+	BeforeAll(func() {
+		testenv.Binary(GinkgoT(), "git", "install git (hack/install-deps.sh)")
+		ns = newNamespace()
+		mountDir = filepath.Join(env.Dir, "projects")
+		repo = filepath.Join(mountDir, "app")
+		Expect(os.MkdirAll(repo, 0o755)).To(Succeed())
+		hostGit(repo, "init", "-q", "-b", "main")
+		Expect(os.WriteFile(filepath.Join(repo, "README"), []byte("hello\n"), 0o644)).To(Succeed())
+		hostGit(repo, "add", "README")
+		hostGit(repo, "commit", "-q", "-m", "first")
+
+		sb := newSandbox(ns, "gitty", agent, time.Minute)
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"git", "sh"}
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: mountDir, Target: "project", Mode: v1alpha1.MountReadWrite}}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+	})
+
+	It("adds a worktree, checks it out inside, and git works there with commits visible on the host", func() {
+		Expect(k8s.Create(ctx, claimWithWorktree(ns, "s1", "gitty", "project/app"))).To(Succeed())
+		Eventually(claimStatus(ns, "s1"), timeout).Should(And(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)),
+			HaveField("Worktree.Path", "/workspace/project/app/.worktrees/s1"),
+			HaveField("Worktree.Branch", "s1"),
+		))
+		Eventually(sandboxStatus(ns, "gitty"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
+
+		wt := "/workspace/project/app/.worktrees/s1"
+		code, out, stderr := sandboxRun(agent, "git", "-C", wt, "status", "--porcelain", "--branch")
+		Expect(code).To(Equal(0), stderr)
+		Expect(out).To(HavePrefix("## s1"))
+		code, _, stderr = sandboxRun(agent, "sh", "-c", "cd "+wt+" && echo change >> README && git add README && "+
+			"git -c user.name=agent -c user.email=agent@example.com commit -q -m 'from the sandbox'")
+		Expect(code).To(Equal(0), stderr)
+		Expect(hostGit(repo, "log", "-1", "--format=%s", "s1")).To(Equal("from the sandbox"))
+	})
+
+	It("reports a locked worktree as WorktreeLocked on the claim and the Sandbox", func() {
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		hostGit(repo, "worktree", "lock", "--reason", "moved to a laptop", c.Status.Worktree.HostPath)
+		Eventually(claimStatus(ns, "s1"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonWorktreeLocked)))
+		Eventually(sandboxStatus(ns, "gitty"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonWorktreeLocked)))
+		hostGit(repo, "worktree", "unlock", c.Status.Worktree.HostPath)
+		Eventually(claimStatus(ns, "s1"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
+	})
+
+	It("removes a clean worktree when its claim goes and keeps the branch", func() {
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		path := c.Status.Worktree.HostPath
+		deleteAndWait(&c)
+		Expect(path).NotTo(BeADirectory())
+		Expect(hostGit(repo, "log", "-1", "--format=%s", "s1")).To(Equal("from the sandbox"))
+		Expect(hostGit(repo, "worktree", "list", "--porcelain")).NotTo(ContainSubstring(path))
+	})
+
+	It("keeps a worktree with uncommitted changes and still completes the claim's deletion", func() {
+		Expect(k8s.Create(ctx, claimWithWorktree(ns, "s2", "gitty", "project/app"))).To(Succeed())
+		Eventually(claimStatus(ns, "s2"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)))
+		code, _, stderr := sandboxRun(agent, "sh", "-c", "echo unsaved > /workspace/project/app/.worktrees/s2/draft.txt")
+		Expect(code).To(Equal(0), stderr)
+
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s2"}, &c)).To(Succeed())
+		path := c.Status.Worktree.HostPath
+		deleteAndWait(&c)
+		Expect(os.ReadFile(filepath.Join(path, "draft.txt"))).To(Equal([]byte("unsaved\n")))
+	})
+})

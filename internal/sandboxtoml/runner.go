@@ -1,0 +1,80 @@
+package sandboxtoml
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Source gives the configuration in force; a *Watcher is one.
+type Source interface {
+	Current() Snapshot
+}
+
+// Static is a Source that never changes: one command, one file read.
+type Static struct{ Spec *v1alpha1.SandboxSpec }
+
+// Current returns the one configuration.
+func (s Static) Current() Snapshot { return Snapshot{Spec: s.Spec, Generation: 1} }
+
+// Runner runs commands in the sandbox a Source describes. Each command takes
+// the snapshot current when it starts and runs with that whole
+// configuration; a reload reaches the next command, never one already
+// running and never half of one.
+type Runner struct {
+	src     Source
+	rt      runtimes.Runtime
+	backend v1alpha1.Backend
+	opts    runtimes.Options
+
+	mu sync.Mutex
+	// applied is the generation the runtime was last ensured with.
+	applied int64
+	name    string
+}
+
+// NewRunner runs commands from src with rt, a driver for backend. opts say
+// where the agent areas are and how ~/ expands.
+func NewRunner(src Source, rt runtimes.Runtime, backend v1alpha1.Backend, opts runtimes.Options) *Runner {
+	return &Runner{src: src, rt: rt, backend: backend, opts: opts}
+}
+
+// Owner is what the standalone runner records as an instance's owner, in
+// place of the <namespace>/<name> of a Sandbox.
+func Owner(agent string) string { return "sandboxctl/" + agent }
+
+// Exec runs one command with the current configuration.
+func (r *Runner) Exec(ctx context.Context, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
+	name, err := r.ensure(ctx)
+	if err != nil {
+		return runtimes.ExitStatus{}, err
+	}
+	return r.rt.Exec(ctx, name, req)
+}
+
+// ensure brings the runtime to the current snapshot when it is newer than
+// the one applied. The driver records the instance atomically, so a command
+// starting concurrently sees either the old or the new configuration.
+func (r *Runner) ensure(ctx context.Context) (string, error) {
+	snap := r.src.Current()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if snap.Generation <= r.applied {
+		return r.name, nil
+	}
+	if b := snap.Spec.BackendOrDefault(); b != r.backend {
+		return "", fmt.Errorf("running a command for agent %s: the configuration selects backend %s, but this runner drives %s; convert the file to a Sandbox manifest for a controller with that backend", snap.Spec.Agent, b, r.backend)
+	}
+	in, err := runtimes.Describe(Owner(snap.Spec.Agent), snap.Spec, r.opts)
+	if err != nil {
+		return "", fmt.Errorf("describing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
+	}
+	if _, err := r.rt.Ensure(ctx, in); err != nil {
+		return "", fmt.Errorf("preparing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
+	}
+	r.applied, r.name = snap.Generation, in.Name
+	return r.name, nil
+}
