@@ -75,7 +75,7 @@ func Check(ctx context.Context, repo Repo, wt Worktree) Health {
 		}
 		return Health{ReasonWorktreeLocked, msg}
 	}
-	if _, err := hostGit(ctx, wt.HostPath, "rev-parse", "--verify", "--quiet", "HEAD^{commit}"); err != nil {
+	if _, err := hostGit(ctx, repo, wt.HostPath, "rev-parse", "--verify", "--quiet", "HEAD^{commit}"); err != nil {
 		return Health{ReasonHeadUnresolvable, fmt.Sprintf("HEAD of worktree %s does not resolve to a commit", wt.HostPath)}
 	}
 	return Health{ReasonHealthy, fmt.Sprintf("worktree %s is linked to %s and HEAD resolves", wt.HostPath, repo.GitCommonDir())}

@@ -115,19 +115,19 @@ func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
 	default:
 		args = append(args, wt.HostPath, spec.Ref)
 	}
-	if _, err := hostGit(ctx, repo.HostPath(), args...); err != nil {
+	if _, err := hostGit(ctx, repo, repo.HostPath(), args...); err != nil {
 		return wt, fmt.Errorf("adding worktree %s of %s: %w", spec.Name, repo.HostPath(), err)
 	}
 	return describe(ctx, repo, wt)
 }
 
 func describe(ctx context.Context, repo Repo, wt Worktree) (Worktree, error) {
-	head, err := hostGit(ctx, wt.HostPath, "rev-parse", "--verify", "HEAD^{commit}")
+	head, err := hostGit(ctx, repo, wt.HostPath, "rev-parse", "--verify", "HEAD^{commit}")
 	if err != nil {
 		return wt, fmt.Errorf("reading HEAD of worktree %s: %w", wt.HostPath, err)
 	}
 	wt.Head = head
-	if b, err := hostGit(ctx, wt.HostPath, "symbolic-ref", "--quiet", "--short", "HEAD"); err == nil {
+	if b, err := hostGit(ctx, repo, wt.HostPath, "symbolic-ref", "--quiet", "--short", "HEAD"); err == nil {
 		wt.Branch = b
 	}
 	return wt, nil
@@ -180,16 +180,30 @@ func Remove(repo Repo, wt Worktree, dirty bool) error {
 	return nil
 }
 
-// hostGit runs git on the host with nothing of the repository that could
-// execute: no hooks, no fsmonitor, no system or global configuration.
-func hostGit(ctx context.Context, dir string, args ...string) (string, error) {
-	full := append([]string{
+// hostGit runs git for the controller with nothing of the repository that
+// could execute (no hooks, no fsmonitor, no system or global configuration)
+// and inside a bubblewrap jail in which only the repository's mount is
+// writable: the git directory is also the sandbox's, so an agent may have
+// planted symbolic links in it, and those must not lead a git running with
+// the controller's privileges to write anywhere else on the host.
+func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string, error) {
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		return "", fmt.Errorf("git %s: the controller runs git in a bubblewrap jail and bwrap is not installed: install the bubblewrap package", strings.Join(args, " "))
+	}
+	mount := repo.Mount.HostPath()
+	full := []string{
+		"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+		"--bind", mount, mount,
+		"--", "git",
 		"-c", "core.hooksPath=/dev/null",
 		"-c", "core.fsmonitor=false",
 		"-c", "safe.directory=*",
 		"-C", dir,
-	}, args...)
-	cmd := exec.CommandContext(ctx, "git", full...)
+	}
+	full = append(full, args...)
+	cmd := exec.CommandContext(ctx, bwrap, full...)
 	cmd.Env = []string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "HOME=/nonexistent", "GIT_TERMINAL_PROMPT=0", "PATH=/usr/local/bin:/usr/bin:/bin", "LC_ALL=C"}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -100,6 +100,25 @@ func TestAddRunsNoHookOfTheRepository(t *testing.T) {
 	}
 }
 
+func TestHostGitCannotWriteOutsideTheMount(t *testing.T) {
+	repo := newRepo(t)
+	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	outside := t.TempDir()
+	// An agent replaces the repository's worktrees directory with a link
+	// out of the mount before the controller adds a worktree.
+	if err := os.Symlink(outside, filepath.Join(repo.GitCommonDir(), "worktrees")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := worktree.Add(ctx, repo, worktree.Spec{Name: "x", CreateBranch: true})
+	if err == nil {
+		t.Fatalf("adding a worktree through a link out of the mount succeeded")
+	}
+	entries, _ := os.ReadDir(outside)
+	if len(entries) != 0 {
+		t.Fatalf("host git wrote outside the mount: %v", entries)
+	}
+}
+
 func TestCheckReasons(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
