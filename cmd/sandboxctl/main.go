@@ -41,6 +41,8 @@ Usage:
   sandboxctl run     --config FILE --agent NAME [--areas-root DIR] -- COMMAND [ARG...]
   sandboxctl serve   --config FILE --agent NAME [--areas-root DIR]
   sandboxctl convert FILE --agent NAME [--name NAME] [--namespace NS]
+  sandboxctl ls      --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]
+  sandboxctl cp      --config FILE --agent NAME [--areas-root DIR] SRC DST
 
 run      runs one command in the sandbox and exits with its exit code; its
          stdin, stdout and stderr are the command's. A refused command runs
@@ -53,6 +55,11 @@ serve    reads one command a line from stdin as a JSON array of strings
          command; an invalid one is reported on stderr and the last good
          configuration stays in force.
 convert  prints the Sandbox manifest for kubectl apply.
+ls       lists a directory of the sandbox (default /workspace).
+cp       copies one file in or out; the sandbox side is written with a
+         leading ':' (sandboxctl cp notes.txt :/workspace/). Every access
+         inside the sandbox is contained: a symbolic link that leaves its
+         area or mount is refused.
 
 The configuration file is optional: a missing file means the bwrap backend
 with no mounts and no allowed binaries. Agent areas live in
@@ -78,6 +85,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return serve(args[1:], stdin, stdout, stderr)
 	case "convert":
 		return convert(args[1:], stdout, stderr)
+	case "ls":
+		return listFiles(args[1:], stdout, stderr)
+	case "cp":
+		return copyFiles(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
