@@ -22,6 +22,10 @@ import (
 // is empty or half-written.
 const DefaultSettle = 100 * time.Millisecond
 
+// emptyGrace is how long an empty file must stay empty before it is read as
+// the defaults.
+const emptyGrace = time.Second
+
 // Snapshot is one whole, valid configuration. Snapshots are never modified
 // once published; a reload publishes a new one.
 type Snapshot struct {
@@ -52,6 +56,8 @@ type Watcher struct {
 	current     atomic.Pointer[Snapshot]
 	done        chan struct{}
 	closeOnce   sync.Once
+	// emptySince is when the file was first seen empty; only the loop uses it.
+	emptySince time.Time
 }
 
 // Watch loads path for agent and keeps it current until ctx ends or Close
@@ -133,8 +139,22 @@ func (w *Watcher) loop(ctx context.Context, abs string) {
 // new generation. It returns false when the file changed while it was
 // read: that read may be half of an edit, so it is tried again once the
 // file settles.
+//
+// An empty file is most often the moment between an in-place writer's
+// truncate and its write, so it is taken only once it has stayed empty for
+// emptyGrace; a file that is really emptied then means the defaults.
 func (w *Watcher) reload() bool {
 	before := fileStamp(w.path)
+	if before.exists && before.size == 0 {
+		if w.emptySince.IsZero() {
+			w.emptySince = time.Now()
+		}
+		if time.Since(w.emptySince) < max(emptyGrace, 10*w.opts.Settle) {
+			return false
+		}
+	} else {
+		w.emptySince = time.Time{}
+	}
 	spec, err := Load(w.path, w.agent)
 	if fileStamp(w.path) != before {
 		return false
