@@ -1,9 +1,28 @@
 package controllers
 
 import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
+
+// patchStatus writes obj's status only when it differs from what was read,
+// so steady-state reconciles write nothing. An object deleted meanwhile is
+// not an error.
+func patchStatus(ctx context.Context, c client.Client, before, obj client.Object, oldStatus, newStatus any) error {
+	if equality.Semantic.DeepEqual(oldStatus, newStatus) {
+		return nil
+	}
+	if err := c.Status().Patch(ctx, obj, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("writing status of %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
 
 // setCondition sets one condition; its transition time moves only when its
 // status changes, so repeating a reconcile writes nothing new.

@@ -7,8 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -103,7 +101,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		if retErr == nil {
 			sb.Status.ObservedGeneration = sb.Generation
 		}
-		if err := r.patchStatus(ctx, before, sb); err != nil {
+		if err := patchStatus(ctx, r.Client, before, sb, before.Status, sb.Status); err != nil {
 			retErr = errors.Join(retErr, err)
 		}
 	}()
@@ -126,16 +124,6 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		}
 	}
 	return r.converge(ctx, s)
-}
-
-func (r *SandboxReconciler) patchStatus(ctx context.Context, before, sb *v1alpha1.Sandbox) error {
-	if equality.Semantic.DeepEqual(before.Status, sb.Status) {
-		return nil
-	}
-	if err := r.Status().Patch(ctx, sb, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("writing status of Sandbox %s/%s: %w", sb.Namespace, sb.Name, err)
-	}
-	return nil
 }
 
 func (r *SandboxReconciler) loadClaims(ctx context.Context, s *sandboxScope) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
@@ -86,7 +85,7 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if retErr == nil {
 			claim.Status.ObservedGeneration = claim.Generation
 		}
-		if err := r.patchStatus(ctx, before, claim); err != nil {
+		if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
 			retErr = errors.Join(retErr, err)
 		}
 	}()
@@ -136,21 +135,11 @@ func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.Se
 	}
 	before := claim.DeepCopy()
 	r.releaseWorktree(ctx, claim, sb)
-	if err := r.patchStatus(ctx, before, claim); err != nil {
+	if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
 		return err
 	}
 	controllerutil.RemoveFinalizer(claim, v1alpha1.Finalizer)
 	return client.IgnoreNotFound(r.Update(ctx, claim))
-}
-
-func (r *SessionClaimReconciler) patchStatus(ctx context.Context, before, claim *v1alpha1.SessionClaim) error {
-	if equality.Semantic.DeepEqual(before.Status, claim.Status) {
-		return nil
-	}
-	if err := r.Status().Patch(ctx, claim, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("writing status of SessionClaim %s/%s: %w", claim.Namespace, claim.Name, err)
-	}
-	return nil
 }
 
 func isOwnedBy(claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) bool {
