@@ -84,6 +84,25 @@ var _ = Describe("Session worktrees", Ordered, func() {
 		Expect(hostGit(repo, "log", "-1", "--format=%s", "s1")).To(Equal("from the sandbox"))
 	})
 
+	It("leaves the repository's other worktrees alone when git gc runs inside", func() {
+		other := filepath.Join(env.Dir, "elsewhere", "other-wt")
+		hostGit(repo, "worktree", "add", "-q", "-b", "other", other)
+		// Old enough that gc with git's default expiry would prune it.
+		admin := filepath.Join(repo, ".git", "worktrees", "other-wt")
+		entries, err := os.ReadDir(admin)
+		Expect(err).NotTo(HaveOccurred())
+		old := time.Now().AddDate(-2, 0, 0)
+		for _, e := range entries {
+			Expect(os.Chtimes(filepath.Join(admin, e.Name()), old, old)).To(Succeed())
+		}
+		// The sandbox does not mount other's directory, so to git inside it
+		// looks gone; only disabled worktree pruning keeps gc from dropping it.
+		code, _, stderr := sandboxRun(agent, "git", "-C", "/workspace/project/app/.worktrees/s1", "gc", "--quiet")
+		Expect(code).To(Equal(0), stderr)
+		Expect(hostGit(repo, "worktree", "list", "--porcelain")).To(ContainSubstring(other))
+		Expect(admin).To(BeADirectory())
+	})
+
 	It("reports a locked worktree as WorktreeLocked on the claim and the Sandbox", func() {
 		var c v1alpha1.SessionClaim
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
