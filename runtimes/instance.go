@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 )
 
 // The standard areas of an agent, in the order the seed lists them.
@@ -33,6 +34,9 @@ type Bind struct {
 	Source   string `json:"source"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"readOnly"`
+	// Overlay, for a mount with mode overlay, names its layers; Source is
+	// then the merged view, which the driver mounts before binding it.
+	Overlay *overlay.Layers `json:"overlay,omitempty"`
 }
 
 // Instance is everything a driver needs to converge one agent's sandbox.
@@ -97,11 +101,19 @@ func Describe(owner string, spec *v1alpha1.SandboxSpec, opts Options) (Instance,
 			}
 			src = filepath.Join(opts.Home, src[2:])
 		}
-		in.Mounts = append(in.Mounts, Bind{
+		b := Bind{
 			Source:   filepath.Clean(src),
 			Target:   "/workspace/" + m.Target,
-			ReadOnly: m.Mode != v1alpha1.MountReadWrite,
-		})
+			ReadOnly: m.Mode != v1alpha1.MountReadWrite && m.Mode != v1alpha1.MountOverlay,
+		}
+		if m.Mode == v1alpha1.MountOverlay {
+			if spec.BackendOrDefault() != v1alpha1.BackendBwrap {
+				return Instance{}, fmt.Errorf("mount %q: mode overlay is supported by the bwrap backend only, not %s", m.Target, spec.BackendOrDefault())
+			}
+			l := overlay.For(agentDir, b.Source, m.Target)
+			b.Source, b.Overlay = l.Merged, &l
+		}
+		in.Mounts = append(in.Mounts, b)
 	}
 	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
 	for _, b := range spec.Binaries {

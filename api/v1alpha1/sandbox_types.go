@@ -26,6 +26,10 @@ const (
 	MountReadOnly MountMode = "ro"
 	// MountReadWrite exposes the source read-write.
 	MountReadWrite MountMode = "rw"
+	// MountOverlay exposes the source as the read-only lower layer of an
+	// overlay: the sandbox's writes go to a per-sandbox upper layer and reach
+	// the source only when applied (sandboxctl diff / apply).
+	MountOverlay MountMode = "overlay"
 )
 
 // Mount exposes a host directory inside the sandbox below /workspace/.
@@ -48,9 +52,10 @@ type Mount struct {
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') || !self.split('/').exists(s, s == '')",message="mount targets must not contain empty segments (no leading, trailing or doubled '/')"
 	Target string `json:"target"`
 
-	// Mode is ro (read-only) or rw (read-write). Defaults to ro.
+	// Mode is ro (read-only), rw (read-write) or overlay (writes kept in a
+	// per-sandbox upper layer until applied; bwrap backend). Defaults to ro.
 	// +kubebuilder:default=ro
-	// +kubebuilder:validation:XValidation:rule="self == 'ro' || self == 'rw'",message="mount modes are ro or rw"
+	// +kubebuilder:validation:XValidation:rule="self == 'ro' || self == 'rw' || self == 'overlay'",message="mount modes are ro, rw or overlay"
 	// +optional
 	Mode MountMode `json:"mode,omitempty"`
 }

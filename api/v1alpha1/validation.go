@@ -17,7 +17,7 @@ const (
 	MsgMountTargetAbs     = "mount targets are relative paths below /workspace/, not absolute paths"
 	MsgMountTargetDots    = "mount targets must not contain '.' or '..' segments"
 	MsgMountTargetEmpty   = "mount targets must not contain empty segments (no leading, trailing or doubled '/')"
-	MsgMountMode          = "mount modes are ro or rw"
+	MsgMountMode          = "mount modes are ro, rw or overlay"
 	MsgMountOverlap       = "mount targets must not overlap: configure sibling targets rather than nesting one below another"
 	MsgBinarySpace        = "binaries must not contain spaces; arguments are passed separately"
 	MsgBinaryMeta         = "binaries must not contain shell metacharacters; arguments are passed separately"
@@ -91,7 +91,7 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 		for _, msg := range CheckMountTarget(m.Target) {
 			errs = append(errs, field.Invalid(mp.Index(i).Child("target"), m.Target, msg))
 		}
-		if m.Mode != "" && m.Mode != MountReadOnly && m.Mode != MountReadWrite {
+		if m.Mode != "" && m.Mode != MountReadOnly && m.Mode != MountReadWrite && m.Mode != MountOverlay {
 			errs = append(errs, field.Invalid(mp.Index(i).Child("mode"), m.Mode, MsgMountMode))
 		}
 	}

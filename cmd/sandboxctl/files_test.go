@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 )
 
 func TestCopyAndListThroughContainedAccess(t *testing.T) {
@@ -58,5 +60,41 @@ func TestCopyAndListThroughContainedAccess(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "stolen")); !os.IsNotExist(err) {
 		t.Fatalf("a file was copied out through an escaping link: %v", err)
+	}
+}
+
+func TestDiffAndApplyAnOverlayMount(t *testing.T) {
+	needBwrap(t)
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (overlay mounts need CAP_SYS_ADMIN)", "run the tests as root, as CI does")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "a.txt"), []byte("orig\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeConfig(t, dir, "[[mounts]]\nsource = \""+src+"\"\ntarget = \"project\"\nmode = \"overlay\"\n[bwrap]\nbinaries = [\"sh\"]\n")
+	flags := []string{"--config", cfg, "--agent", "ov", "--areas-root", filepath.Join(dir, "areas")}
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"run"}, flags...), "--", "sh", "-c", "echo new > project/a.txt; echo b > project/b.txt")...); code != 0 {
+		t.Fatalf("run: exit %d, %s", code, stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(src, "a.txt")); string(b) != "orig\n" {
+		t.Fatalf("the source changed before apply: %q", b)
+	}
+	code, out, stderr := sandboxctl(t, "", append(append([]string{"diff"}, flags...), "project")...)
+	if code != 0 || out != "M a.txt\nA b.txt\n" {
+		t.Fatalf("diff: exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"apply"}, flags...), "project")...); code != 0 {
+		t.Fatalf("apply: exit %d, %s", code, stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(src, "a.txt")); string(b) != "new\n" {
+		t.Fatalf("after apply a.txt = %q", b)
+	}
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"diff"}, flags...), "missing")...); code != exitFailed || !strings.Contains(stderr, "no mount") {
+		t.Fatalf("diff of an unknown target: exit %d, %s", code, stderr)
 	}
 }

@@ -43,6 +43,8 @@ Usage:
   sandboxctl convert FILE --agent NAME [--name NAME] [--namespace NS]
   sandboxctl ls      --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]
   sandboxctl cp      --config FILE --agent NAME [--areas-root DIR] SRC DST
+  sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
+  sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] TARGET
 
 run      runs one command in the sandbox and exits with its exit code; its
          stdin, stdout and stderr are the command's. A refused command runs
@@ -60,6 +62,9 @@ cp       copies one file in or out; the sandbox side is written with a
          leading ':' (sandboxctl cp notes.txt :/workspace/). Every access
          inside the sandbox is contained: a symbolic link that leaves its
          area or mount is refused.
+diff     lists what the sandbox changed in an overlay mount (mode =
+         "overlay"): A added, M changed, D deleted, relative to the mount.
+apply    writes those changes to the mount's host source.
 
 The configuration file is optional: a missing file means the bwrap backend
 with no mounts and no allowed binaries. Agent areas live in
@@ -89,6 +94,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return listFiles(args[1:], stdout, stderr)
 	case "cp":
 		return copyFiles(args[1:], stdout, stderr)
+	case "diff", "apply":
+		return overlayCommand(args[0], args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -181,6 +188,11 @@ func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	defer func() {
+		if err := r.Close(context.Background()); err != nil {
+			fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		}
+	}()
 	st, err := r.Exec(ctx, runtimes.ExecRequest{Argv: argv, Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
@@ -230,6 +242,13 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer w.Close()
 	r, err := f.runner(w)
+	if err == nil {
+		defer func() {
+			if err := r.Close(context.Background()); err != nil {
+				fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+			}
+		}()
+	}
 	if err != nil {
 		logf("%v", err)
 		return exitFailed

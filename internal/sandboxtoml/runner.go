@@ -78,3 +78,17 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 	r.applied, r.name = snap.Generation, in.Name
 	return r.name, nil
 }
+
+// Close stops the instance the runner ensured, so nothing it set up (an
+// overlay mount, say) outlives the runner. The agent's areas and an
+// overlay's unapplied changes stay.
+func (r *Runner) Close(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.name == "" {
+		return nil
+	}
+	err := r.rt.Stop(ctx, r.name)
+	r.applied, r.name = 0, ""
+	return err
+}

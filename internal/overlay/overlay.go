@@ -1,0 +1,124 @@
+// Package overlay gives a mount with mode "overlay" its layers: the host
+// source is the read-only lower layer, the sandbox's writes land in a
+// per-sandbox upper directory, and the merged view is what the sandbox
+// sees. Nothing reaches the host source until someone applies the change
+// (Apply), and Apply writes through internal/areas, so a symbolic link the
+// sandbox left in the upper layer never leads outside the source.
+//
+// The merged view is a kernel overlayfs mount made by the controller (it
+// needs CAP_SYS_ADMIN); it never mounts anything over the source itself.
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Layers are one overlay mount's directories on the host.
+type Layers struct {
+	// Lower is the host source, never written.
+	Lower string `json:"lower"`
+	// Upper holds the sandbox's changes; Work is overlayfs's scratch space.
+	Upper string `json:"upper"`
+	Work  string `json:"work"`
+	// Merged is where the overlay is mounted and what the sandbox binds.
+	Merged string `json:"merged"`
+}
+
+// For returns the layers of the overlay mount at target (relative to
+// /workspace) of the agent whose directory is agentDir. The directories live
+// in <agentDir>/.overlay/, beside the areas and never inside one, so the
+// sandbox cannot reach its own upper layer except through the merged view.
+func For(agentDir, source, target string) Layers {
+	base := filepath.Join(agentDir, ".overlay", url.PathEscape(target))
+	return Layers{
+		Lower:  source,
+		Upper:  filepath.Join(base, "upper"),
+		Work:   filepath.Join(base, "work"),
+		Merged: filepath.Join(base, "merged"),
+	}
+}
+
+// Mounted reports whether an overlay is mounted at l.Merged.
+func (l Layers) Mounted() (bool, error) {
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(l.Merged, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("checking overlay %s: %w", l.Merged, err)
+	}
+	if err := unix.Lstat(filepath.Dir(l.Merged), &parent); err != nil {
+		return false, fmt.Errorf("checking overlay %s: %w", l.Merged, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(l.Merged, &sfs); err != nil {
+		return false, fmt.Errorf("checking overlay %s: %w", l.Merged, err)
+	}
+	return st.Dev != parent.Dev && sfs.Type == unix.OVERLAYFS_SUPER_MAGIC, nil
+}
+
+// Mount creates the upper, work and merged directories when missing and
+// mounts the overlay unless it is mounted already.
+func (l Layers) Mount() error {
+	fi, err := os.Stat(l.Lower)
+	if err != nil || !fi.IsDir() {
+		return fmt.Errorf("mounting overlay of %s: the source must be an existing directory: %v", l.Lower, err)
+	}
+	if ok, err := l.Mounted(); err != nil || ok {
+		return err
+	}
+	for _, d := range []string{l.Upper, l.Work, l.Merged} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("mounting overlay of %s: %w", l.Lower, err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", escape(l.Lower), escape(l.Upper), escape(l.Work))
+	if err := unix.Mount("overlay", l.Merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mounting overlay of %s at %s: %w", l.Lower, l.Merged, err)
+	}
+	return nil
+}
+
+// Unmount unmounts the merged view; the upper layer (the changes) stays.
+func (l Layers) Unmount() error {
+	ok, err := l.Mounted()
+	if err != nil || !ok {
+		return err
+	}
+	if err := unix.Unmount(l.Merged, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmounting overlay %s: %w", l.Merged, err)
+	}
+	return nil
+}
+
+// escape protects the characters overlayfs's option parser gives meaning to.
+func escape(p string) string {
+	return strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`).Replace(p)
+}
+
+// Size is the bytes the upper layer holds, for the size limit of OverlayHealthy.
+func (l Layers) Size() (int64, error) {
+	var total int64
+	err := filepath.WalkDir(l.Upper, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			total += fi.Size()
+		}
+		return nil
+	})
+	return total, err
+}

@@ -1,0 +1,110 @@
+package overlay_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/overlay"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+)
+
+func write(t *testing.T, p, s string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mounted(t *testing.T) (overlay.Layers, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (overlay mounts need CAP_SYS_ADMIN)", "run the tests as root, as CI does")
+	}
+	dir := t.TempDir()
+	lower := filepath.Join(dir, "project")
+	write(t, filepath.Join(lower, "keep.txt"), "keep\n")
+	write(t, filepath.Join(lower, "edit.txt"), "old\n")
+	write(t, filepath.Join(lower, "gone.txt"), "bye\n")
+	l := overlay.For(filepath.Join(dir, "agent"), lower, "project")
+	if err := l.Mount(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return l, dir
+}
+
+func TestOverlayKeepsTheSourceUntilApplied(t *testing.T) {
+	l, dir := mounted(t)
+	if ok, err := l.Mounted(); err != nil || !ok {
+		t.Fatalf("Mounted = %v, %v", ok, err)
+	}
+	if err := l.Mount(); err != nil {
+		t.Fatalf("a second Mount must be a no-op: %v", err)
+	}
+	write(t, filepath.Join(l.Merged, "edit.txt"), "new\n")
+	write(t, filepath.Join(l.Merged, "sub", "added.txt"), "added\n")
+	if err := os.Remove(filepath.Join(l.Merged, "gone.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(l.Lower, "edit.txt")); string(b) != "old\n" {
+		t.Fatalf("the source changed before apply: %q", b)
+	}
+
+	changes, err := l.Diff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range changes {
+		got = append(got, string(c.Kind)+" "+c.Path)
+	}
+	want := "changed edit.txt,deleted gone.txt,added sub,added sub/added.txt"
+	if strings.Join(got, ",") != want {
+		t.Fatalf("Diff = %q, want %q", strings.Join(got, ","), want)
+	}
+
+	// A link the sandbox leaves in its changes must not be followed.
+	outside := filepath.Join(dir, "secret")
+	write(t, outside, "host secret\n")
+	if err := os.Symlink(outside, filepath.Join(l.Merged, "link.txt")); err != nil {
+		t.Fatal(err)
+	}
+	lower, err := areas.OpenRoot("/workspace/project", l.Lower, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Apply(lower); err == nil || !strings.Contains(err.Error(), "link.txt") {
+		t.Fatalf("Apply with a symbolic link among the changes: want an error naming it, got %v", err)
+	}
+	if err := os.Remove(filepath.Join(l.Merged, "link.txt")); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := l.Apply(lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != 4 {
+		t.Fatalf("applied %v", applied)
+	}
+	for p, want := range map[string]string{"edit.txt": "new\n", "sub/added.txt": "added\n", "keep.txt": "keep\n"} {
+		if b, err := os.ReadFile(filepath.Join(l.Lower, p)); err != nil || string(b) != want {
+			t.Fatalf("after apply %s = %q, %v; want %q", p, b, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(l.Lower, "gone.txt")); !os.IsNotExist(err) {
+		t.Fatalf("deleted file still in the source: %v", err)
+	}
+	if size, err := l.Size(); err != nil || size == 0 {
+		t.Fatalf("Size = %d, %v", size, err)
+	}
+}
