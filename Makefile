@@ -25,10 +25,11 @@ run: build ## Run the controller on a throw-away local control plane with the bw
 		--areas-root "$(AREAS_ROOT)" --metrics-bind-address 0 --health-probe-bind-address 0
 
 .PHONY: test
-test: manifests generate vet ## Run unit and envtest suites against real dependencies.
+test: manifests generate vet ## Run unit and envtest suites against real dependencies (starts and stops a private containerd).
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
-	KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...
+	@hack/containerd.sh start >/dev/null
+	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...; rc=$$?; hack/containerd.sh stop; exit $$rc
 
 .PHONY: build
 build: manifests generate ## Build bin/sandbox-controller.
@@ -60,6 +61,15 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: bench
-bench: ## Measure per-command latency of the bwrap backend and write docs/benchmarks.md.
+bench: bench-bwrap bench-containerd ## Run every benchmark (tables in docs/benchmarks*.md).
+
+.PHONY: bench-bwrap
+bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks.md.
 	@hack/install-deps.sh
 	SANDBOX_BENCH_TABLE="$(CURDIR)/docs/benchmarks.md" go test -count=1 -run '^TestLatencyTable$$' -v ./runtimes/bwrap/
+
+.PHONY: bench-containerd
+bench-containerd: ## Claim and exec latency of the containerd backend beside raw-client baselines; writes bin/bench-containerd.md.
+	@hack/envtest-assets.sh >/dev/null
+	@hack/containerd.sh start >/dev/null
+	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_BENCH=1 SANDBOX_BENCH_OUT=$(CURDIR)/bin/bench-containerd.md KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/containerd/ -ginkgo.label-filter=bench -ginkgo.v; rc=$$?; hack/containerd.sh stop; exit $$rc

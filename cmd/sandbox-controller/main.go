@@ -24,10 +24,13 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
 )
 
 type flags struct {
 	areasRoot, stateDir, nodeName, backends string
+	containerdAddress, containerdNamespace  string
+	containerdFIFODir                       string
 	metricsAddr, probeAddr                  string
 	leaderElect                             bool
 	local                                   bool
@@ -39,7 +42,10 @@ func main() {
 	flag.StringVar(&f.areasRoot, "areas-root", "/var/lib/sandbox-controller/areas", "host directory holding one directory of areas per agent (<areas-root>/<agent>/{workspace,memories,blocks,skills,tasks}); never deleted by the controller")
 	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
 	flag.StringVar(&f.nodeName, "node-name", "", "reconcile only Sandboxes whose spec.nodeName is this node; empty reconciles only Sandboxes without a node name")
-	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node (available: bwrap)")
+	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd")
+	flag.StringVar(&f.containerdAddress, "containerd-address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket for the containerd backend (default $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock)")
+	flag.StringVar(&f.containerdNamespace, "containerd-namespace", envOr("CONTAINERD_NAMESPACE", containerd.DefaultNamespace), "containerd namespace of the containers and their images")
+	flag.StringVar(&f.containerdFIFODir, "containerd-fifo-dir", os.Getenv("CONTAINERD_FIFO_DIR"), "directory for the exec FIFOs shared with containerd's shims (default: containerd's)")
 	flag.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
 	flag.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address the health and readiness probes bind to; 0 disables them")
 	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader so only one replica reconciles at a time")
@@ -71,10 +77,11 @@ func run(ctx context.Context, f flags) (retErr error) {
 	if stateDir, err = filepath.Abs(stateDir); err != nil {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
-	rts, err := enableBackends(f.backends, stateDir)
+	rts, closeBackends, err := enableBackends(ctx, f, stateDir)
 	if err != nil {
 		return err
 	}
+	defer closeBackends()
 
 	var cfg *rest.Config
 	if f.local {
@@ -140,19 +147,42 @@ Agent areas live in %s. Ctrl-C stops the controller and the control plane.
 	return nil
 }
 
-func enableBackends(list, stateDir string) (map[v1alpha1.Backend]runtimes.Runtime, error) {
+func enableBackends(ctx context.Context, f flags, stateDir string) (map[v1alpha1.Backend]runtimes.Runtime, func(), error) {
 	rts := map[v1alpha1.Backend]runtimes.Runtime{}
-	for _, b := range strings.Split(list, ",") {
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, b := range strings.Split(f.backends, ",") {
 		switch v1alpha1.Backend(strings.TrimSpace(b)) {
 		case v1alpha1.BackendBwrap:
 			rt, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(stateDir, "bwrap")})
 			if err != nil {
-				return nil, err
+				closeAll()
+				return nil, nil, err
 			}
 			rts[v1alpha1.BackendBwrap] = rt
+		case v1alpha1.BackendContainerd:
+			rt, err := containerd.New(ctx, containerd.Config{Address: f.containerdAddress, Namespace: f.containerdNamespace, FIFODir: f.containerdFIFODir})
+			if err != nil {
+				closeAll()
+				return nil, nil, fmt.Errorf("--backends containerd: %w", err)
+			}
+			closers = append(closers, func() { _ = rt.Close() })
+			rts[v1alpha1.BackendContainerd] = rt
 		default:
-			return nil, fmt.Errorf("--backends: unknown or unavailable backend %q (available: bwrap)", b)
+			closeAll()
+			return nil, nil, fmt.Errorf("--backends: unknown backend %q (available: bwrap, containerd)", b)
 		}
 	}
-	return rts, nil
+	return rts, closeAll, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
 }

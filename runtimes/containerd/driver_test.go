@@ -1,0 +1,581 @@
+package containerd_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	containerdclient "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
+)
+
+// The driver tests use a namespace of their own, so they never meet the
+// controller suites' containers.
+const testNamespace = "sandbox-controller-unit"
+
+const howToStart = `start the test daemon: eval "$(hack/containerd.sh start)"`
+
+var (
+	importOnce  sync.Once
+	importErr   error
+	importNames []string
+)
+
+// daemon returns a driver on the test daemon with the test image imported,
+// or fails (CI) or skips (elsewhere) when there is none.
+func daemon(t *testing.T, mutate func(*containerd.Config)) (*containerd.Runtime, string) {
+	t.Helper()
+	addr, tar := os.Getenv("CONTAINERD_ADDRESS"), os.Getenv("CONTAINERD_TEST_IMAGE_TAR")
+	if addr == "" || tar == "" {
+		testenv.Missing(t, "containerd (CONTAINERD_ADDRESS, CONTAINERD_TEST_IMAGE_TAR)", howToStart)
+	}
+	cfg := containerd.Config{Address: addr, Namespace: testNamespace, FIFODir: os.Getenv("CONTAINERD_FIFO_DIR")}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	rt, err := containerd.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Close() })
+	importOnce.Do(func() {
+		f, err := os.Open(tar)
+		if err != nil {
+			importErr = err
+			return
+		}
+		defer f.Close()
+		importNames, importErr = rt.Import(context.Background(), f)
+	})
+	if runtimes.ReasonOf(importErr) == runtimes.ReasonUnavailable {
+		testenv.Missing(t, "a running containerd at "+addr, howToStart)
+	}
+	if importErr != nil || len(importNames) == 0 {
+		t.Fatalf("importing the test image %s: %v (names %q)", tar, importErr, importNames)
+	}
+	return rt, importNames[0]
+}
+
+// instance describes a containerd sandbox for agent, removed after the test.
+func instance(t *testing.T, rt *containerd.Runtime, image, agent string, mutate func(*v1alpha1.SandboxSpec)) runtimes.Instance {
+	t.Helper()
+	spec := &v1alpha1.SandboxSpec{
+		Agent:      agent,
+		Backend:    v1alpha1.BackendContainerd,
+		Binaries:   []v1alpha1.BinaryName{"sh", "cat", "sleep", "true"},
+		Containerd: &v1alpha1.ContainerdSpec{Image: image},
+	}
+	if mutate != nil {
+		mutate(spec)
+	}
+	in, err := runtimes.Describe("unit/"+agent, spec, runtimes.Options{AreasRoot: areasRoot(t, agent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := rt.Delete(context.Background(), in.Name); err != nil {
+			t.Errorf("cleaning up %s: %v", in.Name, err)
+		}
+	})
+	return in
+}
+
+var areasRoots sync.Map
+
+// areasRoot is one areas root per agent for the whole test, so that
+// describing the same agent again describes the same instance.
+func areasRoot(t *testing.T, agent string) string {
+	t.Helper()
+	if dir, ok := areasRoots.Load(agent); ok {
+		return dir.(string)
+	}
+	dir := filepath.Join(t.TempDir(), "areas")
+	areasRoots.Store(agent, dir)
+	t.Cleanup(func() { areasRoots.Delete(agent) })
+	return dir
+}
+
+func ensure(t *testing.T, rt *containerd.Runtime, in runtimes.Instance) runtimes.State {
+	t.Helper()
+	st, err := rt.Ensure(context.Background(), in)
+	if err != nil {
+		t.Fatalf("Ensure %s: %v", in.Name, err)
+	}
+	return st
+}
+
+func inspect(t *testing.T, rt *containerd.Runtime, name string) runtimes.State {
+	t.Helper()
+	st, err := rt.Inspect(context.Background(), name)
+	if err != nil {
+		t.Fatalf("Inspect %s: %v", name, err)
+	}
+	return st
+}
+
+// run execs argv and returns its exit code and output.
+func run(t *testing.T, rt *containerd.Runtime, name string, stdin string, argv ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	req := runtimes.ExecRequest{Argv: argv, Stdout: &out, Stderr: &errOut}
+	if stdin != "" {
+		req.Stdin = strings.NewReader(stdin)
+	}
+	st, err := rt.Exec(context.Background(), name, req)
+	if err != nil {
+		t.Fatalf("Exec %q in %s: %v", argv, name, err)
+	}
+	return st.Code, out.String(), errOut.String()
+}
+
+func area(in runtimes.Instance, target string) string {
+	for _, a := range in.Areas {
+		if a.Target == target {
+			return a.Source
+		}
+	}
+	return ""
+}
+
+func TestLifecycleKeepsRootStateAndAreas(t *testing.T) {
+	rt, image := daemon(t, nil)
+	ctx := context.Background()
+	in := instance(t, rt, image, "unit-life", nil)
+
+	st := ensure(t, rt, in)
+	if !st.Exists || !st.Running || st.Owner != in.Owner || st.ConfigHash != in.ConfigHash {
+		t.Fatalf("after Ensure: %+v", st)
+	}
+	if st.Overlay == nil || !st.Overlay.Healthy {
+		t.Errorf("overlay after Ensure: %+v", st.Overlay)
+	}
+	again := ensure(t, rt, in)
+	if !again.CreatedAt.Equal(st.CreatedAt) || !again.Running {
+		t.Errorf("a second Ensure changed the container: %+v then %+v", st, again)
+	}
+
+	code, out, _ := run(t, rt, in.Name, "", "sh", "-c", `echo from-sandbox > /workspace/out; pwd; echo "$HOME"; echo kept > /root/state; grep " /tmp " /proc/mounts`)
+	if code != 0 {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || lines[0] != "/workspace" || lines[1] != "/workspace" || !strings.Contains(lines[2], "tmpfs") || !strings.Contains(lines[2], "size=65536k") {
+		t.Errorf("cwd, HOME, /tmp = %q; want /workspace, /workspace and a 64 MiB tmpfs", lines)
+	}
+	hostFile := filepath.Join(area(in, "/workspace"), "out")
+	if b, err := os.ReadFile(hostFile); err != nil || string(b) != "from-sandbox\n" {
+		t.Errorf("host %s = %q, %v", hostFile, b, err)
+	}
+	if code, _, _ := run(t, rt, in.Name, "", "sh", "-c", "echo x > /blocks/x"); code == 0 {
+		t.Error("a write into /blocks succeeded; blocks is read-only")
+	}
+
+	if err := rt.Stop(ctx, in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(ctx, in.Name); err != nil {
+		t.Fatalf("a second Stop: %v", err)
+	}
+	if st := inspect(t, rt, in.Name); !st.Exists || st.Running {
+		t.Fatalf("after Stop: %+v", st)
+	}
+	if _, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"true"}}); runtimes.ReasonOf(err) != runtimes.ReasonNotFound {
+		t.Errorf("Exec in a stopped container: %v, want %s", err, runtimes.ReasonNotFound)
+	}
+	ensure(t, rt, in)
+	if _, out, _ := run(t, rt, in.Name, "", "cat", "/root/state"); out != "kept\n" {
+		t.Errorf("/root/state after stop and start = %q, want kept", out)
+	}
+
+	if err := rt.Delete(ctx, in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if st := inspect(t, rt, in.Name); st.Exists {
+		t.Errorf("after Delete: %+v", st)
+	}
+	c, err := rt.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsCtx := namespaces.WithNamespace(ctx, testNamespace)
+	if _, err := c.SnapshotService(containerd.DefaultSnapshotter).Stat(nsCtx, in.Name); !errdefs.IsNotFound(err) {
+		t.Errorf("snapshot %s after Delete: %v, want not found", in.Name, err)
+	}
+	if b, err := os.ReadFile(hostFile); err != nil || string(b) != "from-sandbox\n" {
+		t.Errorf("the workspace lost %s after Delete: %q, %v", hostFile, b, err)
+	}
+	if err := rt.Delete(ctx, in.Name); err != nil {
+		t.Errorf("a second Delete: %v", err)
+	}
+}
+
+func TestExecStreamsAndRefuses(t *testing.T) {
+	env := map[string]string{"TOKEN": "secret", "LANG": "C.UTF-8", "LEAK": "no"}
+	rt, image := daemon(t, func(c *containerd.Config) {
+		c.LookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	})
+	in := instance(t, rt, image, "unit-exec", func(s *v1alpha1.SandboxSpec) {
+		s.Env.Passthrough = []v1alpha1.EnvVarName{"TOKEN"}
+	})
+	ensure(t, rt, in)
+	if err := os.WriteFile(filepath.Join(area(in, "/workspace"), policy.DotEnvFile), []byte("FROM_DOTENV=yes\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name      string
+		argv      []string
+		stdin     string
+		code      int
+		out, errs string
+	}{
+		{name: "stdin is streamed to the command", argv: []string{"cat"}, stdin: "hello\nworld\n", out: "hello\nworld\n"},
+		{name: "the exit code comes back", argv: []string{"sh", "-c", "exit 3"}, code: 3},
+		{name: "stderr is kept apart", argv: []string{"sh", "-c", "echo out; echo err >&2"}, out: "out\n", errs: "err\n"},
+		{name: "the environment is rebuilt by the policy", argv: []string{"sh", "-c", `echo "$TOKEN $FROM_DOTENV $PATH ${LEAK:-unset}"`},
+			out: "secret yes " + policy.MinimalPath + " unset\n"},
+		{name: "large output arrives whole", argv: []string{"sh", "-c", "i=0; while [ $i -lt 20000 ]; do echo line-$i; i=$((i+1)); done | tail -n 1"}, out: "line-19999\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errs := run(t, rt, in.Name, tt.stdin, tt.argv...)
+			if code != tt.code || out != tt.out || errs != tt.errs {
+				t.Errorf("%q = %d, %q, %q; want %d, %q, %q", tt.argv, code, out, errs, tt.code, tt.out, tt.errs)
+			}
+		})
+	}
+
+	refused := []struct {
+		name string
+		req  runtimes.ExecRequest
+	}{
+		{name: "a command outside the allowlist", req: runtimes.ExecRequest{Argv: []string{"touch", "/workspace/refused"}}},
+		{name: "a command with a shell metacharacter", req: runtimes.ExecRequest{Argv: []string{"sh;touch", "/workspace/refused"}}},
+		{name: "a path instead of a name", req: runtimes.ExecRequest{Argv: []string{"/bin/touch", "/workspace/refused"}}},
+		{name: "environment in the request", req: runtimes.ExecRequest{Argv: []string{"sh", "-c", "touch /workspace/refused"}, Env: []string{"X=1"}}},
+		{name: "no command", req: runtimes.ExecRequest{}},
+	}
+	for _, tt := range refused {
+		t.Run("refuses "+tt.name, func(t *testing.T) {
+			_, err := rt.Exec(context.Background(), in.Name, tt.req)
+			if runtimes.ReasonOf(err) != runtimes.ReasonRefused || !errors.Is(err, policy.ErrRefused) {
+				t.Errorf("Exec %q: %v, want %s", tt.req.Argv, err, runtimes.ReasonRefused)
+			}
+			if _, err := os.Stat(filepath.Join(area(in, "/workspace"), "refused")); err == nil {
+				t.Error("the refused command ran")
+			}
+		})
+	}
+
+	t.Run("cancelling the context kills the command", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// The command's first output proves it runs; that is when to cancel.
+		var canceledAt time.Time
+		out := writerFunc(func(b []byte) (int, error) {
+			if canceledAt.IsZero() {
+				canceledAt = time.Now()
+				cancel()
+			}
+			return len(b), nil
+		})
+		st, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"sh", "-c", "echo started; exec sleep 30"}, Stdout: out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(canceledAt); took > 10*time.Second || st.Code != 128+9 {
+			t.Errorf("sleep 30 cancelled: exit %d %s after the cancel, want 137 well before 30s", st.Code, took)
+		}
+		if _, out, _ := run(t, rt, in.Name, "", "sh", "-c", "ps -o comm | grep -c '^sleep$' || true"); strings.TrimSpace(out) != "1" {
+			t.Errorf("sleep processes after the cancel (the init is one): %q", out)
+		}
+	})
+}
+
+func TestImageNotFoundIsNeverPulled(t *testing.T) {
+	rt, _ := daemon(t, nil)
+	in := instance(t, rt, "localhost/sandbox-controller/absent:1", "unit-noimage", nil)
+	_, err := rt.Ensure(context.Background(), in)
+	if runtimes.ReasonOf(err) != runtimes.ReasonImageNotFound {
+		t.Fatalf("Ensure with an absent image: %v, want %s", err, runtimes.ReasonImageNotFound)
+	}
+	for _, want := range []string{"creating container " + in.Name, `"localhost/sandbox-controller/absent:1"`, `namespace "` + testNamespace + `"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if st := inspect(t, rt, in.Name); st.Exists {
+		t.Errorf("a container was made anyway: %+v", st)
+	}
+}
+
+func TestSpecChanges(t *testing.T) {
+	rt, image := daemon(t, nil)
+	base := func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh", "cat"} }
+	in := instance(t, rt, image, "unit-change", base)
+	ensure(t, rt, in)
+	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /root/state")
+
+	// One container through every step: the steps are not subtests,
+	// because each builds on the container the previous one left.
+	{
+		t.Log("a new allowlist applies without a restart")
+		wider := instance(t, rt, image, "unit-change", func(s *v1alpha1.SandboxSpec) { base(s); s.Binaries = append(s.Binaries, "true") })
+		before := inspect(t, rt, in.Name)
+		st := ensure(t, rt, wider)
+		if st.RestartRequired != "" || st.ConfigHash != wider.ConfigHash {
+			t.Fatalf("after an allowlist change: %+v", st)
+		}
+		if code, _, _ := run(t, rt, in.Name, "", "true"); code != 0 {
+			t.Errorf("the newly allowed command exited %d", code)
+		}
+		if after := inspect(t, rt, in.Name); !after.CreatedAt.Equal(before.CreatedAt) {
+			t.Error("the container was recreated")
+		}
+		in = wider
+	}
+	{
+		t.Log("a new mount waits for a restart and keeps the root")
+		src := t.TempDir()
+		if err := os.WriteFile(filepath.Join(src, "readme"), []byte("docs"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mounted := instance(t, rt, image, "unit-change", func(s *v1alpha1.SandboxSpec) {
+			base(s)
+			s.Binaries = append(s.Binaries, "true")
+			s.Mounts = []v1alpha1.Mount{{Source: src, Target: "docs", Mode: v1alpha1.MountReadOnly}}
+		})
+		st := ensure(t, rt, mounted)
+		if !st.Running || st.RestartRequired != "mounts" || st.ConfigHash != in.ConfigHash {
+			t.Fatalf("a mount change on a running container: %+v, want RestartRequired mounts and the old hash", st)
+		}
+		if err := rt.Stop(context.Background(), in.Name); err != nil {
+			t.Fatal(err)
+		}
+		if st := ensure(t, rt, mounted); st.RestartRequired != "" || st.ConfigHash != mounted.ConfigHash {
+			t.Fatalf("after the restart: %+v", st)
+		}
+		if _, out, _ := run(t, rt, in.Name, "", "cat", "/workspace/docs/readme", "/root/state"); out != "docskept\n" {
+			t.Errorf("mount and root state after the restart: %q", out)
+		}
+		if code, _, _ := run(t, rt, in.Name, "", "sh", "-c", "echo x > /workspace/docs/new"); code == 0 {
+			t.Error("a write into a read-only mount succeeded")
+		}
+	}
+}
+
+func TestLimits(t *testing.T) {
+	rt, image := daemon(t, nil)
+	in := instance(t, rt, image, "unit-limits", func(s *v1alpha1.SandboxSpec) {
+		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("96Mi"))
+		s.Containerd.PidsLimit = ptr.To[int64](40)
+	})
+	ensure(t, rt, in)
+	pids, mem := cgroupFile("pids", in.Name, "pids.max"), cgroupFile("memory", in.Name, "memory.limit_in_bytes", "memory.max")
+	if got := readTrim(t, pids); got != "40" {
+		t.Errorf("%s = %q, want 40", pids, got)
+	}
+	if got := readTrim(t, mem); got != strconv.Itoa(96<<20) {
+		t.Errorf("%s = %q, want %d", mem, got, 96<<20)
+	}
+
+	raised := instance(t, rt, image, "unit-limits", func(s *v1alpha1.SandboxSpec) {
+		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("96Mi"))
+		s.Containerd.PidsLimit = ptr.To[int64](80)
+	})
+	if st := ensure(t, rt, raised); st.RestartRequired != "" {
+		t.Fatalf("a pids limit change asked for a restart: %+v", st)
+	}
+	if got := readTrim(t, pids); got != "80" {
+		t.Errorf("%s after a live change = %q, want 80", pids, got)
+	}
+}
+
+// cgroupFile finds a task's cgroup file under the v1 controller hierarchy
+// or the unified one.
+func cgroupFile(controller, name string, files ...string) string {
+	for _, dir := range []string{filepath.Join("/sys/fs/cgroup", controller, testNamespace, name), filepath.Join("/sys/fs/cgroup", testNamespace, name)} {
+		for _, f := range files {
+			if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+				return filepath.Join(dir, f)
+			}
+		}
+	}
+	return filepath.Join("/sys/fs/cgroup", controller, testNamespace, name, files[0])
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func TestOverlayHealthFollowsTheSizeLimit(t *testing.T) {
+	rt, image := daemon(t, nil)
+	in := instance(t, rt, image, "unit-overlay", func(s *v1alpha1.SandboxSpec) {
+		s.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("1Mi"))
+	})
+	ensure(t, rt, in)
+	health := func() *runtimes.Health { return inspect(t, rt, in.Name).Overlay }
+	if h := health(); h == nil || !h.Healthy || h.Reason != v1alpha1.ReasonHealthy || !strings.Contains(h.Message, "overlay") {
+		t.Fatalf("fresh container: %+v", h)
+	}
+	run(t, rt, in.Name, "", "sh", "-c", "head -c 2097152 /dev/zero > /root/big")
+	if h := health(); h.Healthy || h.Reason != v1alpha1.ReasonUpperDirOverLimit {
+		t.Errorf("2 MiB written with a 1 MiB limit: %+v", h)
+	}
+	run(t, rt, in.Name, "", "sh", "-c", "rm /root/big")
+	if h := health(); !h.Healthy {
+		t.Errorf("after removing the file: %+v", h)
+	}
+	if err := rt.Stop(context.Background(), in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if h := health(); !h.Healthy || !strings.Contains(h.Message, "not mounted while the container is stopped") {
+		t.Errorf("stopped container: %+v", h)
+	}
+}
+
+func TestOwnership(t *testing.T) {
+	rt, image := daemon(t, nil)
+	ctx := context.Background()
+	in := instance(t, rt, image, "unit-owned", nil)
+	ensure(t, rt, in)
+
+	other := in
+	other.Owner = "elsewhere/alice"
+	if _, err := rt.Ensure(ctx, other); runtimes.ReasonOf(err) != runtimes.ReasonNameConflict || !strings.Contains(err.Error(), in.Owner) {
+		t.Errorf("Ensure by another owner: %v, want %s naming %s", err, runtimes.ReasonNameConflict, in.Owner)
+	}
+
+	c, err := rt.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsCtx := namespaces.WithNamespace(ctx, testNamespace)
+	img, err := c.GetImage(nsCtx, image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := c.NewContainer(nsCtx, "unit-foreign", containerdclient.WithNewSnapshot("unit-foreign", img), containerdclient.WithNewSpec(oci.WithImageConfig(img)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = foreign.Delete(nsCtx, containerdclient.WithSnapshotCleanup) })
+
+	states, err := rt.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, st := range states {
+		names = append(names, st.Name)
+		if st.Name == in.Name && (st.Owner != in.Owner || !st.Running) {
+			t.Errorf("listed %+v", st)
+		}
+	}
+	if !strings.Contains(strings.Join(names, " "), in.Name) || strings.Contains(strings.Join(names, " "), "unit-foreign") {
+		t.Errorf("List = %q, want %s and not unit-foreign", names, in.Name)
+	}
+	if err := rt.Delete(ctx, "unit-foreign"); runtimes.ReasonOf(err) != runtimes.ReasonNameConflict {
+		t.Errorf("Delete of a container without the owner label: %v, want %s", err, runtimes.ReasonNameConflict)
+	}
+}
+
+func TestUnreachableDaemonIsUnavailable(t *testing.T) {
+	rt, err := containerd.New(context.Background(), containerd.Config{Address: filepath.Join(t.TempDir(), "absent.sock")})
+	if err != nil {
+		t.Fatalf("New must not dial: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	in := runtimes.Instance{Name: "cireilclaw-nobody", Owner: "ns/nobody", Image: "x", Containerd: &v1alpha1.ContainerdSpec{Image: "x"},
+		AgentDir: filepath.Join(t.TempDir(), "nobody"), Areas: []runtimes.Bind{{Source: filepath.Join(t.TempDir(), "workspace"), Target: "/workspace"}}}
+	calls := map[string]func() error{
+		"Ensure":  func() error { _, err := rt.Ensure(ctx, in); return err },
+		"Inspect": func() error { _, err := rt.Inspect(ctx, in.Name); return err },
+		"Stop":    func() error { return rt.Stop(ctx, in.Name) },
+		"Delete":  func() error { return rt.Delete(ctx, in.Name) },
+		"List":    func() error { _, err := rt.List(ctx); return err },
+		"Exec": func() error {
+			_, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"true"}})
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			if err := call(); runtimes.ReasonOf(err) != runtimes.ReasonUnavailable {
+				t.Errorf("%s with no daemon: %v, want %s", name, err, runtimes.ReasonUnavailable)
+			}
+		})
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func TestMissingSnapshotIsReportedAndMadeAnew(t *testing.T) {
+	rt, image := daemon(t, nil)
+	ctx := context.Background()
+	in := instance(t, rt, image, "unit-snapshot", nil)
+	ensure(t, rt, in)
+	if err := rt.Stop(ctx, in.Name); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rt.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SnapshotService(containerd.DefaultSnapshotter).Remove(namespaces.WithNamespace(ctx, testNamespace), in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if h := inspect(t, rt, in.Name).Overlay; h == nil || h.Healthy || h.Reason != v1alpha1.ReasonSnapshotMissing {
+		t.Fatalf("overlay with its snapshot removed: %+v", h)
+	}
+	if st := ensure(t, rt, in); !st.Running || st.Overlay == nil || !st.Overlay.Healthy {
+		t.Fatalf("Ensure after the snapshot went: %+v (overlay %+v)", st, st.Overlay)
+	}
+	if code, _, _ := run(t, rt, in.Name, "", "true"); code != 0 {
+		t.Errorf("true exited %d in the remade root", code)
+	}
+}
+
+func TestImageChangeToAnAbsentImageKeepsTheContainer(t *testing.T) {
+	rt, image := daemon(t, nil)
+	ctx := context.Background()
+	in := instance(t, rt, image, "unit-reimage", nil)
+	ensure(t, rt, in)
+	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /root/state")
+	if err := rt.Stop(ctx, in.Name); err != nil {
+		t.Fatal(err)
+	}
+	absent := instance(t, rt, image, "unit-reimage", func(s *v1alpha1.SandboxSpec) { s.Containerd.Image = "localhost/sandbox-controller/absent:2" })
+	if _, err := rt.Ensure(ctx, absent); runtimes.ReasonOf(err) != runtimes.ReasonImageNotFound {
+		t.Fatalf("Ensure with an absent new image: %v, want %s", err, runtimes.ReasonImageNotFound)
+	}
+	ensure(t, rt, in)
+	if _, out, _ := run(t, rt, in.Name, "", "cat", "/root/state"); out != "kept\n" {
+		t.Errorf("root state after a refused image change: %q", out)
+	}
+}

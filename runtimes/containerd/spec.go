@@ -1,0 +1,232 @@
+package containerd
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Labels and extensions on every container the driver makes. The owner
+// label is the API's, so orphans are found by it; the hash label says which
+// configuration the container was last converged to.
+const (
+	OwnerLabel = v1alpha1.OwnerLabel
+	HashLabel  = "sandbox.cireilclaw.dev/config-hash"
+	// instanceExtension holds the Instance the container was converged to:
+	// Exec reads the allowlist and passthrough names from it, and a changed
+	// spec is compared with it to say what changed.
+	instanceExtension = "sandbox.cireilclaw.dev/instance"
+	instanceTypeURL   = "sandbox.cireilclaw.dev/v1alpha1/Instance"
+)
+
+// TmpSize is the size of the container's /tmp tmpfs (64 MiB). It is memory:
+// it counts against the memory limit.
+const TmpSize = 64 << 20
+
+// Host paths the device options expose.
+const (
+	usbDevices = "/dev/bus/usb"
+	// udevData is udev's device database, which USB libraries read to name
+	// devices.
+	udevData = "/run/udev/data"
+)
+
+// jsonAny carries the Instance as a container extension without
+// registering a Go type with containerd's type registry.
+type jsonAny struct {
+	url   string
+	value []byte
+}
+
+func (a *jsonAny) GetTypeUrl() string { return a.url }
+func (a *jsonAny) GetValue() []byte   { return a.value }
+
+func encodeInstance(in runtimes.Instance) (*jsonAny, error) {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the instance description: %w", err)
+	}
+	return &jsonAny{url: instanceTypeURL, value: b}, nil
+}
+
+// decodeInstance reads the Instance a container was converged to. The
+// ConfigHash comes from the hash label, because it is not part of the JSON.
+func decodeInstance(info containers.Container) (runtimes.Instance, error) {
+	ext, ok := info.Extensions[instanceExtension]
+	if !ok || ext == nil {
+		return runtimes.Instance{}, fmt.Errorf("container %s has no %s extension", info.ID, instanceExtension)
+	}
+	var in runtimes.Instance
+	if err := json.Unmarshal(ext.GetValue(), &in); err != nil {
+		return runtimes.Instance{}, fmt.Errorf("container %s: decoding its %s extension: %w", info.ID, instanceExtension, err)
+	}
+	in.ConfigHash = info.Labels[HashLabel]
+	return in, nil
+}
+
+func labels(in runtimes.Instance) map[string]string {
+	return map[string]string{OwnerLabel: in.Owner, HashLabel: in.ConfigHash}
+}
+
+// specOpts describe the container: the long-running init as the given user
+// in /workspace, the areas and mounts bound with their modes, a 64 MiB
+// /tmp, the devices the spec opts into and the limits it sets. The rest is
+// containerd's default spec: its own pid, mount, network (loopback only),
+// IPC and UTS namespaces, a reduced capability set, no new privileges.
+func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts {
+	opts := []oci.SpecOpts{
+		oci.WithProcessArgs(r.cfg.Init...),
+		oci.WithProcessCwd(policy.SandboxHome),
+		oci.WithEnv([]string{"PATH=" + policy.MinimalPath, "HOME=" + policy.SandboxHome}),
+		oci.WithHostname(in.Name),
+		oci.WithUIDGID(user.UID, user.GID),
+		oci.WithMounts(Mounts(in)),
+	}
+	if l := memoryLimit(in); l > 0 {
+		opts = append(opts, oci.WithMemoryLimit(uint64(l)))
+	}
+	if l := pidsLimit(in); l > 0 {
+		opts = append(opts, oci.WithPidsLimit(l))
+	}
+	switch {
+	case in.Devices.All:
+		opts = append(opts, oci.WithHostDevices, oci.WithAllDevicesAllowed)
+	case in.Devices.USB:
+		// A host without a USB bus has no devices to give.
+		if _, err := os.Stat(usbDevices); err == nil {
+			opts = append(opts, oci.WithDevices(usbDevices, "", "rwm"))
+		}
+	}
+	return opts
+}
+
+// Mounts are the container's mounts beyond containerd's defaults: the
+// standard areas, then the custom mounts below /workspace (Describe sorts
+// them, so a parent is mounted before anything inside it), then /tmp, and
+// udev's database read-only when devices are exposed.
+func Mounts(in runtimes.Instance) []specs.Mount {
+	var out []specs.Mount
+	for _, b := range append(append([]runtimes.Bind{}, in.Areas...), in.Mounts...) {
+		mode := "rw"
+		if b.ReadOnly {
+			mode = "ro"
+		}
+		out = append(out, specs.Mount{
+			Destination: b.Target, Type: "bind", Source: b.Source,
+			Options: []string{"rbind", "nosuid", "nodev", mode},
+		})
+	}
+	out = append(out, specs.Mount{
+		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", TmpSize)},
+	})
+	if in.Devices.USB || in.Devices.All {
+		if _, err := os.Stat(udevData); err == nil {
+			out = append(out, specs.Mount{
+				Destination: udevData, Type: "bind", Source: udevData,
+				Options: []string{"rbind", "nosuid", "nodev", "noexec", "ro"},
+			})
+		}
+	}
+	return out
+}
+
+func memoryLimit(in runtimes.Instance) int64 {
+	if in.Containerd == nil {
+		return 0
+	}
+	return quantity(in.Containerd.MemoryLimit)
+}
+
+func pidsLimit(in runtimes.Instance) int64 {
+	if in.Containerd == nil || in.Containerd.PidsLimit == nil {
+		return 0
+	}
+	return *in.Containerd.PidsLimit
+}
+
+func rootfsLimit(in runtimes.Instance) int64 {
+	if in.Containerd == nil {
+		return 0
+	}
+	return quantity(in.Containerd.RootfsSizeLimit)
+}
+
+func quantity(q *resource.Quantity) int64 {
+	if q == nil {
+		return 0
+	}
+	return q.Value()
+}
+
+// liveResources are the limits of in as a running task takes them: an
+// unset limit is -1, which lifts one set before.
+func liveResources(in runtimes.Instance) *specs.LinuxResources {
+	mem, pids := int64(-1), int64(-1)
+	if l := memoryLimit(in); l > 0 {
+		mem = l
+	}
+	if l := pidsLimit(in); l > 0 {
+		pids = l
+	}
+	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &mem}, Pids: &specs.LinuxPids{Limit: &pids}}
+}
+
+// Change is what differs between the configuration a container was
+// converged to and the one asked for.
+type Change struct {
+	// Restart lists what a running container cannot take live, for the
+	// RestartRequired message; empty when everything applies live.
+	Restart []string
+	// Image is set when the image changed: the writable root is made anew
+	// from the new image, so container-local state does not carry over.
+	Image bool
+	// Limits is set when the memory or pids limit changed; a running task
+	// takes them live.
+	Limits bool
+}
+
+// NeedsRestart says whether a running container must stop to take the change.
+func (c Change) NeedsRestart() bool { return len(c.Restart) > 0 }
+
+func (c Change) String() string { return strings.Join(c.Restart, ", ") }
+
+// Diff says what changed from old to new. The allowlist, the passthrough
+// names and the rootfs size limit are read at each command or health check,
+// so they never need a restart.
+func Diff(old, new runtimes.Instance) Change {
+	var c Change
+	if old.Image != new.Image {
+		c.Image = true
+		c.Restart = append(c.Restart, fmt.Sprintf("image %q → %q", old.Image, new.Image))
+	}
+	if old.AgentDir != new.AgentDir || !sameBinds(old.Areas, new.Areas) {
+		c.Restart = append(c.Restart, "areas")
+	}
+	if !sameBinds(old.Mounts, new.Mounts) {
+		c.Restart = append(c.Restart, "mounts")
+	}
+	if old.Devices != new.Devices {
+		c.Restart = append(c.Restart, "devices")
+	}
+	c.Limits = memoryLimit(old) != memoryLimit(new) || pidsLimit(old) != pidsLimit(new)
+	return c
+}
+
+// sameBinds compares binds by content: a Bind read back from a container's
+// record has its own copies of anything it points to.
+func sameBinds(a, b []runtimes.Bind) bool {
+	return slices.EqualFunc(a, b, func(x, y runtimes.Bind) bool { return reflect.DeepEqual(x, y) })
+}

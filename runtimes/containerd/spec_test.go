@@ -1,0 +1,195 @@
+package containerd
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/typeurl/v2"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+func describe(t *testing.T, mutate func(*v1alpha1.SandboxSpec)) runtimes.Instance {
+	t.Helper()
+	spec := &v1alpha1.SandboxSpec{
+		Agent:      "alice",
+		Backend:    v1alpha1.BackendContainerd,
+		Binaries:   []v1alpha1.BinaryName{"sh"},
+		Containerd: &v1alpha1.ContainerdSpec{Image: "localhost/busybox:test"},
+		Mounts:     []v1alpha1.Mount{{Source: "/srv/project", Target: "project", Mode: v1alpha1.MountReadWrite}},
+	}
+	if mutate != nil {
+		mutate(spec)
+	}
+	in, err := runtimes.Describe("ns/alice", spec, runtimes.Options{AreasRoot: "/areas"})
+	if err != nil {
+		t.Fatalf("describing the instance: %v", err)
+	}
+	return in
+}
+
+func TestDiff(t *testing.T) {
+	base := describe(t, nil)
+	tests := []struct {
+		name        string
+		mutate      func(*v1alpha1.SandboxSpec)
+		restart     []string
+		image, lims bool
+	}{
+		{name: "unchanged"},
+		{name: "allowlist applies live", mutate: func(s *v1alpha1.SandboxSpec) { s.Binaries = append(s.Binaries, "git") }},
+		{name: "passthrough applies live", mutate: func(s *v1alpha1.SandboxSpec) { s.Env.Passthrough = []v1alpha1.EnvVarName{"TOKEN"} }},
+		{name: "rootfs size limit applies live", mutate: func(s *v1alpha1.SandboxSpec) { s.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("1Gi")) }},
+		{name: "memory limit applies live", mutate: func(s *v1alpha1.SandboxSpec) { s.Containerd.MemoryLimit = ptr.To(resource.MustParse("256Mi")) }, lims: true},
+		{name: "pids limit applies live", mutate: func(s *v1alpha1.SandboxSpec) { s.Containerd.PidsLimit = ptr.To[int64](64) }, lims: true},
+		{name: "image needs a restart and a new root", mutate: func(s *v1alpha1.SandboxSpec) { s.Containerd.Image = "localhost/debian:git" },
+			restart: []string{`image "localhost/busybox:test" → "localhost/debian:git"`}, image: true},
+		{name: "a new mount needs a restart", mutate: func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = append(s.Mounts, v1alpha1.Mount{Source: "/srv/docs", Target: "docs", Mode: v1alpha1.MountReadOnly})
+		}, restart: []string{"mounts"}},
+		{name: "a mount's mode needs a restart", mutate: func(s *v1alpha1.SandboxSpec) { s.Mounts[0].Mode = v1alpha1.MountReadOnly }, restart: []string{"mounts"}},
+		{name: "devices need a restart", mutate: func(s *v1alpha1.SandboxSpec) { s.Devices.USB = true }, restart: []string{"devices"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Diff(base, describe(t, tt.mutate))
+			if !slices.Equal(c.Restart, tt.restart) || c.Image != tt.image || c.Limits != tt.lims {
+				t.Errorf("Diff = %+v, want restart %q image %v limits %v", c, tt.restart, tt.image, tt.lims)
+			}
+			if c.NeedsRestart() != (len(tt.restart) > 0) {
+				t.Errorf("NeedsRestart = %v with %q", c.NeedsRestart(), c.Restart)
+			}
+		})
+	}
+}
+
+func TestDiffAgainstAnUnreadableRecordRestarts(t *testing.T) {
+	in := describe(t, nil)
+	c := Diff(runtimes.Instance{Image: in.Image}, in)
+	if !c.NeedsRestart() || c.Image {
+		t.Errorf("Diff against an empty record = %+v, want a restart that keeps the root", c)
+	}
+}
+
+func TestMounts(t *testing.T) {
+	in := describe(t, nil)
+	got := Mounts(in)
+	var dests []string
+	for _, m := range got {
+		dests = append(dests, m.Destination)
+	}
+	want := []string{"/workspace", "/memories", "/blocks", "/skills", "/tasks", "/workspace/project", "/tmp"}
+	if !slices.Equal(dests, want) {
+		t.Fatalf("mount destinations = %q, want %q", dests, want)
+	}
+	for _, m := range got {
+		switch m.Destination {
+		case "/blocks":
+			if !slices.Contains(m.Options, "ro") || m.Source != "/areas/alice/blocks" {
+				t.Errorf("/blocks = %+v, want a read-only bind of /areas/alice/blocks", m)
+			}
+		case "/workspace/project", "/workspace":
+			if !slices.Contains(m.Options, "rw") || m.Type != "bind" {
+				t.Errorf("%s = %+v, want a read-write bind", m.Destination, m)
+			}
+		case "/tmp":
+			if m.Type != "tmpfs" || !slices.Contains(m.Options, "size=67108864") {
+				t.Errorf("/tmp = %+v, want a 64 MiB tmpfs", m)
+			}
+		}
+	}
+}
+
+func TestLiveResourcesLiftUnsetLimits(t *testing.T) {
+	res := liveResources(describe(t, nil))
+	if *res.Memory.Limit != -1 || *res.Pids.Limit != -1 {
+		t.Errorf("unset limits = memory %d pids %d, want -1 (unlimited)", *res.Memory.Limit, *res.Pids.Limit)
+	}
+	res = liveResources(describe(t, func(s *v1alpha1.SandboxSpec) {
+		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("128Mi"))
+		s.Containerd.PidsLimit = ptr.To[int64](32)
+	}))
+	if *res.Memory.Limit != 128<<20 || *res.Pids.Limit != 32 {
+		t.Errorf("limits = memory %d pids %d, want %d and 32", *res.Memory.Limit, *res.Pids.Limit, 128<<20)
+	}
+}
+
+func TestInstanceRecordRoundTrips(t *testing.T) {
+	in := describe(t, func(s *v1alpha1.SandboxSpec) { s.Env.Passthrough = []v1alpha1.EnvVarName{"TOKEN"} })
+	ext, err := encodeInstance(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := containerInfo(in, ext)
+	got, err := decodeInstance(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ConfigHash != in.ConfigHash || !slices.Equal(got.Binaries, in.Binaries) || !slices.Equal(got.Env, in.Env) || Diff(got, in).NeedsRestart() {
+		t.Errorf("decoded %+v, want %+v", got, in)
+	}
+}
+
+func TestFindMount(t *testing.T) {
+	const table = `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+1404 1380 0:150 / / rw,relatime - overlay overlay rw,lowerdir=/var/lib/c/snapshots/2/fs:/var/lib/c/snapshots/1/fs,upperdir=/var/lib/c/snapshots/3/fs,workdir=/var/lib/c/snapshots/3/work
+1405 1404 0:151 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+1406 1404 8:1 /areas/alice/my\040notes /workspace/my\040notes rw,nosuid,nodev master:1 - ext4 /dev/vda rw
+`
+	tests := []struct {
+		name, point, fstype string
+		lower               []string
+		found               bool
+	}{
+		{name: "the top mount at / wins", point: "/", fstype: "overlay", found: true,
+			lower: []string{"/var/lib/c/snapshots/2/fs", "/var/lib/c/snapshots/1/fs"}},
+		{name: "octal escapes are undone", point: "/workspace/my notes", fstype: "ext4", found: true},
+		{name: "absent mount point", point: "/nowhere"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, ok, err := FindMount(strings.NewReader(table), tt.point)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != tt.found || m.FSType != tt.fstype || !slices.Equal(m.LowerDirs(), tt.lower) {
+				t.Errorf("FindMount(%q) = %+v, %v; want fstype %q lower %q found %v", tt.point, m, ok, tt.fstype, tt.lower, tt.found)
+			}
+		})
+	}
+}
+
+func TestLowerDirForms(t *testing.T) {
+	tests := []struct {
+		name string
+		opts []string
+		want []string
+	}{
+		{name: "colon list", opts: []string{"lowerdir=/a:/b"}, want: []string{"/a", "/b"}},
+		{name: "escaped colon", opts: []string{`lowerdir=/a\:x:/b`}, want: []string{"/a:x", "/b"}},
+		{name: "one per option", opts: []string{"lowerdir+=/a", "lowerdir+=/b", "datadir+=/d"}, want: []string{"/a", "/b"}},
+		{name: "none", opts: []string{"rw"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := (MountInfo{SuperOptions: tt.opts}).LowerDirs(); !slices.Equal(got, tt.want) {
+				t.Errorf("LowerDirs(%q) = %q, want %q", tt.opts, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestFindMountRefusesAMalformedTable(t *testing.T) {
+	if _, _, err := FindMount(strings.NewReader("1 2 3\n"), "/"); err == nil {
+		t.Error("a malformed line was accepted")
+	}
+}
+
+func containerInfo(in runtimes.Instance, ext *jsonAny) containers.Container {
+	return containers.Container{ID: in.Name, Labels: labels(in), Extensions: map[string]typeurl.Any{instanceExtension: ext}}
+}

@@ -1,0 +1,130 @@
+// Package containerd_test runs the controllers over the containerd driver
+// against a real API server (envtest) and a real containerd: the daemon
+// that `hack/containerd.sh start` runs, named by the variables its `env`
+// subcommand prints. Without them the suite skips, and under CI=true it
+// fails instead.
+package containerd_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
+	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
+)
+
+// e2eNamespace keeps the suite's containers apart from anything else on
+// the daemon, the driver's own tests included.
+const e2eNamespace = "sandbox-controller-e2e"
+
+const howToStart = `start the test daemon first: eval "$(hack/containerd.sh start)"`
+
+// Intervals short enough that health and orphan checks happen within a
+// test's Eventually.
+const (
+	healthInterval = 500 * time.Millisecond
+	orphanInterval = time.Second
+)
+
+var (
+	env   *framework.Env
+	k8s   client.Client
+	drv   *containerd.Runtime
+	image string
+	mgr   *framework.Manager
+	ctx   = context.Background()
+)
+
+func TestContainerd(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "containerd backend suite")
+}
+
+var _ = BeforeSuite(func() {
+	addr, tar := os.Getenv("CONTAINERD_ADDRESS"), os.Getenv("CONTAINERD_TEST_IMAGE_TAR")
+	if addr == "" || tar == "" {
+		testenv.Missing(GinkgoT(), "containerd (CONTAINERD_ADDRESS and CONTAINERD_TEST_IMAGE_TAR are not set)", howToStart)
+	}
+	drv = newDriver(addr)
+	image = importImage(drv, tar)
+	env = framework.Start()
+	k8s = env.Client
+	mgr = startManager()
+})
+
+var _ = AfterSuite(func() {
+	if mgr != nil {
+		mgr.Stop()
+	}
+	if drv != nil {
+		// What the specs left (a Sandbox never deleted) goes with the suite.
+		states, err := drv.List(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		for _, st := range states {
+			Expect(drv.Delete(ctx, st.Name)).To(Succeed())
+		}
+		Expect(drv.Close()).To(Succeed())
+	}
+	env.Stop()
+})
+
+func newDriver(addr string) *containerd.Runtime {
+	d, err := containerd.New(ctx, containerd.Config{Address: addr, Namespace: e2eNamespace, FIFODir: os.Getenv("CONTAINERD_FIFO_DIR")})
+	Expect(err).NotTo(HaveOccurred())
+	return d
+}
+
+// importImage loads the test image into the suite's namespace; a daemon
+// that does not answer is a missing dependency, not a test failure.
+func importImage(d *containerd.Runtime, tar string) string {
+	f, err := os.Open(tar)
+	Expect(err).NotTo(HaveOccurred(), "the test image tarball; build it with hack/test-image.sh")
+	defer f.Close()
+	names, err := d.Import(ctx, f)
+	if runtimes.ReasonOf(err) == runtimes.ReasonUnavailable {
+		testenv.Missing(GinkgoT(), "a running containerd: "+err.Error(), howToStart)
+	}
+	Expect(err).NotTo(HaveOccurred())
+	Expect(names).NotTo(BeEmpty())
+	return names[0]
+}
+
+// startManager runs the controllers with the containerd driver only.
+func startManager() *framework.Manager {
+	return env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendContainerd: drv},
+		controllers.Options{HealthInterval: healthInterval, OrphanInterval: orphanInterval})
+}
+
+// repoRoot is the directory holding go.mod, where hack/ is.
+func repoRoot() string {
+	dir, err := os.Getwd()
+	Expect(err).NotTo(HaveOccurred())
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		Expect(parent).NotTo(Equal(dir), "no go.mod above the test directory")
+		dir = parent
+	}
+}
+
+// containerdScript runs hack/containerd.sh with extra environment.
+func containerdScript(extraEnv []string, args ...string) {
+	cmd := exec.Command(filepath.Join(repoRoot(), "hack", "containerd.sh"), args...)
+	cmd.Env = append(os.Environ(), extraEnv...)
+	out, err := cmd.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "hack/containerd.sh %v:\n%s", args, out)
+}
