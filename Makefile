@@ -17,7 +17,7 @@ all: build
 ##@ Develop
 
 .PHONY: run
-run: build ## Run the controller on a throw-away local control plane with the bwrap backend.
+run: build install-plugin ## Run the controller on a throw-away local control plane with the bwrap backend.
 	@hack/install-deps.sh
 	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
 	@echo "kubectl for this control plane: $(ENVTEST_DIR)/kubectl (or any kubectl on PATH)"
@@ -34,6 +34,12 @@ test: manifests generate vet ## Run unit and envtest suites against real depende
 .PHONY: build
 build: manifests generate ## Build bin/sandbox-controller.
 	go build -o $(BIN)/sandbox-controller ./cmd/sandbox-controller
+
+.PHONY: install-plugin
+install-plugin: ## Build bin/sandboxctl and link it as bin/kubectl-sandbox (put bin/ on PATH for `kubectl sandbox`).
+	go build -o $(BIN)/sandboxctl ./cmd/sandboxctl
+	ln -sf sandboxctl $(BIN)/kubectl-sandbox
+	@echo "export PATH=$(BIN):\$$PATH   # then: kubectl sandbox exec CLAIM -- COMMAND"
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API markers.

@@ -114,6 +114,7 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 
 	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
+	claim.Status.Endpoint = r.Endpoint
 	setCondition(conds, gen, v1alpha1.ConditionBound, true, v1alpha1.ReasonBound, fmt.Sprintf("bound to Sandbox %q", sb.Name))
 	if conditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
 		setCondition(conds, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonSandboxReady, fmt.Sprintf("instance %s is running", claim.Status.Instance))

@@ -38,6 +38,9 @@ type Options struct {
 	// HealthInterval is how often a running instance with a writable root
 	// is inspected again for OverlayHealthy; zero means 30s.
 	HealthInterval time.Duration
+	// Endpoint is the exec API's host:port that bound claims publish in
+	// status.endpoint; empty publishes none.
+	Endpoint string
 	// Getenv reads the controller's environment (the insecure disable
 	// variable); nil means os.Getenv.
 	Getenv func(string) string

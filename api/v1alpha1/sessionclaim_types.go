@@ -85,6 +85,10 @@ type SessionClaimStatus struct {
 	// Instance is the runtime instance the session's commands run in.
 	// +optional
 	Instance string `json:"instance,omitempty"`
+	// Endpoint is the host:port of the exec and file API that serves this
+	// claim (the controller on the Sandbox's node).
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
 	// Worktree is what the controller made of spec.worktree.
 	// +optional
 	Worktree *WorktreeStatus `json:"worktree,omitempty"`

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -35,6 +38,8 @@ type flags struct {
 	leaderElect                             bool
 	local                                   bool
 	localAssets, localCRDs, localKubeconfig string
+	api                                     execapi.Config
+	apiAdvertise                            string
 }
 
 func main() {
@@ -53,6 +58,8 @@ func main() {
 	flag.StringVar(&f.localAssets, "local-assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with the kube-apiserver and etcd binaries for --local-control-plane (default $KUBEBUILDER_ASSETS)")
 	flag.StringVar(&f.localCRDs, "local-crds", "config/crd/bases", "CRD directory installed by --local-control-plane")
 	flag.StringVar(&f.localKubeconfig, "local-kubeconfig", "bin/local/kubeconfig", "where --local-control-plane writes its administrator kubeconfig")
+	f.api.BindFlags(flag.CommandLine)
+	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
 	opts := zap.Options{Development: true}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -95,16 +102,32 @@ func run(ctx context.Context, f flags) (retErr error) {
 		}()
 		cfg = cp.Config
 		kc, _ := filepath.Abs(cp.Kubeconfig)
+		var apiCA string
+		if f.api.Enabled() && f.api.CertFile == "" {
+			dir := filepath.Join(filepath.Dir(kc), "execapi")
+			if apiCA, f.api.CertFile, f.api.KeyFile, err = localcp.ServingCert(dir); err != nil {
+				return err
+			}
+			if f.api.ClientCAFile == "" {
+				f.api.ClientCAFile = cp.ClientCAFile()
+			}
+			if f.apiAdvertise == "" {
+				_, port, _ := net.SplitHostPort(f.api.BindAddress)
+				f.apiAdvertise = net.JoinHostPort("127.0.0.1", port)
+			}
+		}
 		fmt.Fprintf(os.Stderr, `
 Local control plane is up (CRDs installed). In another shell:
 
   export KUBECONFIG=%s
   kubectl apply -f config/samples/
   kubectl get sandboxes,sessionclaims -w
+  kubectl sandbox exec alice-session-1 --api-ca-file %s -- git --version
 
-Agent areas live in %s. Ctrl-C stops the controller and the control plane.
+(make install-plugin puts kubectl-sandbox in bin/.) Agent areas live in %s.
+Ctrl-C stops the controller and the control plane.
 
-`, kc, areasRoot)
+`, kc, apiCA, areasRoot)
 	} else if cfg, err = ctrl.GetConfig(); err != nil {
 		return fmt.Errorf("finding the cluster (kubeconfig or in-cluster config): %w", err)
 	}
@@ -127,12 +150,34 @@ Agent areas live in %s. Ctrl-C stops the controller and the control plane.
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	home, _ := os.UserHomeDir()
+	host := runtimes.Options{AreasRoot: areasRoot, Home: home}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Runtimes: rts,
-		Host:     runtimes.Options{AreasRoot: areasRoot, Home: home},
+		Host:     host,
 		NodeName: f.nodeName,
+		Endpoint: f.apiAdvertise,
 	}); err != nil {
 		return err
+	}
+	if f.api.Enabled() {
+		kube, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("exec API: %w", err)
+		}
+		auth, err := execapi.DelegatingAuth(kube, f.api.ClientCAFile, f.api.AuthCacheTTL)
+		if err != nil {
+			return fmt.Errorf("exec API: %w", err)
+		}
+		srv, err := execapi.New(f.api, execapi.Options{
+			Reader: mgr.GetClient(), Runtimes: rts, Host: host, NodeName: f.nodeName,
+			Auth: auth, Log: ctrl.Log.WithName("execapi"),
+		})
+		if err != nil {
+			return fmt.Errorf("exec API: %w", err)
+		}
+		if err := mgr.Add(srv); err != nil {
+			return err
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

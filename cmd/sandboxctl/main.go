@@ -43,6 +43,7 @@ Usage:
   sandboxctl convert FILE --agent NAME [--name NAME] [--namespace NS]
   sandboxctl ls      --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]
   sandboxctl cp      --config FILE --agent NAME [--areas-root DIR] SRC DST
+  sandboxctl exec    [-n NS] [-i] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
   sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
   sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] TARGET
 
@@ -62,6 +63,9 @@ cp       copies one file in or out; the sandbox side is written with a
          leading ':' (sandboxctl cp notes.txt :/workspace/). Every access
          inside the sandbox is contained: a symbolic link that leaves its
          area or mount is refused.
+exec     runs a command in a SessionClaim's sandbox through the controller's
+         exec API, with the kubeconfig's credentials (also installed as
+         the kubectl plugin: kubectl sandbox exec CLAIM -- git status).
 diff     lists what the sandbox changed in an overlay mount (mode =
          "overlay"): A added, M changed, D deleted, relative to the mount.
 apply    writes those changes to the mount's host source.
@@ -94,6 +98,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return listFiles(args[1:], stdout, stderr)
 	case "cp":
 		return copyFiles(args[1:], stdout, stderr)
+	case "exec":
+		return execCommand(args[1:], stdin, stdout, stderr)
 	case "diff", "apply":
 		return overlayCommand(args[0], args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/util/exec"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// refusedPrefix starts the message of a command the policy refused; the
+// exec API sends it on the status channel and nothing ran.
+const refusedPrefix = "command refused"
+
+// clusterFlags select the cluster, the claim's namespace and the exec API.
+type clusterFlags struct {
+	kubeconfig, context, namespace string
+	server, caFile                 string
+	insecure                       bool
+}
+
+func (f *clusterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "the kubeconfig whose credentials are used (default $KUBECONFIG or ~/.kube/config)")
+	fs.StringVar(&f.context, "context", "", "the kubeconfig context to use")
+	fs.StringVar(&f.namespace, "n", "", "the claim's namespace (default the context's namespace)")
+	fs.StringVar(&f.namespace, "namespace", "", "the claim's namespace (default the context's namespace)")
+	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
+	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default the kubeconfig's CA)")
+	fs.BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "do not verify the exec API's serving certificate (testing only)")
+}
+
+// apiConfig builds the client configuration for the claim's exec API: the
+// kubeconfig's credentials, aimed at the endpoint the claim publishes.
+func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Config, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = f.kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the kubeconfig: %w", err)
+	}
+	ns := f.namespace
+	if ns == "" {
+		if ns, _, err = cc.Namespace(); err != nil {
+			return nil, "", fmt.Errorf("finding the namespace: %w", err)
+		}
+	}
+	server := f.server
+	if server == "" {
+		if server, err = claimEndpoint(ctx, cfg, ns, claim); err != nil {
+			return nil, "", err
+		}
+	}
+	if !strings.Contains(server, "://") {
+		server = "https://" + server
+	}
+	api := rest.CopyConfig(cfg)
+	api.Host, api.APIPath = server, ""
+	switch {
+	case f.insecure:
+		api.Insecure, api.CAFile, api.CAData = true, "", nil
+	case f.caFile != "":
+		api.CAFile, api.CAData = f.caFile, nil
+	}
+	return api, ns, nil
+}
+
+// claimEndpoint reads status.endpoint of the SessionClaim.
+func claimEndpoint(ctx context.Context, cfg *rest.Config, ns, claim string) (string, error) {
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return "", err
+	}
+	gvr := v1alpha1.GroupVersion.WithResource("sessionclaims")
+	obj, err := dc.Resource(gvr).Namespace(ns).Get(ctx, claim, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading SessionClaim %s/%s: %w", ns, claim, err)
+	}
+	ep, _, _ := unstructured.NestedString(obj.Object, "status", "endpoint")
+	if ep == "" {
+		return "", fmt.Errorf("SessionClaim %s/%s publishes no endpoint in its status yet (is it Bound?); give the exec API's address with --server", ns, claim)
+	}
+	return ep, nil
+}
+
+// execCommand runs a command in a SessionClaim's sandbox through the exec
+// API and exits with the command's exit code.
+func execCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var f clusterFlags
+	var attachStdin bool
+	fs := newFlagSet("exec", "exec [-n NS] [-i] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]", stderr)
+	f.register(fs)
+	fs.BoolVar(&attachStdin, "i", false, "pass stdin to the command")
+	fs.BoolVar(&attachStdin, "stdin", false, "pass stdin to the command")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() < 2 {
+		fmt.Fprintln(stderr, "sandboxctl exec: a claim and a command after -- are required")
+		fs.Usage()
+		return exitUsage
+	}
+	claim, argv := fs.Arg(0), fs.Args()[1:]
+	// kubectl users put flags after the claim too (exec CLAIM -i -- cmd).
+	if argv[0] != "--" {
+		if err := fs.Parse(argv); err != nil {
+			return exitUsage
+		}
+		argv = fs.Args()
+	} else {
+		argv = argv[1:]
+	}
+	if len(argv) == 0 {
+		fmt.Fprintln(stderr, "sandboxctl exec: a command after -- is required")
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cfg, ns, err := f.apiConfig(ctx, claim)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		return exitFailed
+	}
+	q := url.Values{"command": argv, "stdout": {"true"}, "stderr": {"true"}}
+	opts := remotecommand.StreamOptions{Stdout: stdout, Stderr: stderr}
+	if attachStdin {
+		q.Set("stdin", "true")
+		opts.Stdin = stdin
+	}
+	u := fmt.Sprintf("%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/exec?%s", strings.TrimSuffix(cfg.Host, "/"), url.PathEscape(ns), url.PathEscape(claim), q.Encode())
+	e, err := remotecommand.NewWebSocketExecutor(cfg, "GET", u)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		return exitFailed
+	}
+	err = e.StreamWithContext(ctx, opts)
+	var code exec.CodeExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &code):
+		return code.Code
+	case strings.HasPrefix(err.Error(), refusedPrefix):
+		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		return exitRefused
+	default:
+		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		return exitFailed
+	}
+}

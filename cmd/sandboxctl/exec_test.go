@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/execapi"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// scriptedRuntime stands in for a sandbox: it knows echo, cat and fail.
+type scriptedRuntime struct{ runtimes.Runtime }
+
+func (scriptedRuntime) Exec(_ context.Context, _ string, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
+	switch req.Argv[0] {
+	case "echo":
+		fmt.Fprintln(req.Stdout, strings.Join(req.Argv[1:], " "))
+	case "cat":
+		_, err := io.Copy(req.Stdout, req.Stdin)
+		return runtimes.ExitStatus{}, err
+	case "fail":
+		fmt.Fprintln(req.Stderr, "failing")
+		return runtimes.ExitStatus{Code: 7}, nil
+	}
+	return runtimes.ExitStatus{}, nil
+}
+
+// execCluster serves, on one TLS server, the SessionClaim (as the API
+// server would, with status.endpoint pointing back at itself) and the exec
+// API, and writes a kubeconfig for it.
+func execCluster(t *testing.T) string {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	ready := []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Test", LastTransitionTime: metav1.Now()}}
+	bound := []metav1.Condition{{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: "Test", LastTransitionTime: metav1.Now()}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "ada"}, Spec: v1alpha1.SandboxSpec{Agent: "ada", Binaries: []v1alpha1.BinaryName{"echo", "cat", "fail"}}, Status: v1alpha1.SandboxStatus{Conditions: ready}},
+		&v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "s1"}, Spec: v1alpha1.SessionClaimSpec{SandboxName: "ada"}, Status: v1alpha1.SessionClaimStatus{Conditions: bound}},
+	).WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SessionClaim{}).Build()
+	authn := bearertoken.New(authenticator.TokenFunc(func(_ context.Context, tok string) (*authenticator.Response, bool, error) {
+		if tok != "agent-token" {
+			return nil, false, errors.New("unknown token")
+		}
+		return &authenticator.Response{User: &user.DefaultInfo{Name: "agent"}}, true, nil
+	}))
+	allow := authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+		return authorizer.DecisionAllow, "", nil
+	})
+	api, err := execapi.New(execapi.Config{}, execapi.Options{
+		Reader:     c,
+		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: scriptedRuntime{}},
+		Host:       runtimes.Options{AreasRoot: t.TempDir()},
+		Auth:       execapi.Auth{Authenticator: authn, Authorizer: allow},
+		Registerer: prometheus.NewRegistry(),
+		Log:        logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	srv := httptest.NewTLSServer(mux)
+	t.Cleanup(srv.Close)
+	mux.Handle("/api/v1alpha1/", api.Handler())
+	mux.HandleFunc("/apis/sandbox.cireilclaw.dev/v1alpha1/namespaces/team/sessionclaims/s1", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"apiVersion":"sandbox.cireilclaw.dev/v1alpha1","kind":"SessionClaim","metadata":{"name":"s1","namespace":"team"},"status":{"endpoint":%q}}`, strings.TrimPrefix(srv.URL, "https://"))
+	})
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	err = os.WriteFile(kc, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: %q, insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: agent-token}
+contexts:
+- name: c
+  context: {cluster: c, user: u, namespace: team}
+current-context: c
+`, srv.URL)), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
+func TestExecThroughTheAPI(t *testing.T) {
+	kc := execCluster(t)
+	tests := []struct {
+		name      string
+		args      []string
+		stdin     string
+		code      int
+		out, errs string
+	}{
+		{"stdout and exit 0", []string{"s1", "--", "echo", "hello", "there"}, "", 0, "hello there\n", ""},
+		{"exit code is the command's", []string{"s1", "--", "fail"}, "", 7, "", "failing\n"},
+		{"stdin with -i", []string{"-i", "s1", "--", "cat"}, "piped\n", 0, "piped\n", ""},
+		{"refused command exits 126", []string{"s1", "--", "rm", "-rf", "/"}, "", exitRefused, "", "command refused"},
+		{"unknown claim", []string{"-n", "elsewhere", "s1", "--", "echo"}, "", exitFailed, "", "reading SessionClaim elsewhere/s1"},
+		{"no command", []string{"s1", "--"}, "", exitUsage, "", "a command after -- is required"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb strings.Builder
+			code := execCommand(append([]string{"--kubeconfig", kc, "--insecure-skip-tls-verify"}, tc.args...), strings.NewReader(tc.stdin), &out, &errb)
+			stdout, errs := out.String(), errb.String()
+			if code != tc.code || stdout != tc.out || !strings.Contains(errs, tc.errs) {
+				t.Fatalf("got exit %d stdout %q stderr %q; want exit %d stdout %q stderr containing %q", code, stdout, errs, tc.code, tc.out, tc.errs)
+			}
+		})
+	}
+}

@@ -1,0 +1,75 @@
+package execapi
+
+import (
+	"flag"
+	"fmt"
+	"time"
+)
+
+// Defaults of the limits; docs/exec-api.md lists them with their flags.
+const (
+	DefaultBindAddress      = ":10350"
+	DefaultMaxExecsPerClaim = 16
+	DefaultExecTimeout      = 30 * time.Minute
+	DefaultMaxBodyBytes     = 64 << 20
+	DefaultAuthCacheTTL     = 10 * time.Second
+)
+
+// Config is what the manager's flags set.
+type Config struct {
+	// BindAddress is where the HTTPS server listens; empty disables it.
+	BindAddress string
+	// CertFile and KeyFile are the serving certificate and key (PEM).
+	CertFile, KeyFile string
+	// ClientCAFile holds the CAs whose client certificates authenticate a
+	// caller (CN is the user, O the groups); empty accepts bearer tokens only.
+	ClientCAFile string
+	// MaxExecsPerClaim bounds the commands running at once for one claim;
+	// one more is refused with 429.
+	MaxExecsPerClaim int
+	// ExecTimeout ends a command (the process is killed) after this long.
+	ExecTimeout time.Duration
+	// MaxBodyBytes bounds a file upload; a larger one is refused with 413.
+	MaxBodyBytes int64
+	// AuthCacheTTL is how long TokenReview and SubjectAccessReview answers
+	// are kept; revoking access takes effect after at most this long.
+	AuthCacheTTL time.Duration
+}
+
+// BindFlags registers the flags of the exec API with their defaults.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.BindAddress, "api-bind-address", DefaultBindAddress, "address the exec and file API (HTTPS) binds to; 0 disables it")
+	fs.StringVar(&c.CertFile, "api-tls-cert-file", "", "serving certificate of the exec and file API (PEM); required unless the API is disabled")
+	fs.StringVar(&c.KeyFile, "api-tls-private-key-file", "", "private key of --api-tls-cert-file (PEM)")
+	fs.StringVar(&c.ClientCAFile, "client-ca-file", "", "CA bundle whose client certificates authenticate exec and file API callers (CN user, O groups); empty accepts bearer tokens only (checked with TokenReview)")
+	fs.IntVar(&c.MaxExecsPerClaim, "api-max-execs-per-claim", DefaultMaxExecsPerClaim, "commands one SessionClaim may run at once through the API; more are refused with 429")
+	fs.DurationVar(&c.ExecTimeout, "api-exec-timeout", DefaultExecTimeout, "a command run through the API is killed after this long")
+	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", DefaultMaxBodyBytes, "largest file upload the API accepts, in bytes; a larger one is refused with 413")
+	fs.DurationVar(&c.AuthCacheTTL, "api-auth-cache-ttl", DefaultAuthCacheTTL, "how long TokenReview and SubjectAccessReview answers are cached")
+}
+
+// Enabled reports whether the API is to be served.
+func (c Config) Enabled() bool { return c.BindAddress != "" && c.BindAddress != "0" }
+
+func (c Config) withDefaults() Config {
+	if c.MaxExecsPerClaim <= 0 {
+		c.MaxExecsPerClaim = DefaultMaxExecsPerClaim
+	}
+	if c.ExecTimeout <= 0 {
+		c.ExecTimeout = DefaultExecTimeout
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.AuthCacheTTL <= 0 {
+		c.AuthCacheTTL = DefaultAuthCacheTTL
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.CertFile == "" || c.KeyFile == "" {
+		return fmt.Errorf("the exec API on %s needs a serving certificate: set --api-tls-cert-file and --api-tls-private-key-file (or --api-bind-address=0 to disable it)", c.BindAddress)
+	}
+	return nil
+}

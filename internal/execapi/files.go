@@ -1,0 +1,214 @@
+package execapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Headers of file responses.
+const (
+	headerEntryType = "X-Entry-Type"
+	headerFileMode  = "X-File-Mode"
+)
+
+// serveFiles reads, lists, writes and deletes files of a claim's areas and
+// mounts, every access contained by internal/areas.
+func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	verb := "get"
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	case http.MethodPut, http.MethodDelete:
+		verb = "update"
+	default:
+		writeStatus(w, &apiError{code: http.StatusMethodNotAllowed, msg: "files take GET, HEAD, PUT or DELETE"})
+		return
+	}
+	u := s.authenticate(w, r)
+	if u == nil || !s.authorize(w, r, u, verb, subresourceFiles, ns, name) {
+		return
+	}
+	area := r.PathValue("area")
+	if !isArea(area) {
+		s.refuse(w, r, u, &apiError{code: http.StatusNotFound, msg: fmt.Sprintf("no area %q: the areas are workspace, memories, blocks, skills and tasks; custom mounts are below workspace/", area)})
+		return
+	}
+	sandboxPath := path.Join("/", area, r.PathValue("path"))
+	t, aerr := s.resolve(r.Context(), ns, name, false)
+	if aerr != nil {
+		s.refuse(w, r, u, aerr)
+		return
+	}
+	v, err := openView(t.instance)
+	if err != nil {
+		s.refuse(w, r, u, &apiError{code: http.StatusServiceUnavailable, msg: fmt.Sprintf("opening the areas of SessionClaim %s/%s: %v", ns, name, err)})
+		return
+	}
+	root, rel, err := v.Resolve(sandboxPath)
+	if err != nil {
+		s.refuse(w, r, u, fileError(sandboxPath, err))
+		return
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		err = s.readFile(w, r, root, rel)
+	case http.MethodPut:
+		err = s.writeFile(w, r, root, rel)
+	case http.MethodDelete:
+		err = removeFile(w, r, root, rel)
+	}
+	if err != nil {
+		var aerr *apiError
+		if !errors.As(err, &aerr) {
+			aerr = fileError(sandboxPath, err)
+		}
+		s.refuse(w, r, u, aerr)
+	}
+}
+
+func isArea(name string) bool {
+	for _, a := range runtimes.StandardAreas {
+		if a.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// openView opens the instance's areas and custom mounts.
+func openView(in runtimes.Instance) (*areas.View, error) {
+	var names []string
+	var binds []areas.Binding
+	for _, a := range in.Areas {
+		names = append(names, filepath.Base(a.Source))
+		binds = append(binds, areas.Binding{Target: a.Target, Source: a.Source, ReadOnly: a.ReadOnly})
+	}
+	if err := areas.Layout(in.AgentDir, names); err != nil {
+		return nil, err
+	}
+	for _, m := range in.Mounts {
+		binds = append(binds, areas.Binding{Target: m.Target, Source: m.Source, ReadOnly: m.ReadOnly})
+	}
+	return areas.OpenView(binds)
+}
+
+// readFile answers a file's contents (ranges allowed) or a directory's
+// entries as JSON; HEAD answers the headers alone.
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string) error {
+	e, err := root.Stat(rel)
+	if err != nil {
+		return err
+	}
+	w.Header().Set(headerEntryType, string(e.Type))
+	w.Header().Set(headerFileMode, fmt.Sprintf("%04o", e.Mode.Perm()))
+	if e.IsDir() {
+		entries, err := root.List(rel)
+		if err != nil {
+			return err
+		}
+		if entries == nil {
+			entries = []areas.Entry{}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodHead {
+			return nil
+		}
+		return json.NewEncoder(w).Encode(entries)
+	}
+	if e.Type != areas.TypeFile {
+		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s is a %s, not a regular file or directory", rel, e.Type)}
+	}
+	f, err := root.Open(rel)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	// ServeContent streams from the open descriptor: the size, ranges and
+	// conditional requests are answered without reading the file into memory.
+	http.ServeContent(w, r, "", e.ModTime, f)
+	return nil
+}
+
+// writeFile replaces a file atomically with the request body, or makes a
+// directory with ?directory=true.
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string) error {
+	q := r.URL.Query()
+	if dir, _ := strconv.ParseBool(q.Get("directory")); dir {
+		if err := root.Mkdir(rel, true); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}
+	perm := os.FileMode(0o644)
+	if m := q.Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > 0o777 {
+			return &apiError{code: http.StatusBadRequest, refusal: refusalBadRequest, msg: fmt.Sprintf("mode=%q is not an octal permission such as 0644", m)}
+		}
+		perm = os.FileMode(v)
+	}
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return tooLarge(s.cfg.MaxBodyBytes)
+	}
+	// The write is atomic, so the whole body is held once; the limit
+	// bounds that.
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return tooLarge(s.cfg.MaxBodyBytes)
+		}
+		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("reading the request body: %v", err)}
+	}
+	if err := root.Write(rel, data, perm); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func tooLarge(limit int64) *apiError {
+	return &apiError{code: http.StatusRequestEntityTooLarge, refusal: refusalBodyTooLarge, msg: fmt.Sprintf("the body is larger than the %d-byte limit of one upload", limit)}
+}
+
+// removeFile deletes a file, or a directory tree with ?recursive=true.
+func removeFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string) error {
+	recursive, _ := strconv.ParseBool(r.URL.Query().Get("recursive"))
+	if err := root.Remove(rel, recursive); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// fileError maps an areas error to the answer: escapes and read-only
+// roots are refusals (403), counted.
+func fileError(p string, err error) *apiError {
+	switch {
+	case errors.Is(err, areas.ErrEscape):
+		return &apiError{code: http.StatusForbidden, refusal: refusalEscape, msg: err.Error()}
+	case errors.Is(err, areas.ErrReadOnly):
+		return &apiError{code: http.StatusForbidden, refusal: refusalReadOnly, msg: fmt.Sprintf("%s: %v", p, err)}
+	case errors.Is(err, fs.ErrNotExist):
+		return &apiError{code: http.StatusNotFound, msg: fmt.Sprintf("%s: %v", p, err)}
+	case errors.Is(err, areas.ErrInvalidPath), errors.Is(err, areas.ErrNoRoot),
+		errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY):
+		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s: %v", p, err)}
+	default:
+		return &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("%s: %v", p, err)}
+	}
+}

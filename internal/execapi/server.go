@@ -1,0 +1,153 @@
+package execapi
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Options are what the server works with besides its Config.
+type Options struct {
+	// Reader reads SessionClaims and Sandboxes (the manager's client).
+	Reader client.Reader
+	// Runtimes are the drivers of the enabled backends, the controllers' own.
+	Runtimes map[v1alpha1.Backend]runtimes.Runtime
+	// Host gives the areas root and home directory, as for the controllers.
+	Host runtimes.Options
+	// NodeName is the node this controller serves; claims whose Sandbox
+	// names another node are refused.
+	NodeName string
+	// Auth authenticates and authorises requests (DelegatingAuth).
+	Auth Auth
+	// Registerer takes the metrics; nil means controller-runtime's registry,
+	// served on the manager's metrics endpoint.
+	Registerer prometheus.Registerer
+	// Log receives refused requests and server errors.
+	Log logr.Logger
+}
+
+// Server is the exec and file API. It is a manager.Runnable that runs on
+// every replica (it does not need the leader lease).
+type Server struct {
+	cfg     Config
+	opts    Options
+	auth    Auth
+	log     logr.Logger
+	metrics *metrics
+	execs   *claimLimiter
+	handler http.Handler
+
+	mu sync.Mutex
+	ln net.Listener
+}
+
+// New builds the server; Start serves it.
+func New(cfg Config, opts Options) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if opts.Reader == nil {
+		return nil, errors.New("exec API: no client to read SessionClaims with")
+	}
+	if opts.Auth.Authenticator == nil || opts.Auth.Authorizer == nil {
+		return nil, errors.New("exec API: authentication and authorisation are required (see DelegatingAuth)")
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("exec API: registering metrics: %w", err)
+	}
+	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim)}
+	s.handler = s.routes()
+	return s, nil
+}
+
+const claimPath = "/api/v1alpha1/namespaces/{namespace}/sessionclaims/{name}"
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(claimPath+"/exec", s.serveExec)
+	mux.HandleFunc(claimPath+"/files/{area}", s.serveFiles)
+	mux.HandleFunc(claimPath+"/files/{area}/{path...}", s.serveFiles)
+	return mux
+}
+
+// Handler is the API without TLS, for tests that bring their own listener.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Listen binds the address (once) and returns it; Start calls it too.
+func (s *Server) Listen() (net.Addr, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln != nil {
+		return s.ln.Addr(), nil
+	}
+	if err := s.cfg.validate(); err != nil {
+		return nil, err
+	}
+	cert, err := tls.LoadX509KeyPair(s.cfg.CertFile, s.cfg.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("exec API: loading the serving certificate: %w", err)
+	}
+	ln, err := net.Listen("tcp", s.cfg.BindAddress)
+	if err != nil {
+		return nil, fmt.Errorf("exec API: listening on %s: %w", s.cfg.BindAddress, err)
+	}
+	s.ln = tls.NewListener(ln, &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{cert},
+		// The certificate is verified by the authenticator against the
+		// client CA; a caller with a bearer token sends none.
+		ClientAuth: tls.RequestClientCert,
+		NextProtos: []string{"http/1.1"},
+	})
+	return s.ln.Addr(), nil
+}
+
+// Start serves until ctx ends. Running commands are killed then: their
+// contexts derive from ctx.
+func (s *Server) Start(ctx context.Context) error {
+	addr, err := s.Listen()
+	if err != nil {
+		return err
+	}
+	if s.auth.run != nil {
+		go s.auth.run(ctx)
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(s.ln) }()
+	s.log.Info("serving the exec and file API", "address", addr.String())
+	select {
+	case err := <-done:
+		return fmt.Errorf("exec API: %w", err)
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return fmt.Errorf("exec API: shutting down: %w", err)
+	}
+	return nil
+}
+
+// NeedLeaderElection is false: every replica serves the claims of its node.
+func (s *Server) NeedLeaderElection() bool { return false }

@@ -1,0 +1,94 @@
+package execapi
+
+import (
+	"encoding/json"
+	"net/http"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
+)
+
+// Refusal reasons: the label values of the refusals metric and the reason
+// logged with each refused request.
+const (
+	refusalUnauthenticated = "Unauthenticated"
+	refusalForbidden       = "Forbidden"
+	refusalCommandRefused  = "CommandRefused"
+	refusalEscape          = "PathEscape"
+	refusalReadOnly        = "ReadOnly"
+	refusalNotReady        = "NotReady"
+	refusalTooManyExecs    = "TooManyExecs"
+	refusalBodyTooLarge    = "BodyTooLarge"
+	refusalBadRequest      = "BadRequest"
+)
+
+// apiError is a request the server does not carry out, with the status it
+// is answered with.
+type apiError struct {
+	code int
+	// refusal, when set, counts the error as a refusal with this reason.
+	refusal string
+	msg     string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+// statusReason is the Kubernetes reason for an HTTP code, so that clients
+// built on client-go show the familiar error kinds.
+func statusReason(code int) metav1.StatusReason {
+	switch code {
+	case http.StatusUnauthorized:
+		return metav1.StatusReasonUnauthorized
+	case http.StatusForbidden:
+		return metav1.StatusReasonForbidden
+	case http.StatusNotFound:
+		return metav1.StatusReasonNotFound
+	case http.StatusConflict:
+		return metav1.StatusReasonConflict
+	case http.StatusTooManyRequests:
+		return metav1.StatusReasonTooManyRequests
+	case http.StatusRequestEntityTooLarge:
+		return metav1.StatusReasonRequestEntityTooLarge
+	case http.StatusMethodNotAllowed:
+		return metav1.StatusReasonMethodNotAllowed
+	case http.StatusServiceUnavailable:
+		return metav1.StatusReasonServiceUnavailable
+	case http.StatusBadRequest:
+		return metav1.StatusReasonBadRequest
+	default:
+		return metav1.StatusReasonInternalError
+	}
+}
+
+// writeStatus answers with a metav1.Status, as the API server does.
+func writeStatus(w http.ResponseWriter, e *apiError) {
+	st := metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Message:  e.msg,
+		Reason:   statusReason(e.code),
+		Code:     int32(e.code),
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.code)
+	_ = json.NewEncoder(w).Encode(st)
+}
+
+// refuse answers e, and when it is a refusal logs it with the caller and
+// counts it.
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, u user.Info, e *apiError) {
+	s.noteRefusal(r, u, e)
+	writeStatus(w, e)
+}
+
+func (s *Server) noteRefusal(r *http.Request, u user.Info, e *apiError) {
+	if e.refusal == "" {
+		return
+	}
+	name := "<unauthenticated>"
+	if u != nil {
+		name = u.GetName()
+	}
+	s.metrics.refusals.WithLabelValues(e.refusal).Inc()
+	s.log.Info("refused a request", "user", name, "reason", e.refusal, "method", r.Method, "path", r.URL.Path, "message", e.msg)
+}

@@ -1,0 +1,342 @@
+package execapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/util/exec"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
+)
+
+type result struct {
+	stdout, stderr string
+	err            error
+}
+
+// execIn runs argv in the claim through the API as cfg's user.
+func execIn(ctx context.Context, cfg *rest.Config, ns, claim string, stdin io.Reader, stdout io.Writer, argv ...string) result {
+	q := url.Values{"command": argv, "stdout": {"true"}, "stderr": {"true"}}
+	if stdin != nil {
+		q.Set("stdin", "true")
+	}
+	u := fmt.Sprintf("%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/exec?%s", apiHost, ns, claim, q.Encode())
+	e, err := remotecommand.NewWebSocketExecutor(cfg, "GET", u)
+	Expect(err).NotTo(HaveOccurred())
+	// A cancelled stream returns while client-go may still be copying.
+	var out, errb lockedBuffer
+	if stdout == nil {
+		stdout = &out
+	}
+	err = e.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: stdin, Stdout: stdout, Stderr: &errb})
+	return result{stdout: out.String(), stderr: errb.String(), err: err}
+}
+
+// fileRequest sends one file request and returns the code and the body
+// (the message, for a Status).
+func fileRequest(cfg *rest.Config, method, ns, claim, p string, body io.Reader) (int, string) {
+	return claimRequest(cfg, method, ns, claim, "files/"+p, body)
+}
+
+// claimRequest sends a plain HTTP request to a claim's endpoint.
+func claimRequest(cfg *rest.Config, method, ns, claim, p string, body io.Reader) (int, string) {
+	hc, err := rest.HTTPClientFor(cfg)
+	Expect(err).NotTo(HaveOccurred())
+	req, err := http.NewRequest(method, fmt.Sprintf("%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/%s", apiHost, ns, claim, p), body)
+	Expect(err).NotTo(HaveOccurred())
+	resp, err := hc.Do(req)
+	Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	Expect(err).NotTo(HaveOccurred())
+	var st metav1.Status
+	if json.Unmarshal(b, &st) == nil && st.Kind == "Status" {
+		return resp.StatusCode, st.Message
+	}
+	return resp.StatusCode, string(b)
+}
+
+// sleepRunning reports whether a process on the host runs sleep <marker>
+// (the sandboxed sleep, or bwrap's command line ending with it).
+func sleepRunning(marker string) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.HasSuffix(string(b), "sleep\x00"+marker+"\x00") {
+			return true
+		}
+	}
+	return false
+}
+
+type countingWriter struct{ n atomic.Int64 }
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.n.Add(int64(len(p)))
+	return len(p), nil
+}
+
+var _ = Describe("the exec and file API", Ordered, func() {
+	var (
+		ns, roDir, outside string
+		alice, bob, agent  *rest.Config
+	)
+	const claim = "s1"
+
+	BeforeAll(func() {
+		ns = env.NewNamespace()
+		roDir = filepath.Join(env.Dir, "ro-"+ns)
+		outside = filepath.Join(env.Dir, "outside-"+ns)
+		for _, d := range []string{roDir, outside} {
+			Expect(os.MkdirAll(d, 0o755)).To(Succeed())
+		}
+		Expect(os.WriteFile(filepath.Join(roDir, "readme"), []byte("read only"), 0o644)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o644)).To(Succeed())
+
+		By("granting exec and files to alice and the agent service account, files read-only to bob")
+		Expect(env.Client.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-user"},
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"create"}},
+				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update"}},
+			},
+		})).To(Succeed())
+		Expect(env.Client.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-reader"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get"}}},
+		})).To(Succeed())
+		Expect(env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agent"}})).To(Succeed())
+		Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-user"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "sandbox-user"},
+			Subjects: []rbacv1.Subject{
+				{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"},
+				{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "agent"},
+			},
+		})).To(Succeed())
+		Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-reader"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "sandbox-reader"},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "bob"}},
+		})).To(Succeed())
+
+		for name, cfg := range map[string]**rest.Config{"alice": &alice, "bob": &bob} {
+			u, err := testEnv.AddUser(envtest.User{Name: name, Groups: []string{"developers"}}, nil)
+			Expect(err).NotTo(HaveOccurred())
+			*cfg = apiConfig(u.Config())
+		}
+		tok, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		agent = apiConfig(&rest.Config{BearerToken: tok.Status.Token})
+
+		By("making a Sandbox with a read-only mount and a claim, and waiting until it is Ready")
+		sb := &v1alpha1.Sandbox{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "box"},
+			Spec: v1alpha1.SandboxSpec{
+				Agent:    "ada-" + ns,
+				Binaries: []v1alpha1.BinaryName{"sh", "cat", "head", "sleep"},
+				Mounts:   []v1alpha1.Mount{{Source: roDir, Target: "docs", Mode: v1alpha1.MountReadOnly}},
+			},
+		}
+		Expect(env.Client.Create(ctx, sb)).To(Succeed())
+		Expect(env.Client.Create(ctx, framework.NewClaim(ns, claim, "box"))).To(Succeed())
+		Eventually(env.ClaimStatus(ns, claim), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+	})
+
+	Describe("exec", func() {
+		It("gives an allowed user stdout, stderr and the exit code", func() {
+			res := execIn(ctx, alice, ns, claim, nil, nil, "sh", "-c", "echo out; echo err >&2; exit 3")
+			var code exec.CodeExitError
+			Expect(errors.As(res.err, &code)).To(BeTrue(), "error %v", res.err)
+			Expect(code.Code).To(Equal(3))
+			Expect(res.stdout).To(Equal("out\n"))
+			Expect(res.stderr).To(Equal("err\n"))
+		})
+
+		It("passes stdin to the command", func() {
+			res := execIn(ctx, alice, ns, claim, strings.NewReader("through stdin\n"), nil, "cat")
+			Expect(res.err).NotTo(HaveOccurred())
+			Expect(res.stdout).To(Equal("through stdin\n"))
+		})
+
+		It("lets a service account token in when its RBAC allows it", func() {
+			res := execIn(ctx, agent, ns, claim, nil, nil, "sh", "-c", "echo agent")
+			Expect(res.err).NotTo(HaveOccurred())
+			Expect(res.stdout).To(Equal("agent\n"))
+		})
+
+		It("answers 403 to a user without sessionclaims/exec", func() {
+			res := execIn(ctx, bob, ns, claim, nil, nil, "sh", "-c", "echo no")
+			Expect(res.err).To(MatchError(ContainSubstring(`user "bob" cannot create resource "sessionclaims/exec"`)))
+			code, msg := claimRequest(bob, "POST", ns, claim, "exec?command=sh", nil)
+			Expect(code).To(Equal(http.StatusForbidden), msg)
+		})
+
+		It("answers 401 to a request without credentials", func() {
+			res := execIn(ctx, apiConfig(nil), ns, claim, nil, nil, "sh", "-c", "echo no")
+			Expect(res.err).To(MatchError(ContainSubstring("anonymous requests are refused")))
+			code, msg := claimRequest(apiConfig(nil), "POST", ns, claim, "exec?command=sh", nil)
+			Expect(code).To(Equal(http.StatusUnauthorized), msg)
+		})
+
+		DescribeTable("refuses commands the policy refuses, and runs nothing",
+			func(argv []string, want string) {
+				res := execIn(ctx, alice, ns, claim, nil, nil, argv...)
+				Expect(res.err).To(MatchError(ContainSubstring(want)))
+				Expect(res.stdout).To(BeEmpty())
+			},
+			Entry("not on the allowlist", []string{"touch", "/workspace/ran"}, `command refused: command "touch" is not in the sandbox's binaries allowlist`),
+			Entry("a shell metacharacter", []string{"sh;touch", "/workspace/ran"}, "command refused"),
+		)
+
+		It("kills the process when the client cancels", func() {
+			marker := fmt.Sprint(3000 + GinkgoRandomSeed()%1000)
+			cctx, cancel := context.WithCancel(ctx)
+			done := make(chan result, 1)
+			go func() { done <- execIn(cctx, alice, ns, claim, nil, nil, "sleep", marker) }()
+			Eventually(func() bool { return sleepRunning(marker) }, timeout).Should(BeTrue())
+			cancel()
+			Eventually(func() bool { return sleepRunning(marker) }, timeout).Should(BeFalse())
+			Eventually(done, timeout).Should(Receive())
+		})
+
+		It("streams a large output without holding it in memory", func() {
+			const size = 50 << 20
+			old := debug.SetGCPercent(10)
+			defer debug.SetGCPercent(old)
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			base := ms.HeapAlloc
+			var peak atomic.Uint64
+			stop := make(chan struct{})
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				t := time.NewTicker(5 * time.Millisecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+						var m runtime.MemStats
+						runtime.ReadMemStats(&m)
+						if m.HeapAlloc > peak.Load() {
+							peak.Store(m.HeapAlloc)
+						}
+					}
+				}
+			}()
+			var out countingWriter
+			res := execIn(ctx, alice, ns, claim, nil, &out, "head", "-c", fmt.Sprint(size), "/dev/zero")
+			close(stop)
+			<-sampled
+			Expect(res.err).NotTo(HaveOccurred())
+			Expect(out.n.Load()).To(BeEquivalentTo(size))
+			growth := int64(peak.Load()) - int64(base)
+			GinkgoWriter.Printf("heap growth while streaming %d MiB: %.1f MiB\n", size>>20, float64(growth)/(1<<20))
+			Expect(growth).To(BeNumerically("<", 16<<20), "the heap grew by %d bytes while streaming %d", growth, size)
+		})
+	})
+
+	Describe("files", func() {
+		It("writes, reads, lists and deletes", func() {
+			code, msg := fileRequest(alice, "PUT", ns, claim, "workspace/notes?directory=true", nil)
+			Expect(code).To(Equal(http.StatusCreated), msg)
+			code, msg = fileRequest(alice, "PUT", ns, claim, "workspace/notes/a.txt", strings.NewReader("hello"))
+			Expect(code).To(Equal(http.StatusNoContent), msg)
+			code, body := fileRequest(bob, "GET", ns, claim, "workspace/notes/a.txt", nil)
+			Expect(code).To(Equal(http.StatusOK))
+			Expect(body).To(Equal("hello"))
+
+			By("seeing the file from inside the sandbox")
+			res := execIn(ctx, alice, ns, claim, nil, nil, "cat", "/workspace/notes/a.txt")
+			Expect(res.err).NotTo(HaveOccurred())
+			Expect(res.stdout).To(Equal("hello"))
+
+			code, body = fileRequest(alice, "GET", ns, claim, "workspace/notes", nil)
+			Expect(code).To(Equal(http.StatusOK))
+			var entries []struct {
+				Name string `json:"name"`
+				Type string `json:"type"`
+				Size int64  `json:"size"`
+			}
+			Expect(json.Unmarshal([]byte(body), &entries)).To(Succeed())
+			Expect(entries).To(ConsistOf(HaveField("Name", "a.txt")))
+			Expect(entries[0].Size).To(BeEquivalentTo(5))
+
+			code, msg = fileRequest(alice, "DELETE", ns, claim, "workspace/notes/a.txt", nil)
+			Expect(code).To(Equal(http.StatusNoContent), msg)
+			code, _ = fileRequest(alice, "HEAD", ns, claim, "workspace/notes/a.txt", nil)
+			Expect(code).To(Equal(http.StatusNotFound))
+		})
+
+		DescribeTable("refuses",
+			func(cfg func() *rest.Config, method, p string, code int, want string) {
+				got, msg := fileRequest(cfg(), method, ns, claim, p, strings.NewReader("x"))
+				Expect(got).To(Equal(code), msg)
+				Expect(msg).To(ContainSubstring(want))
+			},
+			Entry("writes to /blocks", func() *rest.Config { return alice }, "PUT", "blocks/x", http.StatusForbidden, "read-only"),
+			Entry("writes to a read-only mount", func() *rest.Config { return alice }, "PUT", "workspace/docs/readme", http.StatusForbidden, "read-only"),
+			Entry("deletes in a read-only mount", func() *rest.Config { return alice }, "DELETE", "workspace/docs/readme", http.StatusForbidden, "read-only"),
+			Entry("writes without sessionclaims/files update", func() *rest.Config { return bob }, "PUT", "workspace/b.txt", http.StatusForbidden, `cannot update resource "sessionclaims/files"`),
+			Entry("requests without credentials", func() *rest.Config { return apiConfig(nil) }, "GET", "workspace", http.StatusUnauthorized, "anonymous"),
+		)
+
+		It("refuses a symbolic link that escapes its area", func() {
+			ws := filepath.Join(env.AreasRoot, "ada-"+ns, "workspace")
+			Expect(os.Symlink(outside, filepath.Join(ws, "out"))).To(Succeed())
+			for _, m := range []string{"GET", "PUT"} {
+				code, msg := fileRequest(alice, m, ns, claim, "workspace/out/secret", strings.NewReader("overwritten"))
+				Expect(code).To(Equal(http.StatusForbidden), msg)
+				Expect(msg).To(ContainSubstring("escapes"))
+			}
+			Expect(os.ReadFile(filepath.Join(outside, "secret"))).To(BeEquivalentTo("secret"))
+		})
+	})
+})
+
+// lockedBuffer is a buffer safe to read while client-go still writes to it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
