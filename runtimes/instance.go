@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 )
 
@@ -156,4 +158,28 @@ func (in *Instance) AddBinds(binds ...Bind) {
 	in.Mounts = append(in.Mounts, binds...)
 	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
 	in.ConfigHash = hashOf(*in)
+}
+
+// LayoutAreas creates the agent's directory and its standard areas when
+// missing; it never removes or replaces anything.
+func (in Instance) LayoutAreas() error {
+	names := make([]string, 0, len(in.Areas))
+	for _, a := range in.Areas {
+		names = append(names, filepath.Base(a.Source))
+	}
+	return areas.Layout(in.AgentDir, names)
+}
+
+// FileView lays out the areas and opens the contained view of the areas and
+// custom mounts, as the sandbox sees them, for the controller's own file
+// access.
+func (in Instance) FileView() (*areas.View, error) {
+	if err := in.LayoutAreas(); err != nil {
+		return nil, err
+	}
+	binds := make([]areas.Binding, 0, len(in.Areas)+len(in.Mounts))
+	for _, b := range append(slices.Clone(in.Areas), in.Mounts...) {
+		binds = append(binds, areas.Binding{Target: b.Target, Source: b.Source, ReadOnly: b.ReadOnly})
+	}
+	return areas.OpenView(binds)
 }

@@ -17,35 +17,28 @@ import (
 // whole file is held once in memory.
 const maxCopy = 1 << 30
 
-// view opens the agent's file view (areas and mounts) through internal/areas,
-// laying the areas out first when they are missing.
-func (f *sandboxFlags) view() (*areas.View, error) {
+// instance describes the agent's sandbox from the configuration file.
+func (f *sandboxFlags) instance() (runtimes.Instance, error) {
 	spec, err := sandboxtoml.Load(f.config, f.agent)
 	if err != nil {
-		return nil, err
+		return runtimes.Instance{}, err
 	}
 	root, err := filepath.Abs(f.areasRoot)
 	if err != nil || f.areasRoot == "" {
-		return nil, fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
+		return runtimes.Instance{}, fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
 	}
 	home, _ := os.UserHomeDir()
-	in, err := runtimes.Describe(sandboxtoml.Owner(f.agent), spec, runtimes.Options{AreasRoot: root, Home: home})
+	return runtimes.Describe(sandboxtoml.Owner(f.agent), spec, runtimes.Options{AreasRoot: root, Home: home})
+}
+
+// view opens the agent's file view (areas and mounts) through internal/areas,
+// laying the areas out first when they are missing.
+func (f *sandboxFlags) view() (*areas.View, error) {
+	in, err := f.instance()
 	if err != nil {
 		return nil, err
 	}
-	var names []string
-	var binds []areas.Binding
-	for _, a := range in.Areas {
-		names = append(names, filepath.Base(a.Source))
-		binds = append(binds, areas.Binding{Target: a.Target, Source: a.Source, ReadOnly: a.ReadOnly})
-	}
-	if err := areas.Layout(in.AgentDir, names); err != nil {
-		return nil, err
-	}
-	for _, m := range in.Mounts {
-		binds = append(binds, areas.Binding{Target: m.Target, Source: m.Source, ReadOnly: m.ReadOnly})
-	}
-	return areas.OpenView(binds)
+	return in.FileView()
 }
 
 func listFiles(args []string, stdout, stderr io.Writer) int {

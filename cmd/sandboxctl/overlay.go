@@ -3,29 +3,16 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
-	"github.com/cireilclaw/sandbox-controller/internal/sandboxtoml"
-	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 var changeLetter = map[overlay.Kind]string{overlay.Added: "A", overlay.Changed: "M", overlay.Deleted: "D"}
 
 // overlayMount finds the overlay mount at target (relative to /workspace).
 func (f *sandboxFlags) overlayMount(target string) (*overlay.Layers, error) {
-	spec, err := sandboxtoml.Load(f.config, f.agent)
-	if err != nil {
-		return nil, err
-	}
-	root, err := filepath.Abs(f.areasRoot)
-	if err != nil || f.areasRoot == "" {
-		return nil, fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
-	}
-	home, _ := os.UserHomeDir()
-	in, err := runtimes.Describe(sandboxtoml.Owner(f.agent), spec, runtimes.Options{AreasRoot: root, Home: home})
+	in, err := f.instance()
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path"
-	"path/filepath"
 	"strconv"
 	"syscall"
 
@@ -51,7 +50,7 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, u, aerr)
 		return
 	}
-	v, err := openView(t.instance)
+	v, err := t.instance.FileView()
 	if err != nil {
 		s.refuse(w, r, u, &apiError{code: http.StatusServiceUnavailable, msg: fmt.Sprintf("opening the areas of SessionClaim %s/%s: %v", ns, name, err)})
 		return
@@ -85,23 +84,6 @@ func isArea(name string) bool {
 		}
 	}
 	return false
-}
-
-// openView opens the instance's areas and custom mounts.
-func openView(in runtimes.Instance) (*areas.View, error) {
-	var names []string
-	var binds []areas.Binding
-	for _, a := range in.Areas {
-		names = append(names, filepath.Base(a.Source))
-		binds = append(binds, areas.Binding{Target: a.Target, Source: a.Source, ReadOnly: a.ReadOnly})
-	}
-	if err := areas.Layout(in.AgentDir, names); err != nil {
-		return nil, err
-	}
-	for _, m := range in.Mounts {
-		binds = append(binds, areas.Binding{Target: m.Target, Source: m.Source, ReadOnly: m.ReadOnly})
-	}
-	return areas.OpenView(binds)
 }
 
 // readFile answers a file's contents (ranges allowed) or a directory's

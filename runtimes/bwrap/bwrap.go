@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -258,11 +257,7 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonNameConflict, "ensuring", in.Name,
 			"the instance belongs to Sandbox %s", rec.Owner)
 	}
-	names := make([]string, 0, len(in.Areas))
-	for _, a := range in.Areas {
-		names = append(names, filepath.Base(a.Source))
-	}
-	if err := areas.Layout(in.AgentDir, names); err != nil {
+	if err := in.LayoutAreas(); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, "ensuring", in.Name, "%w", err)
 	}
 	var prev *runtimes.Instance

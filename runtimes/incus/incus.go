@@ -1,0 +1,323 @@
+// Package incus is the Incus sandbox driver: one persistent system
+// container per agent, named cireilclaw-{agent}, driven over the Incus REST
+// API on the daemon's unix socket. The agent's areas and custom mounts are
+// disk devices of the container; the runtime's host UID and GID are mapped
+// into it with raw.idmap, and commands run as that mapped account in
+// /workspace, so files the agent writes there belong to the host identity.
+// Container-local state (installed packages, files outside the areas)
+// persists across stop and start, because the driver stops instances and
+// never deletes them except when asked to.
+//
+// The driver uses root inside the container only to set up the mapped
+// account (through the file API, never by running a command as root). It
+// never touches an instance it did not mark as its own, never removes or
+// rewrites anything in the agent's areas, and reports a daemon it cannot
+// reach as RuntimeUnavailable naming the socket, never as a panic or a
+// failed constructor.
+package incus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+)
+
+// Instance configuration keys the driver records on every instance it
+// makes. Incus keeps user.* keys as they are and never acts on them.
+const (
+	KeyOwner      = "user.cireilclaw.owner"
+	KeyConfigHash = "user.cireilclaw.config-hash"
+	KeyInstance   = "user.cireilclaw.instance"
+	// KeyAccount marks a root in which the mapped account is set up, as
+	// "uid:gid"; a rebuilt root loses it.
+	KeyAccount = "user.cireilclaw.account"
+)
+
+// Condition reasons of this driver, beyond those every driver shares.
+const (
+	// ReasonIdmapNotPermitted: the Incus project forbids the raw.idmap
+	// entry that maps the runtime's host UID and GID into the container.
+	ReasonIdmapNotPermitted runtimes.Reason = "IdmapNotPermitted"
+	// ReasonHostDisksNotPermitted: the Incus project forbids disk devices
+	// backed by host paths, which the areas and mounts are.
+	ReasonHostDisksNotPermitted runtimes.Reason = "HostDisksNotPermitted"
+)
+
+// Defaults of Config.
+const (
+	DefaultStopTimeout = 30 * time.Second
+	// DefaultAccountID is the UID and GID of the mapped account inside the
+	// container when the runtime runs as host root: host root is never
+	// mapped to container root.
+	DefaultAccountID = 1000
+	// AccountName is the name given to the mapped account when the image
+	// has no account with its UID.
+	AccountName = "agent"
+)
+
+// Remote is an image server an image reference may name, as in
+// "images:debian/12".
+type Remote struct {
+	// Server is the server's URL.
+	Server string
+	// Protocol is "simplestreams" or "incus".
+	Protocol string
+}
+
+// DefaultRemotes are the remotes the incus command knows out of the box.
+var DefaultRemotes = map[string]Remote{
+	"images": {Server: "https://images.linuxcontainers.org", Protocol: "simplestreams"},
+}
+
+// Identity is the host identity commands run as, and the account it is
+// inside the container.
+type Identity struct {
+	HostUID, HostGID uint32
+	// UID and GID are the ids inside the container.
+	UID, GID uint32
+}
+
+// IdentityFor maps a host UID and GID into the container: to the same ids,
+// except host root, which becomes DefaultAccountID so that it never is
+// container root.
+func IdentityFor(hostUID, hostGID uint32) Identity {
+	id := Identity{HostUID: hostUID, HostGID: hostGID, UID: hostUID, GID: hostGID}
+	if id.UID == 0 {
+		id.UID = DefaultAccountID
+	}
+	if id.GID == 0 {
+		id.GID = DefaultAccountID
+	}
+	return id
+}
+
+// RawIdmap is the raw.idmap value mapping the identity.
+func (id Identity) RawIdmap() string {
+	if id.HostUID == id.HostGID && id.UID == id.GID {
+		return fmt.Sprintf("both %d %d", id.HostUID, id.UID)
+	}
+	return fmt.Sprintf("uid %d %d\ngid %d %d", id.HostUID, id.UID, id.HostGID, id.GID)
+}
+
+// Config configures the driver.
+type Config struct {
+	// Socket is the daemon's unix socket; empty means DefaultSocket().
+	Socket string
+	// DefaultProject is the project of Sandboxes that name none; empty
+	// means the caller's current project (CurrentProject), and failing
+	// that the daemon's default project.
+	DefaultProject string
+	// Identity is the host identity commands run as; nil means the
+	// controller's own UID and GID.
+	Identity *Identity
+	// Remotes are the image servers image references may name; nil means
+	// DefaultRemotes.
+	Remotes map[string]Remote
+	// StopTimeout is how long a clean stop may take before the instance is
+	// stopped by force; zero means DefaultStopTimeout.
+	StopTimeout time.Duration
+	// LookupEnv reads the controller's own environment for the locale and
+	// the passthrough variables; nil means os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+	// Client tunes the REST client's timeouts.
+	Client incusapi.Options
+}
+
+// DefaultSocket is the socket the incus command would use: INCUS_SOCKET,
+// else unix.socket in INCUS_DIR, else incusapi.DefaultSocket.
+func DefaultSocket() string {
+	if s := os.Getenv("INCUS_SOCKET"); s != "" {
+		return s
+	}
+	if d := os.Getenv("INCUS_DIR"); d != "" {
+		return filepath.Join(d, "unix.socket")
+	}
+	return incusapi.DefaultSocket
+}
+
+// Runtime is the Incus driver.
+type Runtime struct {
+	cfg    Config
+	client *incusapi.Client
+
+	mu sync.Mutex
+	// projects remembers which project each instance lives in: the
+	// Runtime interface names instances, not projects.
+	projects map[string]string
+}
+
+var _ runtimes.Runtime = (*Runtime)(nil)
+
+// New returns an Incus driver. It fails only on a configuration that can
+// never work; a daemon that is down is reported by each call instead.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket()
+	}
+	if !filepath.IsAbs(cfg.Socket) {
+		return nil, fmt.Errorf("incus driver: socket path %q must be absolute", cfg.Socket)
+	}
+	if cfg.DefaultProject == "" {
+		cfg.DefaultProject = CurrentProject()
+	}
+	if cfg.Identity == nil {
+		id := IdentityFor(uint32(os.Getuid()), uint32(os.Getgid()))
+		cfg.Identity = &id
+	}
+	if cfg.Identity.UID == 0 || cfg.Identity.GID == 0 {
+		return nil, errors.New("incus driver: the mapped account must not be root inside the container (UID and GID 0)")
+	}
+	if cfg.Remotes == nil {
+		cfg.Remotes = DefaultRemotes
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = DefaultStopTimeout
+	}
+	if cfg.LookupEnv == nil {
+		cfg.LookupEnv = os.LookupEnv
+	}
+	return &Runtime{cfg: cfg, client: incusapi.New(cfg.Socket, cfg.Client), projects: map[string]string{}}, nil
+}
+
+// Client is the driver's REST client (in the daemon's default project).
+func (r *Runtime) Client() *incusapi.Client { return r.client }
+
+// Identity is the identity commands run as.
+func (r *Runtime) Identity() Identity { return *r.cfg.Identity }
+
+// Close drops the driver's idle connections. Instances keep running.
+func (r *Runtime) Close() { r.client.Close() }
+
+// projectOf is the project an instance description asks for.
+func (r *Runtime) projectOf(in runtimes.Instance) string {
+	if in.Incus != nil && in.Incus.Project != "" {
+		return in.Incus.Project
+	}
+	return r.cfg.DefaultProject
+}
+
+func (r *Runtime) remember(name, project string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.projects[name] = project
+}
+
+func (r *Runtime) forget(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.projects, name)
+}
+
+// locate finds an instance by name: in the project it was last seen in,
+// else in any project, preferring one this driver made. A missing instance
+// is (nil, nil).
+func (r *Runtime) locate(ctx context.Context, name string) (*incusapi.Client, *incusapi.Instance, string, error) {
+	r.mu.Lock()
+	project, known := r.projects[name]
+	r.mu.Unlock()
+	if known {
+		cl := r.client.InProject(project)
+		inst, etag, err := cl.GetInstance(ctx, name)
+		if err == nil {
+			return cl, inst, etag, nil
+		}
+		if !incusapi.IsNotFound(err) {
+			return nil, nil, "", err
+		}
+	}
+	list, err := r.client.ListInstances(ctx, true)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	var found *incusapi.Instance
+	for i := range list {
+		if list[i].Name != name {
+			continue
+		}
+		if found == nil || (found.Config[KeyOwner] == "" && list[i].Config[KeyOwner] != "") {
+			found = &list[i]
+		}
+	}
+	if found == nil {
+		if !known {
+			return nil, nil, "", nil
+		}
+		r.forget(name)
+		return nil, nil, "", nil
+	}
+	r.remember(name, found.Project)
+	cl := r.client.InProject(found.Project)
+	// The list carries no ETag; read the instance itself for one.
+	inst, etag, err := cl.GetInstance(ctx, name)
+	if incusapi.IsNotFound(err) {
+		return nil, nil, "", nil
+	}
+	return cl, inst, etag, err
+}
+
+// fail wraps an error of the daemon with the reason the controller reports.
+func (r *Runtime) fail(op, name string, err error) error {
+	var re *runtimes.Error
+	if errors.As(err, &re) {
+		return err
+	}
+	var se *incusapi.StatusError
+	switch {
+	case incusapi.IsUnavailable(err):
+		return &runtimes.Error{Reason: runtimes.ReasonUnavailable, Op: op, Name: name,
+			Err: fmt.Errorf("%w (the runtime user must be able to open the Incus socket %s)", err, r.cfg.Socket)}
+	case errors.As(err, &se) && se.Code == 503:
+		return &runtimes.Error{Reason: runtimes.ReasonUnavailable, Op: op, Name: name, Err: err}
+	case incusapi.IsNotFound(err):
+		return &runtimes.Error{Reason: runtimes.ReasonNotFound, Op: op, Name: name, Err: err}
+	default:
+		return &runtimes.Error{Reason: runtimes.ReasonFailed, Op: op, Name: name, Err: err}
+	}
+}
+
+// restricted turns the daemon's refusals of a restricted project into
+// errors that say what the project must permit; other errors are nil.
+func (r *Runtime) restricted(op string, in runtimes.Instance, project string, err error) error {
+	msg := err.Error()
+	if project == "" {
+		project = "default"
+	}
+	id := r.Identity()
+	switch {
+	case strings.Contains(msg, "raw.idmap") && strings.Contains(msg, "forbidden"):
+		return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
+			"Incus project %q is restricted and does not permit raw.idmap for the runtime's host UID %d and GID %d; "+
+				"the project must permit them: incus project set %s restricted.idmap.uid=%d restricted.idmap.gid=%d (daemon said: %v)",
+			project, id.HostUID, id.HostGID, project, id.HostUID, id.HostGID, err)
+	case strings.Contains(msg, "disks not backed by a pool is forbidden") ||
+		(strings.Contains(msg, "Disk source path") && strings.Contains(msg, "not allowed")):
+		return runtimes.Errorf(ReasonHostDisksNotPermitted, op, in.Name,
+			"Incus project %q is restricted and does not permit disk devices backed by host paths, which the agent's areas and mounts are; "+
+				"the project must permit them: incus project set %s restricted.devices.disk=allow restricted.devices.disk.paths=%s (daemon said: %v)",
+			project, project, strings.Join(hostPaths(in), ","), err)
+	case strings.Contains(msg, "idmap") && (strings.Contains(msg, "not allowed") || strings.Contains(msg, "subuid") || strings.Contains(msg, "subgid")):
+		return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
+			"the Incus server may not map the runtime's host UID %d and GID %d into containers; "+
+				"root must be allowed to delegate them: add root:%d:1 to /etc/subuid and root:%d:1 to /etc/subgid and restart incusd (daemon said: %v)",
+			id.HostUID, id.HostGID, id.HostUID, id.HostGID, err)
+	}
+	return nil
+}
+
+// hostPaths are the host directories an instance's disk devices bind: the
+// agent directory for the areas, and each mount source.
+func hostPaths(in runtimes.Instance) []string {
+	out := []string{in.AgentDir}
+	for _, m := range in.Mounts {
+		out = append(out, m.Source)
+	}
+	return out
+}

@@ -1,0 +1,358 @@
+package incus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+)
+
+// Ensure creates the instance if it is absent and starts it if it is
+// stopped. A changed description is applied live where Incus can (disk
+// devices are added, updated and removed on the running container); an
+// image or identity change on a running instance is reported as
+// RestartRequired and applied, by rebuilding the root from the new image,
+// the next time the instance is ensured while stopped.
+func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.State, error) {
+	const op = "ensuring instance"
+	if in.Incus == nil || in.Image == "" {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "the instance has no incus image")
+	}
+	want, err := Devices(in)
+	if err != nil {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
+	}
+	if err := layoutAreas(in); err != nil {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
+	}
+	project := r.projectOf(in)
+	cl := r.client.InProject(project)
+	r.remember(in.Name, project)
+
+	inst, etag, err := cl.GetInstance(ctx, in.Name)
+	if incusapi.IsNotFound(err) {
+		if err = r.create(ctx, cl, in, want); err == nil || incusapi.IsConflict(err) {
+			// A conflict is a create that raced ours: take what is there.
+			inst, etag, err = cl.GetInstance(ctx, in.Name)
+		}
+	}
+	if err != nil {
+		if re := r.restricted(op, in, project, err); re != nil {
+			return runtimes.State{}, re
+		}
+		return runtimes.State{}, r.fail(op, in.Name, err)
+	}
+	if err := checkOwner(inst, in.Owner); err != nil {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonNameConflict, op, in.Name, "%w", err)
+	}
+	running := inst.Status == incusapi.StatusRunning
+
+	if inst.Config[KeyConfigHash] != in.ConfigHash || !devicesEqual(ownDevices(inst.Devices), want) {
+		old, err := decodeInstance(inst)
+		if err != nil {
+			// Without the record the image counts as changed: the root is
+			// rebuilt rather than trusted.
+			old = runtimes.Instance{}
+		}
+		change := Diff(old, in, inst.Config["raw.idmap"], r.Identity().RawIdmap())
+		if running && change.NeedsRestart() {
+			st := stateOf(inst)
+			st.RestartRequired = change.String()
+			st.Overlay = r.overlay(ctx, cl, inst, old)
+			return st, nil
+		}
+		if change.Image {
+			if err := r.rebuild(ctx, cl, in); err != nil {
+				return runtimes.State{}, r.fail(op, in.Name, err)
+			}
+			if inst, etag, err = cl.GetInstance(ctx, in.Name); err != nil {
+				return runtimes.State{}, r.fail(op, in.Name, err)
+			}
+		}
+		if err := r.update(ctx, cl, inst, etag, in, want, change.Image); err != nil {
+			if re := r.restricted(op, in, project, err); re != nil {
+				return runtimes.State{}, re
+			}
+			return runtimes.State{}, r.fail(op, in.Name, err)
+		}
+		if inst, _, err = cl.GetInstance(ctx, in.Name); err != nil {
+			return runtimes.State{}, r.fail(op, in.Name, err)
+		}
+	}
+
+	if !running {
+		if err := cl.SetState(ctx, in.Name, incusapi.InstanceStatePut{Action: "start"}); err != nil {
+			return runtimes.State{}, r.fail(op, in.Name, err)
+		}
+		if inst.Config[KeyAccount] != r.accountMark() {
+			if err := r.setupAccount(ctx, cl, in.Name); err != nil {
+				return runtimes.State{}, r.fail(op, in.Name, err)
+			}
+		}
+		inst.Status = incusapi.StatusRunning
+	}
+	st := stateOf(inst)
+	st.Overlay = r.overlay(ctx, cl, inst, in)
+	return st, nil
+}
+
+// layoutAreas makes the agent's area directories on the host, so the disk
+// devices have a source; existing ones are left as they are.
+func layoutAreas(in runtimes.Instance) error {
+	names := make([]string, 0, len(in.Areas))
+	for _, a := range in.Areas {
+		names = append(names, filepath.Base(a.Source))
+	}
+	return areas.Layout(in.AgentDir, names)
+}
+
+func checkOwner(inst *incusapi.Instance, owner string) error {
+	switch got := inst.Config[KeyOwner]; got {
+	case owner:
+		return nil
+	case "":
+		return fmt.Errorf("an instance of that name exists in project %q and was not made by this controller (no %s key)", inst.Project, KeyOwner)
+	default:
+		return fmt.Errorf("the instance belongs to Sandbox %s", got)
+	}
+}
+
+// recorded is the configuration the driver keeps on an instance.
+func (r *Runtime) recorded(in runtimes.Instance) (map[string]string, error) {
+	desc, err := encodeInstance(in)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		KeyOwner:      in.Owner,
+		KeyConfigHash: in.ConfigHash,
+		KeyInstance:   desc,
+		"raw.idmap":   r.Identity().RawIdmap(),
+	}, nil
+}
+
+// create makes the instance, stopped: Ensure starts it and sets up the
+// mapped account.
+func (r *Runtime) create(ctx context.Context, cl *incusapi.Client, in runtimes.Instance, devices map[string]incusapi.Device) error {
+	src, err := r.resolveImage(ctx, cl, in)
+	if err != nil {
+		return err
+	}
+	config, err := r.recorded(in)
+	if err != nil {
+		return err
+	}
+	req := incusapi.InstancesPost{Name: in.Name, Source: src, Config: config, Devices: devices}
+	if len(in.Incus.Profiles) > 0 {
+		req.Profiles = in.Incus.Profiles
+	}
+	if err := cl.CreateInstance(ctx, req); err != nil {
+		if isImageMissing(err) {
+			return runtimes.Errorf(runtimes.ReasonImageNotFound, "creating instance", in.Name, "image %q: %w", in.Image, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// resolveImage checks that a local image exists before creating anything,
+// because the daemon's own answer ("Image not provided for instance
+// creation") does not say which image is missing.
+func (r *Runtime) resolveImage(ctx context.Context, cl *incusapi.Client, in runtimes.Instance) (incusapi.InstanceSource, error) {
+	src, remote, err := r.imageSource(in.Image)
+	if err != nil {
+		return src, runtimes.Errorf(runtimes.ReasonImageNotFound, "resolving the image of", in.Name, "%w", err)
+	}
+	if remote {
+		return src, nil
+	}
+	_, err = cl.GetImageAlias(ctx, in.Image)
+	if err == nil {
+		return src, nil
+	}
+	if !incusapi.IsNotFound(err) {
+		return src, err
+	}
+	img, err := cl.GetImage(ctx, in.Image)
+	if err == nil {
+		return incusapi.InstanceSource{Type: "image", Fingerprint: img.Fingerprint}, nil
+	}
+	if !incusapi.IsNotFound(err) {
+		return src, err
+	}
+	project := cl.Project()
+	if project == "" {
+		project = "default"
+	}
+	return src, runtimes.Errorf(runtimes.ReasonImageNotFound, "resolving the image of", in.Name,
+		"image %q is neither an image alias nor a fingerprint of the Incus server in project %q, and names no remote (as in images:debian/12)", in.Image, project)
+}
+
+func isImageMissing(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "image not provided") ||
+		strings.Contains(msg, "image not found") ||
+		strings.Contains(msg, "couldn't find the requested image") ||
+		strings.Contains(msg, "failed getting remote image info")
+}
+
+// rebuild makes the root of a stopped instance anew from the new image.
+func (r *Runtime) rebuild(ctx context.Context, cl *incusapi.Client, in runtimes.Instance) error {
+	src, err := r.resolveImage(ctx, cl, in)
+	if err != nil {
+		return err
+	}
+	if err := cl.RebuildInstance(ctx, in.Name, src); err != nil {
+		if isImageMissing(err) {
+			return runtimes.Errorf(runtimes.ReasonImageNotFound, "rebuilding instance", in.Name, "image %q: %w", in.Image, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// update writes the recorded description and the driver's devices. On a
+// running container Incus mounts added disks, unmounts removed ones and
+// remounts changed ones in place.
+func (r *Runtime) update(ctx context.Context, cl *incusapi.Client, inst *incusapi.Instance, etag string, in runtimes.Instance, want map[string]incusapi.Device, rebuilt bool) error {
+	config, err := r.recorded(in)
+	if err != nil {
+		return err
+	}
+	put := inst.Writable()
+	merged := map[string]string{}
+	for k, v := range put.Config {
+		merged[k] = v
+	}
+	for k, v := range config {
+		merged[k] = v
+	}
+	if rebuilt {
+		// The new root has no mapped account yet.
+		delete(merged, KeyAccount)
+	}
+	put.Config = merged
+	put.Devices = mergeDevices(put.Devices, want)
+	return cl.UpdateInstance(ctx, in.Name, put, etag)
+}
+
+// Stop stops the instance and keeps its root: installed packages and
+// container-local files persist. A clean stop that takes longer than
+// StopTimeout is followed by a forced one. A missing instance is stopped.
+func (r *Runtime) Stop(ctx context.Context, name string) error {
+	const op = "stopping instance"
+	cl, inst, _, err := r.locate(ctx, name)
+	if err != nil {
+		return r.fail(op, name, err)
+	}
+	if inst == nil {
+		return nil
+	}
+	if inst.Config[KeyOwner] == "" {
+		return runtimes.Errorf(runtimes.ReasonNameConflict, op, name, "the instance was not made by this controller (no %s key); leaving it", KeyOwner)
+	}
+	if inst.Status != incusapi.StatusRunning {
+		return nil
+	}
+	if err := r.stop(ctx, cl, name); err != nil {
+		return r.fail(op, name, err)
+	}
+	return nil
+}
+
+func (r *Runtime) stop(ctx context.Context, cl *incusapi.Client, name string) error {
+	secs := int(r.cfg.StopTimeout.Seconds())
+	if secs < 1 {
+		secs = 1
+	}
+	err := cl.SetState(ctx, name, incusapi.InstanceStatePut{Action: "stop", Timeout: secs})
+	if err == nil || incusapi.IsUnavailable(err) || ctx.Err() != nil {
+		return err
+	}
+	inst, _, gerr := cl.GetInstance(ctx, name)
+	if gerr == nil && inst.Status != incusapi.StatusRunning {
+		return nil
+	}
+	if ferr := cl.SetState(ctx, name, incusapi.InstanceStatePut{Action: "stop", Force: true}); ferr != nil {
+		return errors.Join(err, ferr)
+	}
+	return nil
+}
+
+// Delete removes the instance and its root volume. The agent's areas and
+// mounts are host directories bound into it and are never touched.
+func (r *Runtime) Delete(ctx context.Context, name string) error {
+	const op = "deleting instance"
+	cl, inst, _, err := r.locate(ctx, name)
+	if err != nil {
+		return r.fail(op, name, err)
+	}
+	if inst == nil {
+		return nil
+	}
+	if inst.Config[KeyOwner] == "" {
+		return runtimes.Errorf(runtimes.ReasonNameConflict, op, name, "the instance was not made by this controller (no %s key); leaving it", KeyOwner)
+	}
+	if inst.Status == incusapi.StatusRunning {
+		if err := cl.SetState(ctx, name, incusapi.InstanceStatePut{Action: "stop", Force: true}); err != nil {
+			return r.fail(op, name, err)
+		}
+	}
+	if err := cl.DeleteInstance(ctx, name); err != nil && !incusapi.IsNotFound(err) {
+		return r.fail(op, name, err)
+	}
+	r.forget(name)
+	return nil
+}
+
+// Inspect reports the instance; an absent one is State{Exists: false}.
+func (r *Runtime) Inspect(ctx context.Context, name string) (runtimes.State, error) {
+	cl, inst, _, err := r.locate(ctx, name)
+	if err != nil {
+		return runtimes.State{}, r.fail("inspecting instance", name, err)
+	}
+	if inst == nil {
+		return runtimes.State{Name: name}, nil
+	}
+	st := stateOf(inst)
+	if st.Running && st.Owner != "" {
+		in, err := decodeInstance(inst)
+		if err == nil {
+			st.Overlay = r.overlay(ctx, cl, inst, in)
+		}
+	}
+	return st, nil
+}
+
+// List reports the instances this driver made, in every project.
+func (r *Runtime) List(ctx context.Context) ([]runtimes.State, error) {
+	list, err := r.client.ListInstances(ctx, true)
+	if err != nil {
+		return nil, r.fail("listing instances", "", err)
+	}
+	var out []runtimes.State
+	for i := range list {
+		if list[i].Config[KeyOwner] == "" {
+			continue
+		}
+		r.remember(list[i].Name, list[i].Project)
+		out = append(out, stateOf(&list[i]))
+	}
+	return out, nil
+}
+
+func stateOf(inst *incusapi.Instance) runtimes.State {
+	return runtimes.State{
+		Name:       inst.Name,
+		Exists:     true,
+		Running:    inst.Status == incusapi.StatusRunning,
+		Owner:      inst.Config[KeyOwner],
+		ConfigHash: inst.Config[KeyConfigHash],
+		CreatedAt:  inst.CreatedAt,
+	}
+}

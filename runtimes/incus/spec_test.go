@@ -1,0 +1,232 @@
+package incus
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+)
+
+func TestIdentityNeverMapsToContainerRoot(t *testing.T) {
+	tests := []struct {
+		name             string
+		hostUID, hostGID uint32
+		want             string
+	}{
+		{"host root becomes the default account", 0, 0, "both 0 1000"},
+		{"an ordinary user keeps its ids", 1001, 1001, "both 1001 1001"},
+		{"different uid and gid map separately", 1001, 100, "uid 1001 1001\ngid 100 100"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := IdentityFor(tt.hostUID, tt.hostGID)
+			if id.UID == 0 || id.GID == 0 {
+				t.Fatalf("mapped to container root: %+v", id)
+			}
+			if got := id.RawIdmap(); got != tt.want {
+				t.Fatalf("raw.idmap %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDevices(t *testing.T) {
+	in := runtimes.Instance{
+		Areas: []runtimes.Bind{
+			{Source: "/a/alice/workspace", Target: "/workspace"},
+			{Source: "/a/alice/blocks", Target: "/blocks", ReadOnly: true},
+		},
+		Mounts: []runtimes.Bind{{Source: "/src/app", Target: "/workspace/app", ReadOnly: true}},
+	}
+	devs, err := Devices(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 3 {
+		t.Fatalf("want 3 devices, got %v", devs)
+	}
+	for name, d := range devs {
+		if !strings.HasPrefix(name, DevicePrefix) || d["type"] != "disk" {
+			t.Fatalf("device %s: %v", name, d)
+		}
+	}
+	if d := devs[DeviceName("/blocks")]; d["readonly"] != "true" || d["source"] != "/a/alice/blocks" {
+		t.Fatalf("blocks device %v", d)
+	}
+	if d := devs[DeviceName("/workspace/app")]; d["readonly"] != "true" || d["path"] != "/workspace/app" {
+		t.Fatalf("mount device %v", d)
+	}
+	if _, ok := devs[DeviceName("/workspace")]["readonly"]; ok {
+		t.Fatal("workspace must be writable")
+	}
+
+	in.Devices = v1alpha1.Devices{USB: true}
+	if devs, _ = Devices(in); devs[usbDevice]["type"] != "usb" {
+		t.Fatalf("usb device missing: %v", devs)
+	}
+	in.Devices = v1alpha1.Devices{All: true}
+	if _, err := Devices(in); err == nil || !strings.Contains(err.Error(), "profile") {
+		t.Fatalf("devices.all should be refused with a way out, got %v", err)
+	}
+}
+
+func TestDeviceNamesAreUniquePerTarget(t *testing.T) {
+	a, b := DeviceName("/workspace/a-b"), DeviceName("/workspace/a/b")
+	if a == b {
+		t.Fatalf("%s and %s collide", a, b)
+	}
+	if long := DeviceName("/workspace/" + strings.Repeat("x", 200)); len(long) > 64 {
+		t.Fatalf("device name too long: %d", len(long))
+	}
+}
+
+func TestMergeDevicesKeepsForeignDevices(t *testing.T) {
+	current := map[string]incusapi.Device{
+		"root":                   {"type": "disk", "path": "/", "pool": "default"},
+		DeviceName("/old"):       {"type": "disk", "path": "/old"},
+		DeviceName("/workspace"): {"type": "disk", "path": "/workspace", "source": "/x"},
+	}
+	want := map[string]incusapi.Device{DeviceName("/workspace"): {"type": "disk", "path": "/workspace", "source": "/y"}}
+	got := mergeDevices(current, want)
+	if _, ok := got["root"]; !ok {
+		t.Fatal("the profile's root device was dropped")
+	}
+	if _, ok := got[DeviceName("/old")]; ok {
+		t.Fatal("a removed mount was kept")
+	}
+	if got[DeviceName("/workspace")]["source"] != "/y" {
+		t.Fatal("a changed mount was not updated")
+	}
+	if !devicesEqual(ownDevices(got), want) {
+		t.Fatalf("own devices %v, want %v", ownDevices(got), want)
+	}
+}
+
+func TestDiff(t *testing.T) {
+	old := runtimes.Instance{Image: "a", Mounts: []runtimes.Bind{{Source: "/x", Target: "/workspace/x"}}}
+	live := old
+	live.Mounts = nil
+	live.Binaries = []string{"git"}
+	if c := Diff(old, live, "both 0 1000", "both 0 1000"); c.NeedsRestart() {
+		t.Fatalf("mounts and the allowlist apply live, got %v", c.Restart)
+	}
+	img := old
+	img.Image = "b"
+	if c := Diff(old, img, "", ""); !c.Image || !strings.Contains(c.String(), `"a" → "b"`) {
+		t.Fatalf("image change: %+v", c)
+	}
+	if c := Diff(old, old, "both 0 1000", "both 5 5"); !c.NeedsRestart() || c.String() != "raw.idmap" {
+		t.Fatalf("identity change: %+v", c)
+	}
+}
+
+func TestImageSource(t *testing.T) {
+	r, err := New(Config{Socket: "/nonexistent/unix.socket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, remote, err := r.imageSource("images:debian/12")
+	if err != nil || !remote || src.Alias != "debian/12" || src.Protocol != "simplestreams" || src.Mode != "pull" {
+		t.Fatalf("remote image: %+v %v %v", src, remote, err)
+	}
+	if src, remote, err = r.imageSource("sandbox-busybox"); err != nil || remote || src.Alias != "sandbox-busybox" {
+		t.Fatalf("local alias: %+v %v %v", src, remote, err)
+	}
+	if _, _, err = r.imageSource("nowhere:x"); err == nil || !strings.Contains(err.Error(), `"nowhere"`) {
+		t.Fatalf("unknown remote: %v", err)
+	}
+}
+
+func TestNewNeverDialsTheDaemon(t *testing.T) {
+	r, err := New(Config{Socket: "/nonexistent/unix.socket"})
+	if err != nil {
+		t.Fatalf("a daemon that is down must not fail the constructor: %v", err)
+	}
+	if _, err := New(Config{Socket: "relative.socket"}); err == nil {
+		t.Fatal("a relative socket path can never work and should be refused")
+	}
+	_, err = r.Inspect(t.Context(), "cireilclaw-x")
+	if runtimes.ReasonOf(err) != runtimes.ReasonUnavailable || !strings.Contains(err.Error(), "/nonexistent/unix.socket") {
+		t.Fatalf("want RuntimeUnavailable naming the socket, got %v", err)
+	}
+}
+
+func TestRestrictedProjectSaysWhatToPermit(t *testing.T) {
+	id := IdentityFor(0, 0)
+	r, _ := New(Config{Socket: "/nonexistent/unix.socket", Identity: &id})
+	in := runtimes.Instance{Name: "cireilclaw-a", AgentDir: "/areas/a", Mounts: []runtimes.Bind{{Source: "/src"}}}
+	tests := []struct {
+		daemon string
+		reason runtimes.Reason
+		want   []string
+	}{
+		{`Failed checking if instance creation allowed: Use of low-level "raw.idmap" element 0 on container "x" of project "p" is forbidden`,
+			ReasonIdmapNotPermitted, []string{"restricted.idmap.uid=0", "restricted.idmap.gid=0", `project "p"`}},
+		{`Failed checking if instance creation allowed: Invalid device "d" on container "x" of project "p": Attaching disks not backed by a pool is forbidden`,
+			ReasonHostDisksNotPermitted, []string{"restricted.devices.disk=allow", "restricted.devices.disk.paths=/areas/a,/src"}},
+	}
+	for _, tt := range tests {
+		err := r.restricted("ensuring instance", in, "p", errors.New(tt.daemon))
+		if runtimes.ReasonOf(err) != tt.reason {
+			t.Fatalf("reason %v for %q", runtimes.ReasonOf(err), tt.daemon)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Fatalf("%v should contain %q", err, w)
+			}
+		}
+	}
+	if err := r.restricted("x", in, "p", errors.New("Instance not found")); err != nil {
+		t.Fatalf("an unrelated error is not a restriction: %v", err)
+	}
+}
+
+func TestUsageHealth(t *testing.T) {
+	pool := incusapi.StoragePool{Name: "default", Driver: "btrfs", Status: "Created"}
+	used := func(n uint64) func() (incusapi.VolumeState, error) {
+		return func() (incusapi.VolumeState, error) {
+			return incusapi.VolumeState{Usage: &incusapi.VolumeUsage{Used: n}}, nil
+		}
+	}
+	tests := []struct {
+		name   string
+		limit  int64
+		state  func() (incusapi.VolumeState, error)
+		reason string
+	}{
+		{"no limit", 0, nil, v1alpha1.ReasonHealthy},
+		{"within the limit", 100, used(50), v1alpha1.ReasonHealthy},
+		{"over the limit", 100, used(150), v1alpha1.ReasonUpperDirOverLimit},
+		{"driver without usage", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, nil }, v1alpha1.ReasonHealthy},
+		{"usage unreadable", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, errors.New("boom") }, v1alpha1.ReasonNotMounted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := usageHealth("cireilclaw-a", pool, tt.limit, tt.state)
+			if h.Reason != tt.reason || h.Healthy != (tt.reason == v1alpha1.ReasonHealthy) {
+				t.Fatalf("got %+v, want %s", h, tt.reason)
+			}
+		})
+	}
+}
+
+func TestCurrentProjectFromClientConfig(t *testing.T) {
+	tests := []struct {
+		name, yml, want string
+	}{
+		{"switched project on the local remote", "default-remote: local\nremotes:\n  local:\n    addr: unix://\n    project: agents\n", "agents"},
+		{"no project recorded", "remotes:\n  local:\n    addr: unix://\n", ""},
+		{"default remote elsewhere says nothing of the local daemon", "default-remote: far\nremotes:\n  far:\n    addr: https://far:8443\n    project: x\n", ""},
+		{"garbage", ":::", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := projectIn([]byte(tt.yml)); got != tt.want {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
