@@ -25,15 +25,22 @@ run: build install-plugin ## Run the controller on a throw-away local control pl
 		--areas-root "$(AREAS_ROOT)" --metrics-bind-address 0 --health-probe-bind-address 0
 
 .PHONY: test
-test: manifests generate vet ## Run unit and envtest suites against real dependencies (starts and stops a private containerd).
+test: manifests generate vet ## Run unit and envtest suites against real dependencies (starts incusd, and a private containerd it stops after).
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
+	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
 	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...; rc=$$?; hack/containerd.sh stop; exit $$rc
 
 .PHONY: build
 build: manifests generate ## Build bin/sandbox-controller.
 	go build -o $(BIN)/sandbox-controller ./cmd/sandbox-controller
+
+.PHONY: bench-incus
+bench-incus: ## Claim and exec latency of the incus backend beside raw REST baselines; writes docs/benchmarks-incus.md.
+	@hack/envtest-assets.sh >/dev/null
+	@hack/incus.sh start >/dev/null
+	INCUS_BENCH_TABLE="$(CURDIR)/docs/benchmarks-incus.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
 
 .PHONY: install-plugin
 install-plugin: ## Build bin/sandboxctl and link it as bin/kubectl-sandbox (put bin/ on PATH for `kubectl sandbox`).
@@ -67,7 +74,7 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: bench
-bench: bench-bwrap bench-containerd ## Run every benchmark (tables in docs/benchmarks*.md).
+bench: bench-bwrap bench-containerd bench-incus ## Run every benchmark (tables in docs/benchmarks*.md).
 
 .PHONY: bench-bwrap
 bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks.md.

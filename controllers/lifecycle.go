@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -77,10 +78,38 @@ func (o *orphanCollector) ownerGone(ctx context.Context, owner string) (bool, er
 	return false, err
 }
 
+// shutdownGate keeps Sandbox reconciles and the shutdown stop apart: once
+// the manager is stopping, no reconcile may start an instance the stopper
+// has just stopped.
+type shutdownGate struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+// enter admits a reconcile unless shutdown has begun; leave must follow.
+func (g *shutdownGate) enter() bool {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (g *shutdownGate) leave() { g.mu.RUnlock() }
+
+// close waits for running reconciles and admits no more.
+func (g *shutdownGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+}
+
 // shutdownStopper stops, when the manager shuts down, the running instances
 // whose policy asks for it (incus shutdownOnExit, default true). The others
 // keep running and a restarted controller adopts them.
 type shutdownStopper struct {
+	gate     *shutdownGate
 	reader   client.Reader
 	runtimes map[v1alpha1.Backend]runtimes.Runtime
 	opts     Options
@@ -90,6 +119,7 @@ func (s *shutdownStopper) NeedLeaderElection() bool { return false }
 
 func (s *shutdownStopper) Start(ctx context.Context) error {
 	<-ctx.Done()
+	s.gate.close()
 	logger := log.FromContext(ctx).WithName("shutdown")
 	// The manager's context is gone; the stop gets a bounded one of its own.
 	stopCtx, cancel := context.WithTimeout(context.Background(), 25*time.Second)

@@ -29,6 +29,7 @@ type SandboxReconciler struct {
 	client.Client
 	Options
 	Recorder record.EventRecorder
+	gate     *shutdownGate
 }
 
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes,verbs=get;list;watch;update;patch
@@ -84,6 +85,12 @@ type sandboxScope struct {
 // Reconcile converges one Sandbox. It is safe to repeat after a crash at
 // any line: every step looks at what exists before it acts.
 func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	if r.gate != nil {
+		if !r.gate.enter() {
+			return ctrl.Result{}, nil
+		}
+		defer r.gate.leave()
+	}
 	sb := &v1alpha1.Sandbox{}
 	if err := r.Get(ctx, req.NamespacedName, sb); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)

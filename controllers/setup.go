@@ -68,7 +68,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}); err != nil {
 		return fmt.Errorf("indexing Sandboxes by agent: %w", err)
 	}
-	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")}
+	gate := &shutdownGate{}
+	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate}
 	if err := sr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Sandbox controller: %w", err)
 	}
@@ -79,7 +80,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, interval: gcEvery}); err != nil {
 		return fmt.Errorf("adding the orphan collector: %w", err)
 	}
-	if err := mgr.Add(&shutdownStopper{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {
+	if err := mgr.Add(&shutdownStopper{gate: gate, reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {
 		return fmt.Errorf("adding the shutdown stopper: %w", err)
 	}
 	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")}

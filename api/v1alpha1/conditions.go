@@ -56,6 +56,12 @@ const (
 	ReasonRestartRequired = "RestartRequired"
 	// ReasonImageNotFound: the image is not present where the runtime looks.
 	ReasonImageNotFound = "ImageNotFound"
+	// ReasonIdmapNotPermitted: the Incus project does not permit raw.idmap
+	// or the controller's UID and GID; the message names the settings.
+	ReasonIdmapNotPermitted = "IdmapNotPermitted"
+	// ReasonHostDisksNotPermitted: the Incus project does not permit the
+	// host directories the areas and mounts need.
+	ReasonHostDisksNotPermitted = "HostDisksNotPermitted"
 
 	// ReasonWorktreeCreated: the worktree exists and is checked out.
 	ReasonWorktreeCreated = "WorktreeCreated"

@@ -28,12 +28,14 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
+	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 )
 
 type flags struct {
 	areasRoot, stateDir, nodeName, backends string
 	containerdAddress, containerdNamespace  string
 	containerdFIFODir                       string
+	incusSocket                             string
 	metricsAddr, probeAddr                  string
 	leaderElect                             bool
 	local                                   bool
@@ -47,7 +49,8 @@ func main() {
 	flag.StringVar(&f.areasRoot, "areas-root", "/var/lib/sandbox-controller/areas", "host directory holding one directory of areas per agent (<areas-root>/<agent>/{workspace,memories,blocks,skills,tasks}); never deleted by the controller")
 	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
 	flag.StringVar(&f.nodeName, "node-name", "", "reconcile only Sandboxes whose spec.nodeName is this node; empty reconciles only Sandboxes without a node name")
-	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd")
+	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd, incus")
+	flag.StringVar(&f.incusSocket, "incus-socket", incus.DefaultSocket(), "incusd's unix socket for the incus backend (default $INCUS_SOCKET, else under $INCUS_DIR, else /var/lib/incus/unix.socket)")
 	flag.StringVar(&f.containerdAddress, "containerd-address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket for the containerd backend (default $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock)")
 	flag.StringVar(&f.containerdNamespace, "containerd-namespace", envOr("CONTAINERD_NAMESPACE", containerd.DefaultNamespace), "containerd namespace of the containers and their images")
 	flag.StringVar(&f.containerdFIFODir, "containerd-fifo-dir", os.Getenv("CONTAINERD_FIFO_DIR"), "directory for the exec FIFOs shared with containerd's shims (default: containerd's)")
@@ -217,9 +220,16 @@ func enableBackends(ctx context.Context, f flags, stateDir string) (map[v1alpha1
 			}
 			closers = append(closers, func() { _ = rt.Close() })
 			rts[v1alpha1.BackendContainerd] = rt
+		case v1alpha1.BackendIncus:
+			rt, err := incus.New(incus.Config{Socket: f.incusSocket})
+			if err != nil {
+				closeAll()
+				return nil, nil, fmt.Errorf("--backends incus: %w", err)
+			}
+			rts[v1alpha1.BackendIncus] = rt
 		default:
 			closeAll()
-			return nil, nil, fmt.Errorf("--backends: unknown backend %q (available: bwrap, containerd)", b)
+			return nil, nil, fmt.Errorf("--backends: unknown backend %q (available: bwrap, containerd, incus)", b)
 		}
 	}
 	return rts, closeAll, nil

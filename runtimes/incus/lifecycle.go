@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 
-	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
@@ -27,7 +25,8 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
-	if err := layoutAreas(in); err != nil {
+	// The disk devices need their sources on the host.
+	if err := in.LayoutAreas(); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
 	project := r.projectOf(in)
@@ -99,16 +98,6 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	st := stateOf(inst)
 	st.Overlay = r.overlay(ctx, cl, inst, in)
 	return st, nil
-}
-
-// layoutAreas makes the agent's area directories on the host, so the disk
-// devices have a source; existing ones are left as they are.
-func layoutAreas(in runtimes.Instance) error {
-	names := make([]string, 0, len(in.Areas))
-	for _, a := range in.Areas {
-		names = append(names, filepath.Base(a.Source))
-	}
-	return areas.Layout(in.AgentDir, names)
 }
 
 func checkOwner(inst *incusapi.Instance, owner string) error {

@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# incus.sh: a real Incus daemon for the incus backend's tests and for
+# `make run` with --backends incus, on Debian 12 without systemd as PID 1.
+#
+#   hack/incus.sh start    install if needed, start lxcfs and incusd, wait
+#                          until the daemon answers, create the storage pool
+#                          and the default profile, import the test image;
+#                          prints `env` output
+#   hack/incus.sh stop     stop every instance, then the daemon we started
+#   hack/incus.sh status   exit 0 when the daemon answers
+#   hack/incus.sh env      the variables tests and the controller read
+#   hack/incus.sh crash    SIGKILL the daemon only (containers keep running,
+#                          as after a real crash); `start` brings it back
+#
+# Every step checks what is there first, so `start` is safe to repeat, and
+# it recovers from a daemon that was killed (a stale socket, a dead lxcfs
+# FUSE mount).
+#
+# Incus comes from bookworm-backports (6.0 LTS), as incus-base without the
+# recommended packages: containers only, no virtual machines. No network
+# bridge can be made on a machine without a free IPv4 subnet, so the
+# default profile has a root disk and no NIC; there is no image server, so
+# the test image is a busybox rootfs built here and imported under an alias.
+#
+# Knobs:
+#   INCUS_IMAGE_ALIAS   alias of the test image               (default sandbox-busybox)
+#   INCUS_POOL_DRIVER   driver of the default pool: dir, btrfs (default dir)
+#   INCUS_POOL_SIZE     size of a btrfs pool's loop file       (default 8GiB)
+#   INCUS_PREFIX        logs, pid file, image build            (default /var/lib/sandbox-controller-test/incus)
+#   INCUS_IDMAP_UID     host UID commands run as (raw.idmap)   (default: the caller's)
+#   INCUS_IDMAP_GID     host GID commands run as (raw.idmap)   (default: the caller's)
+set -euo pipefail
+
+ALIAS=${INCUS_IMAGE_ALIAS:-sandbox-busybox}
+POOL_DRIVER=${INCUS_POOL_DRIVER:-dir}
+POOL_SIZE=${INCUS_POOL_SIZE:-8GiB}
+PREFIX=${INCUS_PREFIX:-/var/lib/sandbox-controller-test/incus}
+IDMAP_UID=${INCUS_IDMAP_UID:-$(id -u)}
+IDMAP_GID=${INCUS_IDMAP_GID:-$(id -g)}
+
+INCUSD=/usr/libexec/incus/incusd
+SOCK=/var/lib/incus/unix.socket
+LXCFS_DIR=/var/lib/lxcfs
+PIDFILE=$PREFIX/incusd.pid
+LOG=$PREFIX/incusd.log
+# The range unprivileged containers map root to; Incus reads it from
+# /etc/subuid and /etc/subgid when they have entries for root.
+BASE_RANGE="root:1000000:1000000000"
+
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export DEBIAN_FRONTEND=noninteractive
+
+say() { printf 'incus.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+answers() { [ -S "$SOCK" ] && [ -x "$INCUSD" ] && "$INCUSD" waitready --timeout=2 >/dev/null 2>&1; }
+
+# running_pid prints the pid of the incusd this script started, when it is
+# still alive (a recycled pid is not mistaken for it).
+running_pid() {
+  local pid
+  pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+  [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$INCUSD" ] && echo "$pid"
+}
+
+install_packages() {
+  if dpkg-query -W -f='${Status}' incus-base 2>/dev/null | grep -q 'ok installed' && command -v busybox >/dev/null &&
+     { [ "$POOL_DRIVER" != btrfs ] || command -v mkfs.btrfs >/dev/null; }; then
+    return 0
+  fi
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    say "adding the bookworm-backports suite"
+    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'EOF'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  fi
+  local pkgs=(incus-base busybox-static) try
+  [ "$POOL_DRIVER" = btrfs ] && pkgs+=(btrfs-progs)
+  say "installing ${pkgs[*]} from bookworm-backports"
+  for try in 1 2 3 4 5; do
+    # Package scripts may try to start the services; we start them below.
+    if apt-get -o DPkg::Lock::Timeout=300 update -qq &&
+       apt-get -o DPkg::Lock::Timeout=300 install -y -qq -t bookworm-backports --no-install-recommends "${pkgs[@]}" >/dev/null; then
+      return 0
+    fi
+    say "apt-get failed (attempt $try), retrying in 10s"; sleep 10
+  done
+  die "could not install ${pkgs[*]}"
+}
+
+# allow_idmap lets containers map the runtime's host UID and GID with
+# raw.idmap: Incus allows only host ids that root may delegate. It returns
+# 0 when it changed a file (the daemon reads them when it starts).
+allow_idmap() {
+  local changed=1 f want id
+  for f in /etc/subuid /etc/subgid; do
+    touch "$f"
+    id=$IDMAP_UID; [ "$f" = /etc/subgid ] && id=$IDMAP_GID
+    for want in "$BASE_RANGE" "root:$id:1"; do
+      if ! grep -qxF "$want" "$f"; then
+        echo "$want" >>"$f"
+        say "added $want to $f"
+        changed=0
+      fi
+    done
+  done
+  return $changed
+}
+
+LXCFS_PIDFILE=$PREFIX/lxcfs.pid
+
+# lxcfs_pid prints the pid of the lxcfs this script started, when alive.
+lxcfs_pid() {
+  local pid
+  pid=$(cat "$LXCFS_PIDFILE" 2>/dev/null) || return 1
+  [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(command -v lxcfs)" ] && echo "$pid"
+}
+
+# start_lxcfs runs lxcfs, which gives containers their own view of
+# /proc/meminfo, /proc/cpuinfo and the like. Its mount hook runs the host's
+# setuid-root mount(8) inside the container: when host root is mapped into
+# the container (the runtime runs as root), that binary belongs to the
+# mapped account there, runs without privilege and fails, and so does every
+# container start. So lxcfs runs only for a non-root runtime identity.
+start_lxcfs() {
+  local pid
+  if [ "$IDMAP_UID" = 0 ] || [ "$IDMAP_GID" = 0 ]; then
+    if pid=$(lxcfs_pid); then
+      say "stopping lxcfs: its mount hook breaks containers that map host root"
+      kill "$pid"
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    if grep -q " $LXCFS_DIR fuse.lxcfs " /proc/mounts; then
+      if ls "$LXCFS_DIR/proc" >/dev/null 2>&1; then
+        say "warning: an lxcfs this script did not start serves $LXCFS_DIR; containers that map host root will fail to start until it stops"
+      else
+        fusermount -u "$LXCFS_DIR" 2>/dev/null || umount -l "$LXCFS_DIR"
+      fi
+    fi
+    return 0
+  fi
+  # A killed lxcfs leaves its FUSE mount behind, answering ENOTCONN.
+  if grep -q " $LXCFS_DIR fuse.lxcfs " /proc/mounts && ! ls "$LXCFS_DIR/proc" >/dev/null 2>&1; then
+    say "unmounting the stale lxcfs mount"
+    fusermount -u "$LXCFS_DIR" 2>/dev/null || umount -l "$LXCFS_DIR"
+  fi
+  ls "$LXCFS_DIR/proc/uptime" >/dev/null 2>&1 && return 0
+  mkdir -p "$LXCFS_DIR"
+  setsid lxcfs "$LXCFS_DIR" </dev/null >>"$PREFIX/lxcfs.log" 2>&1 &
+  echo $! >"$LXCFS_PIDFILE"
+  local i
+  for i in $(seq 50); do
+    ls "$LXCFS_DIR/proc/uptime" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  # Containers run without lxcfs; they only see the host's /proc numbers.
+  say "lxcfs did not come up (log $PREFIX/lxcfs.log); containers will see the host's /proc/meminfo"
+}
+
+start_daemon() {
+  answers && return 0
+  local pid
+  if ! pid=$(running_pid); then
+    # A killed daemon leaves its socket; the new one must bind it afresh.
+    rm -f "$SOCK" /var/lib/incus/unix.socket.user
+    say "starting incusd (log $LOG)"
+    # incusd runs helpers (forkstart, forkexec, …) from its own directory.
+    PATH=/usr/libexec/incus:$PATH setsid "$INCUSD" --group incus-admin --logfile "$LOG" </dev/null >>"$LOG.out" 2>&1 &
+    pid=$!
+    echo "$pid" >"$PIDFILE"
+  fi
+  local i
+  for i in $(seq 120); do
+    answers && return 0
+    kill -0 "$pid" 2>/dev/null || { tail -20 "$LOG" "$LOG.out" >&2; die "incusd exited during start"; }
+    sleep 0.5
+  done
+  tail -20 "$LOG" >&2
+  die "incusd did not answer on $SOCK within 60s"
+}
+
+stop_daemon() {
+  local pid
+  pid=$(running_pid) || { say "no incusd started by this script is running"; return 0; }
+  if answers; then
+    local name
+    for name in $(incus list --all-projects --format csv --columns n 2>/dev/null); do
+      incus stop --force --all-projects "$name" >/dev/null 2>&1 || true
+    done
+  fi
+  # SIGTERM makes incusd exit and leave instances as they are.
+  kill "$pid"
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+  rm -f "$PIDFILE"
+  say "stopped"
+}
+
+crash_daemon() {
+  local pid
+  pid=$(running_pid) || die "no incusd started by this script is running"
+  kill -9 "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+}
+
+init_storage() {
+  if ! incus storage show default >/dev/null 2>&1; then
+    say "creating storage pool default ($POOL_DRIVER)"
+    if [ "$POOL_DRIVER" = btrfs ]; then
+      incus storage create default btrfs size="$POOL_SIZE" >/dev/null
+    else
+      incus storage create default "$POOL_DRIVER" >/dev/null
+    fi
+  fi
+  if ! incus profile device get default root pool >/dev/null 2>&1; then
+    incus profile device add default root disk path=/ pool=default >/dev/null
+    say "default profile: root disk on pool default, no NIC"
+  fi
+}
+
+# build_image writes a busybox-static rootfs and its metadata as one
+# tarball. busybox init runs only what inittab lists and then idles as PID
+# 1; incus stop sends it SIGPWR, on which it syncs and ends.
+build_image() {
+  local work=$1
+  rm -rf "$work"
+  mkdir -p "$work/rootfs"
+  (
+    cd "$work/rootfs"
+    mkdir -p bin sbin etc proc sys dev tmp run root var/log
+    cp "$(command -v busybox)" bin/busybox
+    for applet in $(./bin/busybox --list); do
+      [ -e "bin/$applet" ] || ln -s busybox "bin/$applet"
+    done
+    ln -sf ../bin/busybox sbin/init
+    printf '::sysinit:/bin/mount -t tmpfs -o size=64m tmpfs /tmp\n::shutdown:/bin/sync\n' >etc/inittab
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >etc/passwd
+    printf 'root:x:0:\nnogroup:x:65534:\n' >etc/group
+    chmod 1777 tmp
+    chmod 700 root
+  )
+  cat >"$work/metadata.yaml" <<EOF
+architecture: $(uname -m)
+creation_date: $(date +%s)
+properties:
+  description: busybox-static test image of sandbox-controller
+  os: busybox
+  release: "$(busybox 2>&1 | head -1 | awk '{print $2}')"
+EOF
+  tar --numeric-owner --owner=0 --group=0 -C "$work" -cJf "$work/image.tar.xz" metadata.yaml rootfs
+}
+
+import_image() {
+  import_busybox
+  # A second name for the same image: tests change a Sandbox's image
+  # without building another one.
+  if ! incus image alias list --format csv 2>/dev/null | cut -d, -f1 | grep -qxF "$ALIAS-renamed"; then
+    incus image alias create "$ALIAS-renamed" "$(incus image alias list --format csv | awk -F, -v a="$ALIAS" '$1 == a {print $2}')" >/dev/null
+  fi
+}
+
+import_busybox() {
+  incus image alias list --format csv 2>/dev/null | cut -d, -f1 | grep -qxF "$ALIAS" && return 0
+  local work=$PREFIX/image fp
+  say "building the busybox test image"
+  build_image "$work"
+  # Importing a tarball the server already has fails: alias it instead.
+  fp=$(sha256sum "$work/image.tar.xz" | cut -d' ' -f1)
+  if incus image info "$fp" >/dev/null 2>&1; then
+    incus image alias create "$ALIAS" "$fp" >/dev/null
+  else
+    incus image import "$work/image.tar.xz" --alias "$ALIAS" >/dev/null
+  fi
+  say "imported image $ALIAS"
+}
+
+print_env() {
+  echo "export INCUS_SOCKET=$SOCK"
+  echo "export INCUS_TEST_IMAGE=$ALIAS"
+  echo "export INCUS_PIDFILE=$PIDFILE"
+  echo "export INCUS_SETUP=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/incus.sh"
+}
+
+[ "$(id -u)" = 0 ] || die "incus needs root"
+mkdir -p "$PREFIX"
+case ${1:-start} in
+  start)
+    install_packages
+    if allow_idmap && answers; then
+      # The daemon read the id ranges when it started; take the new ones.
+      pid=$(running_pid) || die "the subordinate id files changed; restart incusd so that it reads them"
+      say "restarting incusd to read the new subordinate id ranges"
+      kill "$pid"
+      for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    start_lxcfs
+    start_daemon
+    init_storage
+    import_image
+    print_env ;;
+  stop) stop_daemon ;;
+  status)
+    if answers; then incus info | sed -n '/^environment:/,$p' | grep -E 'server_version|storage:' || true
+    else echo "incusd is not running"; exit 1; fi ;;
+  env) print_env ;;
+  crash) crash_daemon ;;
+  *) echo "usage: $0 [start|stop|status|env|crash]" >&2; exit 2 ;;
+esac
