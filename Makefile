@@ -42,6 +42,12 @@ bench-incus: ## Claim and exec latency of the incus backend beside raw REST base
 	@hack/incus.sh start >/dev/null
 	INCUS_BENCH_TABLE="$(CURDIR)/docs/benchmarks-incus.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
 
+.PHONY: bench-execapi
+bench-execapi: ## Exec of true through the exec API against the runtime called directly; writes docs/benchmarks-execapi.md.
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	SANDBOX_BENCH_EXECAPI="$(CURDIR)/docs/benchmarks-execapi.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v
+
 .PHONY: install-plugin
 install-plugin: ## Build bin/sandboxctl and link it as bin/kubectl-sandbox (put bin/ on PATH for `kubectl sandbox`).
 	go build -o $(BIN)/sandboxctl ./cmd/sandboxctl
@@ -74,7 +80,7 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: bench
-bench: bench-bwrap bench-containerd bench-incus ## Run every benchmark (tables in docs/benchmarks*.md).
+bench: bench-bwrap bench-containerd bench-incus bench-execapi ## Run every benchmark (tables in docs/benchmarks*.md).
 
 .PHONY: bench-bwrap
 bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks.md.

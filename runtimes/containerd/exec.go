@@ -152,9 +152,10 @@ func (r *Runtime) run(ctx context.Context, task containerd.Task, spec *specs.Pro
 	if err != nil {
 		return 0, fmt.Errorf("waiting on process %v: %w", spec.Args, err)
 	}
-	if err := proc.Start(ctx); err != nil {
-		// The shim may have started it before ctx ended: make sure it is
-		// gone before the deferred Delete.
+	// Start is not cut short by ctx: a cancel that lands while the shim is
+	// starting the process is handled below, like one that lands later, by
+	// killing the process, so the caller always gets its exit status.
+	if err := proc.Start(cleanup); err != nil {
 		_ = proc.Kill(cleanup, syscall.SIGKILL)
 		select {
 		case <-exited:
