@@ -54,6 +54,9 @@ const KillGrace = 10 * time.Second
 // the rest of its output to arrive.
 const streamDrain = 5 * time.Second
 
+// streamDialTimeout bounds connecting one exec stream.
+const streamDialTimeout = 10 * time.Second
+
 // execAttempts bounds how often Exec asks again for an exec whose streams
 // the daemon no longer knew when they were connected.
 const execAttempts = 3
@@ -212,7 +215,7 @@ func (c *Client) execOnce(ctx context.Context, name string, req ExecRequest) (in
 
 func (c *Client) dialOperation(ctx context.Context, opPath, secret string) (*websocket.Conn, error) {
 	u := "ws://incus" + trimAPI(opPath) + "/websocket?" + url.Values{"secret": {secret}}.Encode()
-	dctx, cancel := context.WithTimeout(ctx, c.opts.RequestTimeout)
+	dctx, cancel := context.WithTimeout(ctx, min(c.opts.RequestTimeout, streamDialTimeout))
 	defer cancel()
 	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: c.http, CompressionMode: websocket.CompressionDisabled})
 	if resp != nil && resp.Body != nil && err != nil {
@@ -220,6 +223,12 @@ func (c *Client) dialOperation(ctx context.Context, opPath, secret string) (*web
 	}
 	if err != nil && resp != nil && resp.StatusCode == http.StatusNotFound {
 		return nil, fmt.Errorf("connecting an exec stream: %w", errStreamGone)
+	}
+	if err != nil && dctx.Err() != nil && ctx.Err() == nil {
+		// A handshake the daemon leaves unanswered (seen on a loaded
+		// machine): the command has not started, so the exec is dropped
+		// and asked for again like one whose stream is gone.
+		return nil, fmt.Errorf("connecting an exec stream: no answer within %s: %w", streamDialTimeout, errStreamGone)
 	}
 	if err != nil {
 		if isDialError(err) {
