@@ -23,6 +23,9 @@ import (
 // not measured (it takes a while and is not a test of behaviour).
 const benchTableEnv = "SANDBOX_BENCH_TABLE"
 
+// otherTables ends the table file with where the other measurements are.
+const otherTables = "\n## The other backends and the exec API\n\nEach has its own table, written by its own make target with its baseline measured in the same run:\n\n- containerd: claim \u2192 Ready cold and hot, exec, beside the raw client ([benchmarks-containerd.md](benchmarks-containerd.md), `make bench-containerd`)\n- incus: claim \u2192 Ready cold and hot, exec, beside raw REST calls and the incus CLI ([benchmarks-incus.md](benchmarks-incus.md), `make bench-incus`)\n- exec API: exec of `true` through the API beside the runtime called directly ([benchmarks-execapi.md](benchmarks-execapi.md), `make bench-execapi`)\n"
+
 // benchRuns is how many times each way of running `true` is measured.
 const benchRuns = 300
 
@@ -149,6 +152,7 @@ func TestLatencyTable(t *testing.T) {
 		overhead*100, ms(med(ours)-med(raw)), verdict, float64(med(raw))/float64(med(direct)))
 	fmt.Fprintf(&b, "\n%d runs of each, interleaved, after 10 warm-up runs; measured %s.\n\nMachine: %s.\n",
 		benchRuns, time.Now().UTC().Format("2006-01-02"), machineNote())
+	b.WriteString(otherTables)
 	if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
