@@ -85,7 +85,7 @@ bench: bench-bwrap bench-containerd bench-incus bench-execapi ## Run every bench
 .PHONY: bench-bwrap
 bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks.md.
 	@hack/install-deps.sh
-	SANDBOX_BENCH_TABLE="$(CURDIR)/docs/benchmarks.md" go test -count=1 -run '^TestLatencyTable$$' -v ./runtimes/bwrap/
+	SANDBOX_BENCH_TABLE="$(CURDIR)/docs/benchmarks.md" go test -count=1 -run '^$$' -bench '^BenchmarkLatencyTable$$' -benchtime 1x -v ./runtimes/bwrap/
 
 .PHONY: bench-containerd
 bench-containerd: ## Claim and exec latency of the containerd backend beside raw-client baselines; writes bin/bench-containerd.md.
