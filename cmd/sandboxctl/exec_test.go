@@ -48,7 +48,15 @@ func (scriptedRuntime) Exec(_ context.Context, _ string, req runtimes.ExecReques
 // server would, with status.endpoint pointing back at itself) and the exec
 // API, and writes a kubeconfig for it.
 func execCluster(t *testing.T) string {
+	kc, _ := execClusterWithAreas(t)
+	return kc
+}
+
+// execClusterWithAreas is execCluster, also returning the areas root the
+// file endpoints serve.
+func execClusterWithAreas(t *testing.T) (string, string) {
 	t.Helper()
+	areasRoot := t.TempDir()
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -71,7 +79,7 @@ func execCluster(t *testing.T) string {
 	api, err := execapi.New(execapi.Config{}, execapi.Options{
 		Reader:     c,
 		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: scriptedRuntime{}},
-		Host:       runtimes.Options{AreasRoot: t.TempDir()},
+		Host:       runtimes.Options{AreasRoot: areasRoot},
 		Auth:       execapi.Auth{Authenticator: authn, Authorizer: allow},
 		Registerer: prometheus.NewRegistry(),
 		Log:        logr.Discard(),
@@ -104,7 +112,7 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	return kc
+	return kc, areasRoot
 }
 
 func TestExecThroughTheAPI(t *testing.T) {
@@ -132,5 +140,39 @@ func TestExecThroughTheAPI(t *testing.T) {
 				t.Fatalf("got exit %d stdout %q stderr %q; want exit %d stdout %q stderr containing %q", code, stdout, errs, tc.code, tc.out, tc.errs)
 			}
 		})
+	}
+}
+
+func TestCopyThroughTheAPI(t *testing.T) {
+	kc, areasRoot := execClusterWithAreas(t)
+	dir := t.TempDir()
+	local := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(local, []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--kubeconfig", kc, "--insecure-skip-tls-verify"}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{"upload into a directory", []string{local, "s1:/workspace/"}, 0, ""},
+		{"download", []string{"s1:/workspace/notes.txt", filepath.Join(dir, "back.txt")}, 0, ""},
+		{"blocks refuse writes", []string{local, "s1:/blocks/notes.txt"}, exitFailed, "403"},
+		{"a missing file", []string{"s1:/workspace/absent", filepath.Join(dir, "x")}, exitFailed, "404"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := sandboxctl(t, "", append(append([]string{"cp"}, flags...), tc.args...)...)
+			if code != tc.wantCode || !strings.Contains(stderr, tc.wantErr) {
+				t.Fatalf("exit %d stderr %q; want exit %d and stderr with %q", code, stderr, tc.wantCode, tc.wantErr)
+			}
+		})
+	}
+	if b, err := os.ReadFile(filepath.Join(areasRoot, "ada", "workspace", "notes.txt")); err != nil || string(b) != "from the host\n" {
+		t.Fatalf("the upload on the host: %q, %v", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "back.txt")); err != nil || string(b) != "from the host\n" {
+		t.Fatalf("the download: %q, %v", b, err)
 	}
 }

@@ -87,20 +87,25 @@ func listFiles(args []string, stdout, stderr io.Writer) int {
 // side must be one.
 func copyFiles(args []string, stdout, stderr io.Writer) int {
 	var f sandboxFlags
-	fs := newFlagSet("cp", "cp --config FILE --agent NAME [--areas-root DIR] SRC DST   (sandbox paths start with ':', e.g. :/workspace/a.txt)", stderr)
+	var c clusterFlags
+	fs := newFlagSet("cp", "cp [--config FILE --agent NAME [--areas-root DIR]] [-n NS] SRC DST\n  local sandbox: one side is :/sandbox/path (with --config and --agent)\n  a SessionClaim's sandbox: one side is CLAIM:/sandbox/path (through the exec API)", stderr)
 	f.register(fs)
+	c.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if f.agent == "" || fs.NArg() != 2 {
-		fmt.Fprintln(stderr, "sandboxctl cp: --agent, a source and a destination are required")
+	if fs.NArg() != 2 {
+		fmt.Fprintln(stderr, "sandboxctl cp: a source and a destination are required")
 		fs.Usage()
 		return exitUsage
 	}
 	src, dst := fs.Arg(0), fs.Arg(1)
 	inSrc, inDst := strings.HasPrefix(src, ":"), strings.HasPrefix(dst, ":")
-	if inSrc == inDst {
-		fmt.Fprintln(stderr, "sandboxctl cp: exactly one of source and destination must be a sandbox path starting with ':'")
+	if !inSrc && !inDst {
+		return remoteCopy(c, src, dst, stderr)
+	}
+	if inSrc == inDst || f.agent == "" {
+		fmt.Fprintln(stderr, "sandboxctl cp: exactly one of source and destination must be a sandbox path (:/path with --agent, or CLAIM:/path)")
 		return exitUsage
 	}
 	v, err := f.view()

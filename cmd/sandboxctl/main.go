@@ -43,6 +43,7 @@ Usage:
   sandboxctl convert FILE --agent NAME [--name NAME] [--namespace NS]
   sandboxctl ls      --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]
   sandboxctl cp      --config FILE --agent NAME [--areas-root DIR] SRC DST
+  sandboxctl cp      [-n NS] [--server URL] [--api-ca-file F] SRC DST   (one side CLAIM:/path)
   sandboxctl exec    [-n NS] [-i] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
   sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
   sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] TARGET
@@ -60,7 +61,9 @@ serve    reads one command a line from stdin as a JSON array of strings
 convert  prints the Sandbox manifest for kubectl apply.
 ls       lists a directory of the sandbox (default /workspace).
 cp       copies one file in or out; the sandbox side is written with a
-         leading ':' (sandboxctl cp notes.txt :/workspace/). Every access
+         leading ':' (sandboxctl cp notes.txt :/workspace/), or, for a
+         SessionClaim's sandbox through the exec API, as CLAIM:/path
+         (kubectl sandbox cp notes.txt alice-session-1:/workspace/). Every access
          inside the sandbox is contained: a symbolic link that leaves its
          area or mount is refused.
 exec     runs a command in a SessionClaim's sandbox through the controller's
