@@ -10,6 +10,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -112,6 +113,30 @@ var _ = Describe("Session worktrees", Ordered, func() {
 		Eventually(sandboxStatus(ns, "gitty"), timeout).Should(
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonWorktreeLocked)))
 		hostGit(repo, "worktree", "unlock", c.Status.Worktree.HostPath)
+		Eventually(claimStatus(ns, "s1"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
+	})
+
+	It("reports ProbeFailed with the reason when git cannot run inside the sandbox though the host sees a healthy worktree", func() {
+		setBinaries := func(bins ...v1alpha1.BinaryName) {
+			// The controller writes the object too: retry on conflicts.
+			Eventually(func() error {
+				var sb v1alpha1.Sandbox
+				if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gitty"}, &sb); err != nil {
+					return err
+				}
+				sb.Spec.Binaries = bins
+				return k8s.Update(ctx, &sb)
+			}, timeout).Should(Succeed())
+		}
+		setBinaries("sh")
+		Eventually(claimStatus(ns, "s1"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonProbeFailed)))
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		Expect(meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionGitHealthy).Message).To(
+			And(ContainSubstring("git rev-parse inside the sandbox failed"), ContainSubstring("allowlist")))
+		setBinaries("git", "sh")
 		Eventually(claimStatus(ns, "s1"), timeout).Should(
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
 	})
