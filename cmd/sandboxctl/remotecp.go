@@ -22,7 +22,7 @@ import (
 // claimPath is CLAIM:/sandbox/path, the remote form of a cp argument.
 var claimPath = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?):(/.*)$`)
 
-// remoteCopy copies one file between this machine and a SessionClaim's
+// remoteCopy copies one file between the local file system and a SessionClaim's
 // sandbox through the exec API's file endpoints, with the kubeconfig's
 // credentials.
 func remoteCopy(f clusterFlags, src, dst string, stderr io.Writer) int {
