@@ -96,10 +96,14 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		return ctrl.Result{}, nil
 	}
 	name := worktreeName(c)
-	wt, err := worktree.Add(ctx, cr.repo, worktree.Spec{Name: name, Ref: c.Spec.Worktree.Ref, CreateBranch: c.Spec.Worktree.CreateBranch})
-	if err != nil {
-		fail(err)
-		return ctrl.Result{}, err
+	wt := worktree.For(cr.repo, name)
+	if st := c.Status.Worktree; st == nil || !st.CheckedOut || st.HostPath != wt.HostPath {
+		// Once checked out the worktree is never made again: if it breaks,
+		// the health check below says how, rather than a fresh one hiding it.
+		if wt, err = worktree.Add(ctx, cr.repo, worktree.Spec{Name: name, Ref: c.Spec.Worktree.Ref, CreateBranch: c.Spec.Worktree.CreateBranch}); err != nil {
+			fail(err)
+			return ctrl.Result{}, err
+		}
 	}
 	st := c.Status.Worktree
 	if st == nil || st.HostPath != wt.HostPath {
@@ -171,7 +175,8 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 		keep(err.Error())
 		return
 	}
-	dirty := true
+	wt := worktree.For(cr.repo, worktreeName(c))
+	var dirty bool
 	if st.CheckedOut {
 		out, stderr, err := r.git(ctx, cr, "-C", st.Path, "status", "--porcelain", "--untracked-files=normal")
 		if err != nil {
@@ -180,10 +185,14 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 		}
 		dirty = strings.TrimSpace(out) != ""
 	} else {
-		// Never checked out: nothing in it can be the agent's work.
-		dirty = false
+		// Never checked out: only files someone put there can be work.
+		untouched, err := worktree.Untouched(cr.repo, wt)
+		if err != nil {
+			keep(err.Error())
+			return
+		}
+		dirty = !untouched
 	}
-	wt := worktree.Worktree{Name: worktreeName(c), HostPath: st.HostPath, Rel: filepath.Join(cr.repo.Rel, worktree.Dir, worktreeName(c)), GitCommonDir: st.GitCommonDir}
 	err = worktree.Remove(cr.repo, wt, dirty)
 	switch {
 	case errors.Is(err, worktree.ErrDirty):

@@ -62,6 +62,28 @@ type Worktree struct {
 	Head         string
 }
 
+// For is where the worktree called name of repo lives; it reads nothing.
+func For(repo Repo, name string) Worktree {
+	wt := Worktree{Name: name, Rel: repo.rel(Dir, name), GitCommonDir: repo.GitCommonDir()}
+	wt.HostPath = filepath.Join(repo.Mount.HostPath(), wt.Rel)
+	return wt
+}
+
+// Untouched reports whether a worktree that was never checked out still
+// holds nothing but its .git file, so removing it can lose no one's work.
+func Untouched(repo Repo, wt Worktree) (bool, error) {
+	entries, err := repo.Mount.List(wt.Rel)
+	if err != nil {
+		return false, fmt.Errorf("listing worktree %s: %w", wt.HostPath, err)
+	}
+	for _, e := range entries {
+		if e.Name != ".git" {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // Spec says what to add.
 type Spec struct {
 	Name         string
@@ -72,12 +94,7 @@ type Spec struct {
 // Add adds the worktree without checking files out; Checkout does that
 // inside the sandbox. Adding a worktree that exists already returns it.
 func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
-	wt := Worktree{
-		Name:         spec.Name,
-		Rel:          repo.rel(Dir, spec.Name),
-		GitCommonDir: repo.GitCommonDir(),
-	}
-	wt.HostPath = filepath.Join(repo.Mount.HostPath(), wt.Rel)
+	wt := For(repo, spec.Name)
 	fi, err := repo.Mount.Lstat(repo.rel(".git"))
 	if err != nil {
 		return wt, fmt.Errorf("adding worktree %s: %s is not a git repository: %w", spec.Name, repo.HostPath(), err)

@@ -199,3 +199,23 @@ func TestRemoveKeepsDirtyAndRemovesCleanButNeverTheBranch(t *testing.T) {
 	}
 	git(t, repo.HostPath(), "rev-parse", "--verify", "refs/heads/r")
 }
+
+func TestUntouchedTellsAnEmptyWorktreeFromOneWithFiles(t *testing.T) {
+	repo := newRepo(t)
+	wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "u", CreateBranch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wt.HostPath != worktree.For(repo, "u").HostPath {
+		t.Fatalf("For and Add disagree on where the worktree lives: %s vs %s", worktree.For(repo, "u").HostPath, wt.HostPath)
+	}
+	if ok, err := worktree.Untouched(repo, wt); err != nil || !ok {
+		t.Fatalf("a fresh worktree without checkout: Untouched = %v, %v", ok, err)
+	}
+	if err := os.WriteFile(filepath.Join(wt.HostPath, "draft.txt"), []byte("work"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := worktree.Untouched(repo, wt); err != nil || ok {
+		t.Fatalf("a worktree holding a file: Untouched = %v, %v", ok, err)
+	}
+}
