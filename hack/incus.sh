@@ -32,6 +32,9 @@
 set -euo pipefail
 
 ALIAS=${INCUS_IMAGE_ALIAS:-sandbox-busybox}
+# IMAGE_REVISION goes up whenever what the test image holds changes; an
+# imported image of another revision is replaced.
+IMAGE_REVISION=2
 POOL_DRIVER=${INCUS_POOL_DRIVER:-dir}
 POOL_SIZE=${INCUS_POOL_SIZE:-8GiB}
 PREFIX=${INCUS_PREFIX:-/var/lib/sandbox-controller-test/incus}
@@ -243,11 +246,13 @@ build_image() {
     chmod 1777 tmp
     chmod 700 root
   )
+  "$(dirname "${BASH_SOURCE[0]}")/add-git.sh" "$work/rootfs"
   cat >"$work/metadata.yaml" <<EOF
 architecture: $(uname -m)
 creation_date: $(date +%s)
 properties:
-  description: busybox-static test image of sandbox-controller
+  description: busybox-static and git, test image of sandbox-controller
+  revision: "$IMAGE_REVISION"
   os: busybox
   release: "$(busybox 2>&1 | head -1 | awk '{print $2}')"
 EOF
@@ -264,8 +269,16 @@ import_image() {
 }
 
 import_busybox() {
-  incus image alias list --format csv 2>/dev/null | cut -d, -f1 | grep -qxF "$ALIAS" && return 0
-  local work=$PREFIX/image fp
+  local work=$PREFIX/image fp old
+  if incus image alias list --format csv 2>/dev/null | cut -d, -f1 | grep -qxF "$ALIAS"; then
+    [ "$(incus image get-property "$ALIAS" revision 2>/dev/null)" = "$IMAGE_REVISION" ] && return 0
+    say "image $ALIAS is an older revision: replacing it"
+    old=$(incus image alias list --format csv | awk -F, -v a="$ALIAS" '$1 == a {print $2}')
+    incus image alias delete "$ALIAS-renamed" >/dev/null 2>&1 || true
+    incus image alias delete "$ALIAS" >/dev/null
+    # Instances made from it keep their own copy of the root.
+    incus image delete "$old" >/dev/null 2>&1 || true
+  fi
   say "building the busybox test image"
   build_image "$work"
   # Importing a tarball the server already has fails: alias it instead.

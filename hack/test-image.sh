@@ -7,10 +7,15 @@
 #   hack/test-image.sh --name VARIANT     print the image name the tarball carries
 #   hack/test-image.sh --path VARIANT     print the tarball's path without building
 #
-# busybox: Debian's busybox-static and its applet links (about 1 MB, a second).
-# debian:  a Debian bookworm minbase with git and ca-certificates, for tests of
-#          git inside the sandbox (about 80 MB, a few minutes; built once and
-#          cached, like busybox, until the tarball is removed).
+# busybox: Debian's busybox-static and its applet links, and the host's git
+#          with its libraries (hack/add-git.sh), so git works inside the
+#          sandbox (about 7 MB, a second).
+# debian:  a Debian bookworm minbase with git and ca-certificates (about
+#          80 MB, a few minutes; built once and cached, like busybox, until
+#          the tarball is removed).
+#
+# The tarball's name carries the image's revision, so a change to what an
+# image holds builds it again rather than reusing an old tarball.
 #
 # Knobs: TEST_IMAGE_DIR (default bin/images).
 set -euo pipefail
@@ -29,7 +34,10 @@ image_name() {
   esac
 }
 
-tar_path() { image_name "$1" >/dev/null && echo "$DIR/$1-oci.tar"; }
+# REVISION goes up whenever what an image holds changes.
+REVISION=2
+
+tar_path() { image_name "$1" >/dev/null && echo "$DIR/$1-r$REVISION-oci.tar"; }
 
 apt_install() {
   local missing=() p
@@ -56,6 +64,7 @@ busybox_rootfs() {
   done
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$r/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+  "$ROOT/hack/add-git.sh" "$r"
   sandbox_dirs "$r"
 }
 
