@@ -39,6 +39,10 @@ type Bind struct {
 	// Overlay, for a mount with mode overlay, names its layers; Source is
 	// then the merged view, which the driver mounts before binding it.
 	Overlay *overlay.Layers `json:"overlay,omitempty"`
+	// GitDir marks the git directory of a session worktree (AddBinds):
+	// claims add and remove these while the sandbox runs, so a driver
+	// applies them live rather than asking for a restart.
+	GitDir bool `json:"gitDir,omitempty"`
 }
 
 // Instance is everything a driver needs to converge one agent's sandbox.
@@ -153,9 +157,12 @@ func hashOf(in Instance) string {
 
 // AddBinds adds binds at absolute targets outside /workspace (the git
 // directories of session worktrees, mounted where their worktrees' .git
-// files point) and updates the ConfigHash.
+// files point), marked GitDir, and updates the ConfigHash.
 func (in *Instance) AddBinds(binds ...Bind) {
-	in.Mounts = append(in.Mounts, binds...)
+	for _, b := range binds {
+		b.GitDir = true
+		in.Mounts = append(in.Mounts, b)
+	}
 	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
 	in.ConfigHash = hashOf(*in)
 }

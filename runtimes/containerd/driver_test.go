@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -577,5 +578,82 @@ func TestImageChangeToAnAbsentImageKeepsTheContainer(t *testing.T) {
 	ensure(t, rt, in)
 	if _, out, _ := run(t, rt, in.Name, "", "cat", "/root/state"); out != "kept\n" {
 		t.Errorf("root state after a refused image change: %q", out)
+	}
+}
+
+func TestGitDirBindsApplyLive(t *testing.T) {
+	rt, image := daemon(t, nil)
+	base := func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh", "cat"} }
+	in := instance(t, rt, image, "unit-gitdir", base)
+	ensure(t, rt, in)
+	run(t, rt, in.Name, "", "sh", "-c", "sleep 1000 >/dev/null 2>&1 &")
+	pidOf := func() string {
+		t.Helper()
+		_, out, _ := run(t, rt, in.Name, "", "sh", "-c", "pidof sleep")
+		return strings.TrimSpace(out)
+	}
+	before := pidOf()
+	if before == "" {
+		t.Fatal("no background process to tell a restart by")
+	}
+
+	// A git directory somewhere a worktree's .git file points: a path the
+	// container's image does not have.
+	gitDir := filepath.Join(t.TempDir(), "repo with space", ".git")
+	if err := os.MkdirAll(gitDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(gitDir, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	withGit := in
+	withGit.Mounts = slices.Clone(in.Mounts)
+	withGit.AddBinds(runtimes.Bind{Source: gitDir, Target: gitDir})
+
+	st := ensure(t, rt, withGit)
+	if st.RestartRequired != "" || st.ConfigHash != withGit.ConfigHash {
+		t.Fatalf("adding a git directory bind to a running container: %+v, want it applied live", st)
+	}
+	if got := pidOf(); got != before {
+		t.Fatalf("the container restarted (sleep was %s, now %q)", before, got)
+	}
+	if _, out, stderr := run(t, rt, in.Name, "", "cat", filepath.Join(gitDir, "HEAD")); out != "ref: refs/heads/main\n" {
+		t.Fatalf("the git directory inside: %q %s", out, stderr)
+	}
+	if code, _, stderr := run(t, rt, in.Name, "", "sh", "-c", "echo from-inside > '"+gitDir+"/ORIG_HEAD'"); code != 0 {
+		t.Fatalf("writing into the git directory inside: %s", stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(gitDir, "ORIG_HEAD")); string(b) != "from-inside\n" {
+		t.Fatalf("the write inside did not reach the host: %q", b)
+	}
+	// Ensuring the same again changes nothing, and never stacks a second mount.
+	ensure(t, rt, withGit)
+	escaped := strings.ReplaceAll(gitDir, " ", `\040`)
+	if _, out, _ := run(t, rt, in.Name, "", "sh", "-c", `grep -cF ' `+escaped+` ' /proc/self/mountinfo`); strings.TrimSpace(out) != "1" {
+		t.Errorf("mounts at %s after a second Ensure: %s", gitDir, out)
+	}
+
+	t.Log("the bind goes when no claim needs it, still without a restart")
+	if st := ensure(t, rt, in); st.RestartRequired != "" || st.ConfigHash != in.ConfigHash {
+		t.Fatalf("removing the git directory bind: %+v", st)
+	}
+	if got := pidOf(); got != before {
+		t.Fatalf("the container restarted on removal (sleep was %s, now %q)", before, got)
+	}
+	if code, _, _ := run(t, rt, in.Name, "", "cat", filepath.Join(gitDir, "HEAD")); code == 0 {
+		t.Error("the git directory is still visible inside after its bind went")
+	}
+	if _, err := os.Stat(filepath.Join(gitDir, "ORIG_HEAD")); err != nil {
+		t.Errorf("the host's git directory lost a file: %v", err)
+	}
+
+	t.Log("after a restart the record's binds are the ones mounted")
+	ensure(t, rt, withGit)
+	if err := rt.Stop(context.Background(), in.Name); err != nil {
+		t.Fatal(err)
+	}
+	ensure(t, rt, withGit)
+	if _, out, stderr := run(t, rt, in.Name, "", "cat", filepath.Join(gitDir, "HEAD")); out != "ref: refs/heads/main\n" {
+		t.Fatalf("the git directory inside after a restart: %q %s", out, stderr)
 	}
 }

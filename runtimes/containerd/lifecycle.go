@@ -92,8 +92,15 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 			if cont, err = r.create(ctx, c, in); err != nil {
 				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
-		} else if err := r.update(ctx, c, cont, in); err != nil {
-			return runtimes.State{}, r.fail(op, in.Name, err)
+		} else {
+			if running {
+				if err := liveBinds(task, change); err != nil {
+					return runtimes.State{}, r.fail(op, in.Name, err)
+				}
+			}
+			if err := r.update(ctx, c, cont, in); err != nil {
+				return runtimes.State{}, r.fail(op, in.Name, err)
+			}
 		}
 		if running && change.Limits {
 			if err := task.Update(ctx, containerd.WithResources(liveResources(in))); err != nil {
@@ -115,6 +122,19 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		return runtimes.State{}, r.fail(op, in.Name, err)
 	}
 	return st, nil
+}
+
+// liveBinds applies the git directory binds a change adds and removes to
+// the running task, before the record says they are there.
+func liveBinds(task containerd.Task, change Change) error {
+	if len(change.BindsAdded) == 0 && len(change.BindsRemoved) == 0 {
+		return nil
+	}
+	pid := task.Pid()
+	if err := ejectBinds(pid, change.BindsRemoved); err != nil {
+		return err
+	}
+	return injectBinds(pid, change.BindsAdded)
 }
 
 // layoutAreas makes the agent's area directories on the host, so the binds

@@ -112,12 +112,17 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 	return opts
 }
 
-// Mounts are the container's mounts beyond containerd's defaults: the
-// standard areas, then the custom mounts below /workspace (Describe sorts
-// them, so a parent is mounted before anything inside it), then /tmp, and
-// udev's database read-only when devices are exposed.
+// Mounts are the container's mounts beyond containerd's defaults: /tmp,
+// then the standard areas, then the custom mounts below /workspace and the
+// git directories of worktrees (Describe sorts them, so a parent is mounted
+// before anything inside it), and udev's database read-only when devices
+// are exposed. /tmp comes first so that a git directory below /tmp on the
+// host is bound on top of it, not hidden under it.
 func Mounts(in runtimes.Instance) []specs.Mount {
-	var out []specs.Mount
+	out := []specs.Mount{{
+		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", TmpSize)},
+	}}
 	for _, b := range append(append([]runtimes.Bind{}, in.Areas...), in.Mounts...) {
 		mode := "rw"
 		if b.ReadOnly {
@@ -128,10 +133,6 @@ func Mounts(in runtimes.Instance) []specs.Mount {
 			Options: []string{"rbind", "nosuid", "nodev", mode},
 		})
 	}
-	out = append(out, specs.Mount{
-		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
-		Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", TmpSize)},
-	})
 	if in.Devices.USB || in.Devices.All {
 		if _, err := os.Stat(udevData); err == nil {
 			out = append(out, specs.Mount{
@@ -196,6 +197,9 @@ type Change struct {
 	// Limits is set when the memory or pids limit changed; a running task
 	// takes them live.
 	Limits bool
+	// BindsAdded and BindsRemoved are git directory binds of session
+	// worktrees; a running task takes them live.
+	BindsAdded, BindsRemoved []runtimes.Bind
 }
 
 // NeedsRestart says whether a running container must stop to take the change.
@@ -215,14 +219,40 @@ func Diff(old, new runtimes.Instance) Change {
 	if old.AgentDir != new.AgentDir || !sameBinds(old.Areas, new.Areas) {
 		c.Restart = append(c.Restart, "areas")
 	}
-	if !sameBinds(old.Mounts, new.Mounts) {
+	oldGit, oldMounts := splitGitDirs(old.Mounts)
+	newGit, newMounts := splitGitDirs(new.Mounts)
+	if !sameBinds(oldMounts, newMounts) {
 		c.Restart = append(c.Restart, "mounts")
 	}
+	c.BindsAdded = missingFrom(newGit, oldGit)
+	c.BindsRemoved = missingFrom(oldGit, newGit)
 	if old.Devices != new.Devices {
 		c.Restart = append(c.Restart, "devices")
 	}
 	c.Limits = memoryLimit(old) != memoryLimit(new) || pidsLimit(old) != pidsLimit(new)
 	return c
+}
+
+func splitGitDirs(binds []runtimes.Bind) (git, other []runtimes.Bind) {
+	for _, b := range binds {
+		if b.GitDir {
+			git = append(git, b)
+		} else {
+			other = append(other, b)
+		}
+	}
+	return git, other
+}
+
+// missingFrom are the binds of a that b does not have.
+func missingFrom(a, b []runtimes.Bind) []runtimes.Bind {
+	var out []runtimes.Bind
+	for _, x := range a {
+		if !slices.ContainsFunc(b, func(y runtimes.Bind) bool { return reflect.DeepEqual(x, y) }) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // sameBinds compares binds by content: a Bind read back from a container's

@@ -68,6 +68,33 @@ func TestDiff(t *testing.T) {
 	}
 }
 
+func TestDiffAppliesGitDirBindsLive(t *testing.T) {
+	base := describe(t, nil)
+	one, two := runtimes.Bind{Source: "/srv/a/.git", Target: "/srv/a/.git"}, runtimes.Bind{Source: "/srv/b/.git", Target: "/srv/b/.git"}
+	withOne, withTwo := describe(t, nil), describe(t, nil)
+	withOne.AddBinds(one)
+	withTwo.AddBinds(two)
+	one.GitDir, two.GitDir = true, true
+
+	c := Diff(base, withOne)
+	if c.NeedsRestart() || !slices.Equal(c.BindsAdded, []runtimes.Bind{one}) || len(c.BindsRemoved) != 0 {
+		t.Errorf("adding a git directory: %+v", c)
+	}
+	c = Diff(withOne, withTwo)
+	if c.NeedsRestart() || !slices.Equal(c.BindsAdded, []runtimes.Bind{two}) || !slices.Equal(c.BindsRemoved, []runtimes.Bind{one}) {
+		t.Errorf("swapping git directories: %+v", c)
+	}
+	if c := Diff(withOne, withOne); c.NeedsRestart() || len(c.BindsAdded)+len(c.BindsRemoved) != 0 {
+		t.Errorf("the same git directory: %+v", c)
+	}
+	// The same directory as a plain mount is a mount change, not a git one.
+	plain := describe(t, nil)
+	plain.Mounts = append(plain.Mounts, runtimes.Bind{Source: one.Source, Target: one.Target})
+	if c := Diff(base, plain); !slices.Equal(c.Restart, []string{"mounts"}) || len(c.BindsAdded) != 0 {
+		t.Errorf("a plain mount: %+v", c)
+	}
+}
+
 func TestDiffAgainstAnUnreadableRecordRestarts(t *testing.T) {
 	in := describe(t, nil)
 	c := Diff(runtimes.Instance{Image: in.Image}, in)
@@ -83,7 +110,7 @@ func TestMounts(t *testing.T) {
 	for _, m := range got {
 		dests = append(dests, m.Destination)
 	}
-	want := []string{"/workspace", "/memories", "/blocks", "/skills", "/tasks", "/workspace/project", "/tmp"}
+	want := []string{"/tmp", "/workspace", "/memories", "/blocks", "/skills", "/tasks", "/workspace/project"}
 	if !slices.Equal(dests, want) {
 		t.Fatalf("mount destinations = %q, want %q", dests, want)
 	}

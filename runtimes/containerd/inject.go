@@ -1,0 +1,153 @@
+package containerd
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Git directory binds come and go with the claims of a running container.
+// A container's mounts are fixed when its task starts, so they are put in
+// place the way a restart would, but live: the host directory is cloned as
+// a detached mount (open_tree) in the controller's mount namespace and
+// attached (move_mount) inside the container's, on a thread that has left
+// the controller's. The container record is updated too, so the next start
+// has the same binds.
+
+// injectBinds mounts each bind inside the mount namespace of pid, the
+// container's init. A target that is a mount point already is left alone,
+// so a retry after a failure part way does not stack a second mount.
+func injectBinds(pid uint32, binds []runtimes.Bind) error {
+	for _, b := range binds {
+		mounted, err := mountedIn(pid, b.Target)
+		if err != nil {
+			return err
+		}
+		if mounted {
+			continue
+		}
+		if err := injectBind(pid, b); err != nil {
+			return fmt.Errorf("binding %s at %s inside the running container: %w", b.Source, b.Target, err)
+		}
+	}
+	return nil
+}
+
+func injectBind(pid uint32, b runtimes.Bind) error {
+	tree, err := unix.OpenTree(unix.AT_FDCWD, b.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("cloning %s: %w", b.Source, err)
+	}
+	defer unix.Close(tree)
+	// The same options as the binds of the container's spec.
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if b.ReadOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		return fmt.Errorf("setting mount options: %w", err)
+	}
+	return inMountNamespace(pid, func() error {
+		// Inside the container: its root, its directories.
+		if err := os.MkdirAll(b.Target, 0o755); err != nil {
+			return err
+		}
+		return unix.MoveMount(tree, "", unix.AT_FDCWD, b.Target, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	})
+}
+
+// ejectBinds unmounts each target inside the mount namespace of pid; one
+// that is not mounted is already gone.
+func ejectBinds(pid uint32, binds []runtimes.Bind) error {
+	for _, b := range binds {
+		mounted, err := mountedIn(pid, b.Target)
+		if err != nil {
+			return err
+		}
+		if !mounted {
+			continue
+		}
+		err = inMountNamespace(pid, func() error { return unix.Unmount(b.Target, unix.MNT_DETACH) })
+		if err != nil {
+			return fmt.Errorf("unbinding %s inside the running container: %w", b.Target, err)
+		}
+	}
+	return nil
+}
+
+// inMountNamespace runs fn on a thread of its own that has joined the
+// mount namespace of pid (and so its root and working directory). The
+// thread is never handed back to the Go scheduler: it ends with fn.
+func inMountNamespace(pid uint32, fn func() error) error {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if err != nil {
+		return fmt.Errorf("opening the container's mount namespace: %w", err)
+	}
+	defer ns.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Threads share their filesystem context (root, cwd), and a
+		// thread that shares it cannot change mount namespace.
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("unsharing the thread's filesystem context: %w", err)
+			return
+		}
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+			errc <- fmt.Errorf("joining the container's mount namespace: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// mountedIn says whether target is a mount point in the mount namespace of
+// pid, as that process sees its paths.
+func mountedIn(pid uint32, target string) (bool, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return false, fmt.Errorf("reading the container's mounts: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		// ID parent major:minor root mount-point options ...
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && unescapeMountinfo(fields[4]) == target {
+			return true, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return false, fmt.Errorf("reading the container's mounts: %w", err)
+	}
+	return false, nil
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space, \011,
+// \012, \134) mountinfo writes in paths.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
