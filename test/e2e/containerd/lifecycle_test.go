@@ -252,3 +252,11 @@ var _ = Describe("controller restart", func() {
 		Expect(code).To(Equal(0), out)
 	})
 })
+
+var _ = framework.DescribeWorktrees("containerd", framework.WorktreeSuite{
+	Env: func() *framework.Env { return env },
+	NewSandbox: func(ns, name, agent string) *v1alpha1.Sandbox {
+		return newSandbox(ns, name, agent, time.Minute)
+	},
+	Runtime: func() runtimes.Runtime { return drv },
+})

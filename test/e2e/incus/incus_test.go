@@ -458,3 +458,13 @@ func deleteProject(project string) {
 	_, err = rawClient().Run(ctx, http.MethodDelete, "/1.0/projects/"+project, nil, nil, "")
 	Expect(err).NotTo(HaveOccurred())
 }
+
+var _ = framework.DescribeWorktrees("incus", framework.WorktreeSuite{
+	Env: func() *framework.Env { return env },
+	NewSandbox: func(ns, name, agent string) *v1alpha1.Sandbox {
+		sb := newSandbox(ns, name)
+		sb.Spec.Agent = agent
+		return sb
+	},
+	Runtime: func() runtimes.Runtime { return driver },
+})
