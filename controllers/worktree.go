@@ -97,6 +97,7 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 	}
 	name := worktreeName(c)
 	wt := worktree.For(cr.repo, name)
+	added := false
 	if st := c.Status.Worktree; st == nil || !st.CheckedOut || st.HostPath != wt.HostPath {
 		// Once checked out the worktree is never made again: if it breaks,
 		// the health check below says how, rather than a fresh one hiding it.
@@ -104,6 +105,7 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 			fail(err)
 			return ctrl.Result{}, err
 		}
+		added = true
 	}
 	st := c.Status.Worktree
 	if st == nil || st.HostPath != wt.HostPath {
@@ -112,9 +114,18 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 	}
 	st.Path = cr.sandboxPath + "/" + worktree.Dir + "/" + name
 	st.HostPath, st.GitCommonDir = wt.HostPath, wt.GitCommonDir
+	if added {
+		st.RelativePaths = wt.Relative
+	}
 
-	if !slices.Contains(sb.Status.MountedGitDirs, wt.GitCommonDir) || !conditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
+	// Relative links resolve through the repository's own mount; absolute
+	// ones need the git directory at its host path.
+	mounted := st.RelativePaths || slices.Contains(sb.Status.MountedGitDirs, wt.GitCommonDir)
+	if !mounted || !conditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
 		msg := fmt.Sprintf("worktree %s added; it is checked out once Sandbox %q is Ready and mounts %s", st.Path, sb.Name, wt.GitCommonDir)
+		if st.RelativePaths {
+			msg = fmt.Sprintf("worktree %s added; it is checked out once Sandbox %q is Ready", st.Path, sb.Name)
+		}
 		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, v1alpha1.ReasonWaitingForSandbox, msg)
 		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonWaitingForSandbox, msg)
 		return ctrl.Result{}, nil
@@ -233,7 +244,7 @@ func gitDirBinds(in runtimes.Instance, claims []v1alpha1.SessionClaim) ([]runtim
 	var binds []runtimes.Bind
 	var dirs []string
 	for _, c := range claims {
-		if c.Status.Worktree == nil || c.Status.Worktree.GitCommonDir == "" {
+		if c.Status.Worktree == nil || c.Status.Worktree.GitCommonDir == "" || c.Status.Worktree.RelativePaths {
 			continue
 		}
 		d := filepath.Clean(c.Status.Worktree.GitCommonDir)

@@ -164,4 +164,36 @@ var _ = Describe("Session worktrees", Ordered, func() {
 		deleteAndWait(&c)
 		Expect(os.ReadFile(filepath.Join(path, "draft.txt"))).To(Equal([]byte("unsaved\n")))
 	})
+
+	It("takes a worktree with relative links as it is: no git directory at its host path, git works through the mount", func() {
+		// As git 2.48 and later write them with --relative-paths.
+		hostGit(repo, "worktree", "add", "-q", "--no-checkout", "-b", "rel", ".worktrees/rel")
+		wtHost := filepath.Join(repo, ".worktrees", "rel")
+		Expect(os.WriteFile(filepath.Join(wtHost, ".git"), []byte("gitdir: ../../.git/worktrees/rel\n"), 0o644)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(repo, ".git", "worktrees", "rel", "gitdir"), []byte("../../../.worktrees/rel/.git\n"), 0o644)).To(Succeed())
+
+		c := newClaim(ns, "rel", "gitty")
+		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app", Ref: "rel"}
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		Eventually(claimStatus(ns, "rel"), timeout).Should(And(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)),
+			HaveField("Worktree.RelativePaths", BeTrue()),
+		))
+		Consistently(sandboxStatus(ns, "gitty"), 2*time.Second).Should(HaveField("MountedGitDirs", BeEmpty()),
+			"relative links need no git directory at its host path")
+		code, _, _ := sandboxRun(agent, "sh", "-c", "test -e "+repo)
+		Expect(code).NotTo(Equal(0), "the repository's host path is not inside the sandbox")
+
+		wt := "/workspace/project/app/.worktrees/rel"
+		code, out, stderr := sandboxRun(agent, "git", "-C", wt, "status", "--porcelain", "--branch")
+		Expect(code).To(Equal(0), stderr)
+		Expect(out).To(HavePrefix("## rel"))
+		code, _, stderr = sandboxRun(agent, "sh", "-c", "cd "+wt+" && echo relative >> README && git add README && "+
+			"git -c user.name=agent -c user.email=agent@example.com commit -q -m 'through relative links'")
+		Expect(code).To(Equal(0), stderr)
+		Expect(hostGit(repo, "log", "-1", "--format=%s", "rel")).To(Equal("through relative links"))
+		deleteAndWait(c)
+		Expect(wtHost).NotTo(BeADirectory(), "clean: removed")
+	})
 })

@@ -60,8 +60,15 @@ type WorktreeStatus struct {
 	HostPath string `json:"hostPath"`
 	// GitCommonDir is the repository's git directory on the host; it is
 	// mounted at this same absolute path inside the sandbox so that the
-	// worktree's .git file resolves there too.
+	// worktree's .git file resolves there too, unless RelativePaths.
 	GitCommonDir string `json:"gitCommonDir"`
+	// RelativePaths says the worktree's links are relative (git 2.48 and
+	// later with worktree.useRelativePaths, or written so by hand): the
+	// worktree lies inside the repository's mount, so the links resolve
+	// inside the sandbox through that mount and the git directory is not
+	// mounted again at its host path.
+	// +optional
+	RelativePaths bool `json:"relativePaths,omitempty"`
 	// Branch is the branch checked out, empty for a detached HEAD.
 	// +optional
 	Branch string `json:"branch,omitempty"`

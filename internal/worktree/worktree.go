@@ -60,6 +60,9 @@ type Worktree struct {
 	GitCommonDir string
 	Branch       string
 	Head         string
+	// Relative says the worktree's .git file names its git directory by a
+	// relative path (git worktree add --relative-paths, git 2.48 and later).
+	Relative bool
 }
 
 // For is where the worktree called name of repo lives; it reads nothing.
@@ -144,6 +147,12 @@ func describe(ctx context.Context, repo Repo, wt Worktree) (Worktree, error) {
 		return wt, fmt.Errorf("reading HEAD of worktree %s: %w", wt.HostPath, err)
 	}
 	wt.Head = head
+	dotGit, err := repo.Mount.Read(path.Join(wt.Rel, ".git"))
+	if err != nil {
+		return wt, fmt.Errorf("reading %s/.git: %w", wt.HostPath, err)
+	}
+	target, _ := strings.CutPrefix(strings.TrimSpace(string(dotGit)), "gitdir: ")
+	wt.Relative = !filepath.IsAbs(target)
 	if b, err := hostGit(ctx, repo, wt.HostPath, "symbolic-ref", "--quiet", "--short", "HEAD"); err == nil {
 		wt.Branch = b
 	}

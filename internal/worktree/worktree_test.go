@@ -219,3 +219,67 @@ func TestUntouchedTellsAnEmptyWorktreeFromOneWithFiles(t *testing.T) {
 		t.Fatalf("a worktree holding a file: Untouched = %v, %v", ok, err)
 	}
 }
+
+// relativize rewrites a worktree's links the way git 2.48 and later write
+// them with --relative-paths: the .git file relative to the worktree, the
+// back-pointer relative to the administrative directory.
+func relativize(t *testing.T, repo worktree.Repo, wt worktree.Worktree) {
+	t.Helper()
+	admin := filepath.Join(repo.GitCommonDir(), "worktrees", wt.Name)
+	toAdmin, err := filepath.Rel(wt.HostPath, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toWorktree, err := filepath.Rel(admin, filepath.Join(wt.HostPath, ".git"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(wt.HostPath, ".git"), []byte("gitdir: "+toAdmin+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(admin, "gitdir"), []byte(toWorktree+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRelativeLinksAreRecognisedAndHoldWhereverTheMountIs(t *testing.T) {
+	repo := newRepo(t)
+	wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "rel", CreateBranch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wt.Relative {
+		t.Fatal("a worktree git added with absolute links reads as relative")
+	}
+	relativize(t, repo, wt)
+	again, err := worktree.Add(ctx, repo, worktree.Spec{Name: "rel", CreateBranch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Relative || again.Head != wt.Head {
+		t.Fatalf("the existing relative worktree: %+v", again)
+	}
+	if h := worktree.Check(ctx, repo, again); h.Reason != worktree.ReasonHealthy {
+		t.Fatalf("health of a relative worktree: %+v", h)
+	}
+
+	// The mount seen at another path, as inside a sandbox: nothing names
+	// the old absolute path, so git and the check still work there.
+	moved := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.Rename(repo.Mount.HostPath(), moved); err != nil {
+		t.Fatal(err)
+	}
+	root, err := areas.OpenRoot("/workspace/project", moved, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	there := worktree.Repo{Mount: root, Rel: repo.Rel}
+	wtThere := worktree.For(there, "rel")
+	git(t, wtThere.HostPath, "checkout", "-q", "rel", "--", ".")
+	if got := git(t, wtThere.HostPath, "rev-parse", "--abbrev-ref", "HEAD"); got != "rel" {
+		t.Fatalf("HEAD of the moved worktree: %q", got)
+	}
+	if h := worktree.Check(ctx, there, wtThere); h.Reason != worktree.ReasonHealthy {
+		t.Fatalf("health of the moved relative worktree: %+v", h)
+	}
+}
