@@ -11,7 +11,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -195,5 +197,33 @@ var _ = Describe("Session worktrees", Ordered, func() {
 		Expect(hostGit(repo, "log", "-1", "--format=%s", "rel")).To(Equal("through relative links"))
 		deleteAndWait(c)
 		Expect(wtHost).NotTo(BeADirectory(), "clean: removed")
+	})
+})
+
+var _ = Describe("Overlay mounts", func() {
+	It("turns OverlayHealthy False when an overlay mount's upper layer exceeds its sizeLimit and True when it shrinks", func() {
+		ns := newNamespace()
+		src := filepath.Join(env.Dir, ns, "project")
+		Expect(os.MkdirAll(src, 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n"), 0o644)).To(Succeed())
+		sb := newSandbox(ns, "ovl", ns+"-ovl", time.Minute)
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"sh"}
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "c", "ovl"))).To(Succeed())
+		overlay := func(status metav1.ConditionStatus, reason string) OmegaMatcher {
+			return HaveField("Conditions", haveCondition(v1alpha1.ConditionOverlayHealthy, status, reason))
+		}
+		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
+
+		code, _, stderr := sandboxRun(ns+"-ovl", "sh", "-c", "head -c 204800 /dev/zero > /workspace/project/big")
+		Expect(code).To(Equal(0), stderr)
+		Expect(filepath.Join(src, "big")).NotTo(BeAnExistingFile(), "the write stays in the upper layer")
+		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionFalse, v1alpha1.ReasonUpperDirOverLimit))
+
+		code, _, stderr = sandboxRun(ns+"-ovl", "sh", "-c", "rm /workspace/project/big")
+		Expect(code).To(Equal(0), stderr)
+		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
+		deleteAndWait(sb)
 	})
 })

@@ -113,10 +113,10 @@ func Describe(owner string, spec *v1alpha1.SandboxSpec, opts Options) (Instance,
 			ReadOnly: m.Mode != v1alpha1.MountReadWrite && m.Mode != v1alpha1.MountOverlay,
 		}
 		if m.Mode == v1alpha1.MountOverlay {
-			if spec.BackendOrDefault() != v1alpha1.BackendBwrap {
-				return Instance{}, fmt.Errorf("mount %q: mode overlay is supported by the bwrap backend only, not %s", m.Target, spec.BackendOrDefault())
-			}
 			l := overlay.For(agentDir, b.Source, m.Target)
+			if m.SizeLimit != nil {
+				l.SizeLimit = m.SizeLimit.Value()
+			}
 			b.Source, b.Overlay = l.Merged, &l
 		}
 		in.Mounts = append(in.Mounts, b)

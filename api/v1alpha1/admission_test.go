@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -93,6 +94,11 @@ var _ = Describe("Sandbox admission", func() {
 		Entry("mount mode neither ro nor rw", func(s *v1alpha1.SandboxSpec) {
 			s.Mounts = []v1alpha1.Mount{mount("/srv/app", "app", "rwx")}
 		}, v1alpha1.MsgMountMode),
+		Entry("sizeLimit on a mount that is not an overlay", func(s *v1alpha1.SandboxSpec) {
+			m := mount("/srv/app", "app", "rw")
+			m.SizeLimit = ptr.To(resource.MustParse("1Gi"))
+			s.Mounts = []v1alpha1.Mount{m}
+		}, v1alpha1.MsgMountSizeLimit),
 		Entry("mount targets equal", func(s *v1alpha1.SandboxSpec) {
 			s.Mounts = []v1alpha1.Mount{mount("/srv/a", "app", "ro"), mount("/srv/b", "app", "rw")}
 		}, v1alpha1.MsgMountOverlap),

@@ -16,7 +16,7 @@ import (
 func TestCRDMessagesMatchGoRules(t *testing.T) {
 	goMsgs := map[string]bool{
 		v1alpha1.MsgMountSource: true, v1alpha1.MsgMountTargetAbs: true, v1alpha1.MsgMountTargetDots: true,
-		v1alpha1.MsgMountTargetEmpty: true, v1alpha1.MsgMountMode: true, v1alpha1.MsgMountOverlap: true,
+		v1alpha1.MsgMountTargetEmpty: true, v1alpha1.MsgMountMode: true, v1alpha1.MsgMountOverlap: true, v1alpha1.MsgMountSizeLimit: true,
 		v1alpha1.MsgBinarySpace: true, v1alpha1.MsgBinaryMeta: true, v1alpha1.MsgBinarySlash: true,
 		v1alpha1.MsgEnvName: true, v1alpha1.MsgAgentLabel: true, v1alpha1.MsgAgentImmutable: true,
 		v1alpha1.MsgBackendImmutable: true, v1alpha1.MsgIncusRequired: true, v1alpha1.MsgContainerdRequired: true,

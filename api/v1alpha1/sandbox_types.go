@@ -33,6 +33,7 @@ const (
 )
 
 // Mount exposes a host directory inside the sandbox below /workspace/.
+// +kubebuilder:validation:XValidation:rule="!has(self.sizeLimit) || (has(self.mode) && self.mode == 'overlay')",message="sizeLimit applies to mounts with mode overlay only"
 type Mount struct {
 	// Source is the host directory to expose. It must be an absolute path or
 	// begin with ~/ (the controller's home directory).
@@ -52,12 +53,19 @@ type Mount struct {
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') || !self.split('/').exists(s, s == '')",message="mount targets must not contain empty segments (no leading, trailing or doubled '/')"
 	Target string `json:"target"`
 
-	// Mode is ro (read-only), rw (read-write) or overlay (writes kept in a
-	// per-sandbox upper layer until applied; bwrap backend). Defaults to ro.
+	// Mode is ro (read-only), rw (read-write) or overlay (the source
+	// read-only below, writes kept in a per-sandbox upper layer until
+	// applied). Defaults to ro.
 	// +kubebuilder:default=ro
 	// +kubebuilder:validation:XValidation:rule="self == 'ro' || self == 'rw' || self == 'overlay'",message="mount modes are ro, rw or overlay"
 	// +optional
 	Mode MountMode `json:"mode,omitempty"`
+
+	// SizeLimit bounds the upper layer of an overlay mount: above it the
+	// Sandbox shows OverlayHealthy=False reason UpperDirOverLimit (writes
+	// are not refused). Only for mode overlay.
+	// +optional
+	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 }
 
 // BinaryName is a host command made available to exec: a bare name looked

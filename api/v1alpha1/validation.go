@@ -18,6 +18,7 @@ const (
 	MsgMountTargetDots    = "mount targets must not contain '.' or '..' segments"
 	MsgMountTargetEmpty   = "mount targets must not contain empty segments (no leading, trailing or doubled '/')"
 	MsgMountMode          = "mount modes are ro, rw or overlay"
+	MsgMountSizeLimit     = "sizeLimit applies to mounts with mode overlay only"
 	MsgMountOverlap       = "mount targets must not overlap: configure sibling targets rather than nesting one below another"
 	MsgBinarySpace        = "binaries must not contain spaces; arguments are passed separately"
 	MsgBinaryMeta         = "binaries must not contain shell metacharacters; arguments are passed separately"
@@ -93,6 +94,9 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 		}
 		if m.Mode != "" && m.Mode != MountReadOnly && m.Mode != MountReadWrite && m.Mode != MountOverlay {
 			errs = append(errs, field.Invalid(mp.Index(i).Child("mode"), m.Mode, MsgMountMode))
+		}
+		if m.SizeLimit != nil && m.Mode != MountOverlay {
+			errs = append(errs, field.Invalid(mp.Index(i).Child("sizeLimit"), m.SizeLimit.String(), MsgMountSizeLimit))
 		}
 	}
 	if i, j, ok := OverlappingTargets(spec.Mounts); ok {

@@ -30,6 +30,27 @@ type Layers struct {
 	Work  string `json:"work"`
 	// Merged is where the overlay is mounted and what the sandbox binds.
 	Merged string `json:"merged"`
+	// SizeLimit, when above zero, is the most the upper layer should hold,
+	// in bytes; Size says how much it holds.
+	SizeLimit int64 `json:"sizeLimit,omitempty"`
+}
+
+// Same says whether two Layers are the same overlay: the same directories,
+// whatever their size limits.
+func (l Layers) Same(o Layers) bool {
+	return l.Lower == o.Lower && l.Upper == o.Upper && l.Work == o.Work && l.Merged == o.Merged
+}
+
+// UpperExists says whether the upper layer is a directory.
+func (l Layers) UpperExists() (bool, error) {
+	fi, err := os.Stat(l.Upper)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return fi.IsDir(), nil
 }
 
 // For returns the layers of the overlay mount at target (relative to

@@ -23,7 +23,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -187,59 +186,7 @@ func (rec *record) state() runtimes.State {
 	return runtimes.State{
 		Name: rec.Instance.Name, Exists: true, Running: rec.Running,
 		Owner: rec.Owner, ConfigHash: rec.ConfigHash, CreatedAt: rec.CreatedAt,
-		Overlay: overlayHealth(rec),
-	}
-}
-
-// overlayHealth reports the overlay mounts of a running instance; nil when
-// it has none (bwrap has no writable root of its own).
-func overlayHealth(rec *record) *runtimes.Health {
-	var n int
-	for _, m := range rec.Instance.Mounts {
-		if m.Overlay == nil {
-			continue
-		}
-		n++
-		if !rec.Running {
-			continue
-		}
-		if _, err := os.Stat(m.Overlay.Upper); err != nil {
-			return &runtimes.Health{Reason: v1alpha1.ReasonSnapshotMissing, Message: fmt.Sprintf("the upper layer of overlay mount %s is gone: %v", m.Target, err)}
-		}
-		if ok, err := m.Overlay.Mounted(); err != nil || !ok {
-			return &runtimes.Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("overlay mount %s is not mounted at %s (%v)", m.Target, m.Overlay.Merged, err)}
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	return &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy, Message: fmt.Sprintf("%d overlay mount(s) present and mounted", n)}
-}
-
-// mountOverlays mounts the instance's overlay mounts and unmounts those of
-// the previous configuration that are gone from it. Upper layers (the
-// sandbox's unapplied changes) are never removed.
-func mountOverlays(prev *runtimes.Instance, in runtimes.Instance) error {
-	if prev != nil {
-		unmountOverlays(*prev, in)
-	}
-	for _, m := range in.Mounts {
-		if m.Overlay != nil {
-			if err := m.Overlay.Mount(); err != nil {
-				return runtimes.Errorf(runtimes.ReasonFailed, "ensuring", in.Name, "%w", err)
-			}
-		}
-	}
-	return nil
-}
-
-// unmountOverlays unmounts the overlay mounts of in that keep is not using.
-func unmountOverlays(in runtimes.Instance, keep runtimes.Instance) {
-	for _, m := range in.Mounts {
-		if m.Overlay == nil || slices.ContainsFunc(keep.Mounts, func(k runtimes.Bind) bool { return k.Overlay != nil && *k.Overlay == *m.Overlay }) {
-			continue
-		}
-		_ = m.Overlay.Unmount()
+		Overlay: runtimes.OverlayMountsHealth(rec.Instance, rec.Running),
 	}
 }
 
@@ -266,7 +213,7 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	} else {
 		prev = &rec.Instance
 	}
-	if err := mountOverlays(prev, in); err != nil {
+	if err := runtimes.MountOverlays(prev, in); err != nil {
 		return runtimes.State{}, err
 	}
 	if rec.Running && rec.ConfigHash == in.ConfigHash {
@@ -286,7 +233,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 		return err
 	}
 	r.killAll(name)
-	unmountOverlays(rec.Instance, runtimes.Instance{})
+	runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	if !rec.Running {
 		return nil
 	}
@@ -298,7 +245,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 func (r *Runtime) Delete(_ context.Context, name string) error {
 	r.killAll(name)
 	if rec, err := r.load(name); err == nil && rec != nil {
-		unmountOverlays(rec.Instance, runtimes.Instance{})
+		runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	}
 	if err := os.Remove(r.statePath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return runtimes.Errorf(runtimes.ReasonUnavailable, "deleting", name, "%w", err)

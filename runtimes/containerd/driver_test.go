@@ -25,6 +25,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
+	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
 )
 
 // The driver tests use a namespace of their own, so they never meet the
@@ -656,4 +657,14 @@ func TestGitDirBindsApplyLive(t *testing.T) {
 	if _, out, stderr := run(t, rt, in.Name, "", "cat", filepath.Join(gitDir, "HEAD")); out != "ref: refs/heads/main\n" {
 		t.Fatalf("the git directory inside after a restart: %q %s", out, stderr)
 	}
+}
+
+func TestOverlayMount(t *testing.T) {
+	rt, image := daemon(t, nil)
+	src := runtimetest.OverlaySource(t)
+	in := instance(t, rt, image, "unit-overlay", func(s *v1alpha1.SandboxSpec) {
+		s.Binaries = []v1alpha1.BinaryName{"sh"}
+		s.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
+	})
+	runtimetest.OverlayMount(t, rt, in, src)
 }

@@ -34,6 +34,10 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if err := layoutAreas(in); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
+	// The merged views of overlay mounts exist before a task binds them.
+	if err := runtimes.MountOverlays(nil, in); err != nil {
+		return runtimes.State{}, err
+	}
 	ctx, c, err := r.connect(ctx, op, in.Name)
 	if err != nil {
 		return runtimes.State{}, err
@@ -100,6 +104,10 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 			}
 			if err := r.update(ctx, c, cont, in); err != nil {
 				return runtimes.State{}, r.fail(op, in.Name, err)
+			}
+			if !running {
+				// No task binds the overlays the old configuration had.
+				runtimes.UnmountOverlays(old, in)
 			}
 		}
 		if running && change.Limits {
@@ -347,13 +355,25 @@ func (r *Runtime) Stop(ctx context.Context, name string) error {
 	if err != nil {
 		return r.fail(op, name, err)
 	}
-	if task == nil {
-		return nil
+	if task != nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return r.fail(op, name, err)
+		}
 	}
-	if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-		return r.fail(op, name, err)
-	}
+	r.unmountOverlays(ctx, cont)
 	return nil
+}
+
+// unmountOverlays unmounts the merged views of the container's overlay
+// mounts once no task binds them; their upper layers stay.
+func (r *Runtime) unmountOverlays(ctx context.Context, cont containerd.Container) {
+	info, err := cont.Info(ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return
+	}
+	if in, err := decodeInstance(info); err == nil {
+		runtimes.UnmountOverlays(in, runtimes.Instance{})
+	}
 }
 
 // Delete removes the task, the container and its snapshot. It refuses a
@@ -384,6 +404,9 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 	}
 	if err := r.remove(ctx, cont, task); err != nil {
 		return r.fail(op, name, err)
+	}
+	if in, err := decodeInstance(info); err == nil {
+		runtimes.UnmountOverlays(in, runtimes.Instance{})
 	}
 	return nil
 }

@@ -19,11 +19,21 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
-// overlay reports the health of the container's writable root: its
+// overlay reports OverlayHealthy: the writable root (rootHealth), then the
+// overlay mounts.
+func (r *Runtime) overlay(ctx context.Context, c *containerd.Client, info containers.Container, task containerd.Task, running bool, in runtimes.Instance) (*runtimes.Health, error) {
+	root, err := r.rootHealth(ctx, c, info, task, running, in)
+	if err != nil {
+		return nil, err
+	}
+	return runtimes.CombineHealth(root, runtimes.OverlayMountsHealth(in, running)), nil
+}
+
+// rootHealth reports the health of the container's writable root: its
 // snapshot exists; while the task runs, the task's root is an overlay mount
 // whose lower dirs all exist; and the snapshot's size is within the
 // rootfs size limit when one is set.
-func (r *Runtime) overlay(ctx context.Context, c *containerd.Client, info containers.Container, task containerd.Task, running bool, in runtimes.Instance) (*runtimes.Health, error) {
+func (r *Runtime) rootHealth(ctx context.Context, c *containerd.Client, info containers.Container, task containerd.Task, running bool, in runtimes.Instance) (*runtimes.Health, error) {
 	sn := c.SnapshotService(info.Snapshotter)
 	if _, err := sn.Stat(ctx, info.SnapshotKey); err != nil {
 		if errdefs.IsNotFound(err) {

@@ -221,7 +221,7 @@ func Diff(old, new runtimes.Instance) Change {
 	}
 	oldGit, oldMounts := splitGitDirs(old.Mounts)
 	newGit, newMounts := splitGitDirs(new.Mounts)
-	if !sameBinds(oldMounts, newMounts) {
+	if !sameBinds(withoutSizeLimits(oldMounts), withoutSizeLimits(newMounts)) {
 		c.Restart = append(c.Restart, "mounts")
 	}
 	c.BindsAdded = missingFrom(newGit, oldGit)
@@ -231,6 +231,20 @@ func Diff(old, new runtimes.Instance) Change {
 	}
 	c.Limits = memoryLimit(old) != memoryLimit(new) || pidsLimit(old) != pidsLimit(new)
 	return c
+}
+
+// withoutSizeLimits drops the size limits of overlay mounts, which the
+// health check reads and no mount depends on.
+func withoutSizeLimits(binds []runtimes.Bind) []runtimes.Bind {
+	out := slices.Clone(binds)
+	for i, b := range out {
+		if b.Overlay != nil {
+			l := *b.Overlay
+			l.SizeLimit = 0
+			out[i].Overlay = &l
+		}
+	}
+	return out
 }
 
 func splitGitDirs(binds []runtimes.Bind) (git, other []runtimes.Bind) {

@@ -25,9 +25,13 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
-	// The disk devices need their sources on the host.
+	// The disk devices need their sources on the host, overlay mounts
+	// their merged views.
 	if err := in.LayoutAreas(); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
+	}
+	if err := runtimes.MountOverlays(nil, in); err != nil {
+		return runtimes.State{}, err
 	}
 	project := r.projectOf(in)
 	cl := r.client.InProject(project)
@@ -79,6 +83,8 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 			}
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
+		// The devices of overlays the old configuration had are gone.
+		runtimes.UnmountOverlays(old, in)
 		if inst, _, err = cl.GetInstance(ctx, in.Name); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
@@ -246,12 +252,22 @@ func (r *Runtime) Stop(ctx context.Context, name string) error {
 		return runtimes.Errorf(runtimes.ReasonNameConflict, op, name, "the instance was not made by this controller (no %s key); leaving it", KeyOwner)
 	}
 	if inst.Status != incusapi.StatusRunning {
+		unmountOverlays(inst)
 		return nil
 	}
 	if err := r.stop(ctx, cl, name); err != nil {
 		return r.fail(op, name, err)
 	}
+	unmountOverlays(inst)
 	return nil
+}
+
+// unmountOverlays unmounts the merged views of a stopped or deleted
+// instance's overlay mounts; their upper layers stay.
+func unmountOverlays(inst *incusapi.Instance) {
+	if in, err := decodeInstance(inst); err == nil {
+		runtimes.UnmountOverlays(in, runtimes.Instance{})
+	}
 }
 
 func (r *Runtime) stop(ctx context.Context, cl *incusapi.Client, name string) error {
@@ -295,6 +311,7 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 	if err := cl.DeleteInstance(ctx, name); err != nil && !incusapi.IsNotFound(err) {
 		return r.fail(op, name, err)
 	}
+	unmountOverlays(inst)
 	r.forget(name)
 	return nil
 }

@@ -9,12 +9,18 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
 
-// overlay reports the health of the instance's root volume: its storage
+// overlay reports OverlayHealthy: the root volume (rootHealth), then the
+// overlay mounts.
+func (r *Runtime) overlay(ctx context.Context, cl *incusapi.Client, inst *incusapi.Instance, in runtimes.Instance) *runtimes.Health {
+	return runtimes.CombineHealth(r.rootHealth(ctx, cl, inst, in), runtimes.OverlayMountsHealth(in, inst.Status == incusapi.StatusRunning))
+}
+
+// rootHealth reports the health of the instance's root volume: its storage
 // pool is there and created, the volume exists, and its usage is within
 // spec.incus.rootSizeLimit when one is set and the pool's driver reports
 // usage. A failure to ask is itself reported, never returned: health is a
 // condition, not a reason to stop reconciling.
-func (r *Runtime) overlay(ctx context.Context, cl *incusapi.Client, inst *incusapi.Instance, in runtimes.Instance) *runtimes.Health {
+func (r *Runtime) rootHealth(ctx context.Context, cl *incusapi.Client, inst *incusapi.Instance, in runtimes.Instance) *runtimes.Health {
 	pool := rootPool(inst)
 	if pool == "" {
 		return &runtimes.Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("instance %s has no root disk device with a storage pool", inst.Name)}

@@ -13,6 +13,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,6 +22,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
+	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
 	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
@@ -467,4 +469,21 @@ var _ = framework.DescribeWorktrees("incus", framework.WorktreeSuite{
 		return sb
 	},
 	Runtime: func() runtimes.Runtime { return driver },
+})
+
+var _ = Describe("Incus overlay mounts", func() {
+	It("binds the merged view, keeps the source, reports the size limit, unmounts on stop and keeps the changes on delete", func() {
+		ns := env.NewNamespace()
+		src := runtimetest.OverlaySource(GinkgoT())
+		sb := newSandbox(ns, "ovl")
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
+		in, err := runtimes.Describe(ns+"/ovl", &sb.Spec, runtimes.Options{AreasRoot: env.AreasRoot})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
+		// The driver alone: a running controller would collect an
+		// instance whose Sandbox it cannot find.
+		mgr.Stop()
+		DeferCleanup(func() { mgr = startManager() })
+		runtimetest.OverlayMount(GinkgoT(), driver, in, src)
+	})
 })

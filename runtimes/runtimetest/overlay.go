@@ -1,0 +1,121 @@
+// Package runtimetest holds driver tests every backend runs the same way.
+// It is test code: only *_test.go files import it.
+package runtimetest
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// T is what the tests need of *testing.T, so Ginkgo suites can run them
+// through GinkgoT().
+type T interface {
+	Helper()
+	Log(args ...any)
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	TempDir() string
+}
+
+// OverlaySource makes a host directory with one file, main.go, for an
+// overlay mount to cover.
+func OverlaySource(t T) string {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "project")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// OverlayMount drives an instance whose spec mounts src at "project" with
+// mode overlay and a sizeLimit of 100Ki (in.Mounts[0]), and "sh" allowed,
+// through a driver: the sandbox sees its writes and the source does not;
+// the upper layer going over its limit turns the health UpperDirOverLimit
+// and back; Stop unmounts the merged view; the changes survive a stop and
+// start; Delete keeps them.
+func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
+	t.Helper()
+	ctx := context.Background()
+	layers := in.Mounts[0].Overlay
+	if layers == nil || layers.SizeLimit != 100*1024 {
+		t.Fatalf("the instance's first mount is not an overlay with a 100Ki limit: %+v", in.Mounts)
+	}
+	run := func(script string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		st, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &out, Stderr: &errb})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("exec %q: %v exit %d stderr %q", script, err, st.Code, errb.String())
+		}
+		return out.String()
+	}
+	health := func(want string) {
+		t.Helper()
+		st, err := rt.Inspect(ctx, in.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Overlay == nil || st.Overlay.Reason != want || st.Overlay.Healthy != (want == v1alpha1.ReasonHealthy) {
+			t.Fatalf("overlay health = %+v, want %s", st.Overlay, want)
+		}
+	}
+
+	if _, err := rt.Ensure(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	health(v1alpha1.ReasonHealthy)
+	if out := run("echo changed > /workspace/project/main.go && echo new > /workspace/project/new.txt && cat /workspace/project/main.go"); out != "changed\n" {
+		t.Fatalf("the sandbox does not see its own write: %q", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(src, "main.go")); string(b) != "package main\n" {
+		t.Fatalf("the host source changed: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(src, "new.txt")); err == nil {
+		t.Fatal("a file made inside appeared in the host source")
+	}
+	changes, err := layers.Diff()
+	if err != nil || len(changes) != 2 {
+		t.Fatalf("Diff = %v, %v", changes, err)
+	}
+
+	t.Log("over the size limit and back")
+	run("head -c 204800 /dev/zero > /workspace/project/big")
+	health(v1alpha1.ReasonUpperDirOverLimit)
+	run("rm /workspace/project/big")
+	health(v1alpha1.ReasonHealthy)
+
+	t.Log("stop unmounts, start mounts again with the changes")
+	if err := rt.Stop(ctx, in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := layers.Mounted(); ok {
+		t.Fatal("overlay still mounted after Stop")
+	}
+	if _, err := rt.Ensure(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	health(v1alpha1.ReasonHealthy)
+	if out := run("cat /workspace/project/new.txt"); out != "new\n" {
+		t.Fatalf("changes did not survive stop and start: %q", out)
+	}
+
+	if err := rt.Delete(ctx, in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := layers.Mounted(); ok {
+		t.Fatal("overlay still mounted after Delete")
+	}
+	if b, err := os.ReadFile(filepath.Join(layers.Upper, "new.txt")); err != nil || !strings.HasPrefix(string(b), "new") {
+		t.Fatalf("Delete lost the unapplied changes: %q, %v", b, err)
+	}
+}
