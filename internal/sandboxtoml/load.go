@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -44,6 +45,8 @@ type fileMount struct {
 	Source string `toml:"source"`
 	Target string `toml:"target"`
 	Mode   string `toml:"mode"`
+	// SizeLimit is a quantity ("512Mi") for an overlay mount's upper layer.
+	SizeLimit string `toml:"sizeLimit"`
 }
 
 type fileBwrap struct {
@@ -176,7 +179,13 @@ func Parse(name string, data []byte, agent string) (*v1alpha1.SandboxSpec, error
 		return nil, errors.Join(errs...)
 	}
 
-	spec := toSpec(f, agent)
+	spec, fieldErrs := toSpec(f, agent)
+	if len(fieldErrs) > 0 {
+		for _, fe := range fieldErrs {
+			errs = append(errs, tomlError(name, fe, loc))
+		}
+		return nil, errors.Join(errs...)
+	}
 	if err := validate(name, spec, loc); err != nil {
 		return nil, err
 	}
@@ -234,7 +243,10 @@ func decodeError(name string, data []byte, err error) error {
 
 var typeErrorPattern = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
 
-func toSpec(f file, agent string) *v1alpha1.SandboxSpec {
+// toSpec turns the file into a spec; the errors are values that do not
+// parse (a size that is not a quantity), before any rule is applied.
+func toSpec(f file, agent string) (*v1alpha1.SandboxSpec, field.ErrorList) {
+	var errs field.ErrorList
 	spec := &v1alpha1.SandboxSpec{
 		Agent:   agent,
 		Backend: v1alpha1.Backend(f.Backend),
@@ -243,12 +255,22 @@ func toSpec(f file, agent string) *v1alpha1.SandboxSpec {
 	if spec.Backend == "" {
 		spec.Backend = v1alpha1.BackendBwrap
 	}
-	for _, m := range f.Mounts {
+	for i, m := range f.Mounts {
 		mode := v1alpha1.MountMode(m.Mode)
 		if mode == "" {
 			mode = v1alpha1.MountReadOnly
 		}
-		spec.Mounts = append(spec.Mounts, v1alpha1.Mount{Source: m.Source, Target: m.Target, Mode: mode})
+		mount := v1alpha1.Mount{Source: m.Source, Target: m.Target, Mode: mode}
+		if m.SizeLimit != "" {
+			q, err := resource.ParseQuantity(m.SizeLimit)
+			if err != nil {
+				errs = append(errs, field.Invalid(field.NewPath("spec", "mounts").Index(i).Child("sizeLimit"), m.SizeLimit,
+					"must be a size such as 512Mi or 2Gi"))
+			} else {
+				mount.SizeLimit = &q
+			}
+		}
+		spec.Mounts = append(spec.Mounts, mount)
 	}
 	for _, b := range f.Bwrap.Binaries {
 		spec.Binaries = append(spec.Binaries, v1alpha1.BinaryName(b))
@@ -262,7 +284,7 @@ func toSpec(f file, agent string) *v1alpha1.SandboxSpec {
 	if f.Containerd != nil {
 		spec.Containerd = &v1alpha1.ContainerdSpec{Image: f.Containerd.Image}
 	}
-	return spec
+	return spec, errs
 }
 
 // specToKey maps the API's field paths onto sandbox.toml's keys where the

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -190,6 +192,11 @@ func TestRulesAreTheAPIsRules(t *testing.T) {
 				s.Incus = &v1alpha1.IncusSpec{Profiles: []string{}}
 			},
 			v1alpha1.MsgIncusRequired, "2:1"},
+		{"sizeLimit on a mount that is not an overlay", "[[mounts]]\nsource = \"/a\"\ntarget = \"a\"\nmode = \"rw\"\nsizeLimit = \"1Gi\"\n",
+			func(s *v1alpha1.SandboxSpec) {
+				s.Mounts = []v1alpha1.Mount{{Source: "/a", Target: "a", Mode: "rw", SizeLimit: ptr.To(resource.MustParse("1Gi"))}}
+			},
+			v1alpha1.MsgMountSizeLimit, "5:1"},
 		{"containerd without its table", "backend = \"containerd\"\n",
 			func(s *v1alpha1.SandboxSpec) { s.Backend = v1alpha1.BackendContainerd },
 			v1alpha1.MsgContainerdRequired, ""},
@@ -230,6 +237,21 @@ func TestRulesAreTheAPIsRules(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestOverlaySizeLimit(t *testing.T) {
+	spec, err := Parse("sandbox.toml", []byte("[[mounts]]\nsource = \"/a\"\ntarget = \"a\"\nmode = \"overlay\"\nsizeLimit = \"512Mi\"\n"), "ada")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := spec.Mounts[0]; m.Mode != v1alpha1.MountOverlay || m.SizeLimit == nil || m.SizeLimit.Value() != 512<<20 {
+		t.Fatalf("mount = %+v", m)
+	}
+	_, err = Parse("sandbox.toml", []byte("[[mounts]]\nsource = \"/a\"\ntarget = \"a\"\nmode = \"overlay\"\n  sizeLimit = \"lots\"\n"), "ada")
+	var te *Error
+	if !errors.As(err, &te) || te.Key != "mounts[0].sizeLimit" || te.Line != 5 || te.Column != 3 || !strings.Contains(te.Message, "512Mi") {
+		t.Fatalf("a size that is not a quantity: %v (%+v)", err, te)
 	}
 }
 
