@@ -80,12 +80,18 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: bench
-bench: bench-bwrap bench-containerd bench-incus bench-execapi ## Run every benchmark (tables in docs/benchmarks*.md).
+bench: bench-bwrap bench-claims bench-containerd bench-incus bench-execapi ## Run every benchmark (tables in docs/benchmarks*.md).
 
 .PHONY: bench-bwrap
 bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks.md.
 	@hack/install-deps.sh
 	SANDBOX_BENCH_TABLE="$(CURDIR)/docs/benchmarks.md" go test -count=1 -run '^$$' -bench '^BenchmarkLatencyTable$$' -benchtime 1x -v ./runtimes/bwrap/
+
+.PHONY: bench-claims
+bench-claims: ## Claim latency of the default backend, one at a time and in bursts, beside API server round trips; writes docs/benchmarks-claims.md.
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	SANDBOX_BENCH_CLAIMS="$(CURDIR)/docs/benchmarks-claims.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./controllers/ -ginkgo.label-filter=bench -ginkgo.v
 
 .PHONY: bench-containerd
 bench-containerd: ## Claim and exec latency of the containerd backend beside raw-client baselines; writes bin/bench-containerd.md.

@@ -1,0 +1,123 @@
+package controllers_test
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
+)
+
+// The claim benchmark of the default backend is opt-in: SANDBOX_BENCH_CLAIMS
+// names the file its table is written to (`make bench-claims` sets it),
+// SANDBOX_BENCH_N the samples of the one-at-a-time figures (default 30) and
+// SANDBOX_BENCH_BURST the size of a burst (default 100). Without it the
+// spec does not exist, so a normal run neither runs nor skips it.
+var _ = func() bool {
+	if os.Getenv("SANDBOX_BENCH_CLAIMS") == "" {
+		return false
+	}
+	Describe("claim benchmark (bwrap)", Label("bench"), Serial, func() {
+		It("measures claims one at a time and in bursts beside API server round trips", claimBenchmark)
+	})
+	return true
+}()
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func claimBenchmark() {
+	n, burst := envInt("SANDBOX_BENCH_N", 30), envInt("SANDBOX_BENCH_BURST", 100)
+	floor := env.APIRoundTrips(n)
+
+	ns := newNamespace()
+	var cold, hotBound, hotReady []time.Duration
+	for i := range n {
+		name := fmt.Sprintf("cold-%d", i)
+		Expect(k8s.Create(ctx, newSandbox(ns, name, ns+"-"+name, time.Minute))).To(Succeed())
+		Eventually(sandboxStatus(ns, name), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		start := time.Now()
+		Expect(k8s.Create(ctx, newClaim(ns, name, name))).To(Succeed())
+		cold = append(cold, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
+	}
+	for i := range n {
+		name := fmt.Sprintf("hot-%d", i)
+		start := time.Now()
+		Expect(k8s.Create(ctx, newClaim(ns, name, "cold-0"))).To(Succeed())
+		hotBound = append(hotBound, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionBound)))
+		hotReady = append(hotReady, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
+	}
+
+	apiBurst := env.APIBurst(burst)
+	coldBurst := claimBurst(burst, true)
+	sharedBurst := claimBurst(burst, false)
+
+	table := framework.RenderTable([]framework.BenchRow{
+		{What: "cold claim → Ready (Sandbox stopped)", Ours: cold, Baseline: "API server create+read", Base: floor},
+		{What: "hot claim → Bound (Sandbox running)", Ours: hotBound, Baseline: "API server create+read", Base: floor},
+		{What: "hot claim → Ready (Sandbox running)", Ours: hotReady, Baseline: "API server create+read", Base: floor},
+		{What: fmt.Sprintf("burst of %d claims, one Sandbox each → Ready", burst), Ours: coldBurst,
+			Baseline: fmt.Sprintf("%d concurrent create+read", burst), Base: apiBurst},
+		{What: fmt.Sprintf("burst of %d claims on one running Sandbox → Ready", burst), Ours: sharedBurst,
+			Baseline: fmt.Sprintf("%d concurrent create+read", burst), Base: apiBurst},
+	})
+	table += fmt.Sprintf("\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Status polled every %s (bursts: one List every 5 ms).\n", framework.PollEvery)
+	AddReportEntry("claim benchmark (bwrap)", table)
+	fmt.Fprintln(GinkgoWriter, table)
+	Expect(os.WriteFile(os.Getenv("SANDBOX_BENCH_CLAIMS"), []byte(table), 0o644)).To(Succeed())
+}
+
+// claimBurst creates burst claims at once: each on a Sandbox of its own
+// (stopped, made beforehand) when cold, else all on one running Sandbox.
+func claimBurst(burst int, cold bool) []time.Duration {
+	ns := newNamespace()
+	var claims []client.Object
+	if !cold {
+		Expect(k8s.Create(ctx, newSandbox(ns, "shared", ns+"-shared", time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "holder", "shared"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "shared"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+	}
+	for i := range burst {
+		name := fmt.Sprintf("b-%d", i)
+		target := "shared"
+		if cold {
+			target = name
+			Expect(k8s.Create(ctx, newSandbox(ns, name, ns+"-"+name, time.Minute))).To(Succeed())
+		}
+		claims = append(claims, newClaim(ns, name, target))
+	}
+	if cold {
+		Eventually(func() int {
+			var list v1alpha1.SandboxList
+			Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+			stopped := 0
+			for _, sb := range list.Items {
+				if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonStopped {
+					stopped++
+				}
+			}
+			return stopped
+		}, timeout).Should(Equal(burst))
+	}
+	return env.Burst(claims, func() map[string]bool {
+		var list v1alpha1.SessionClaimList
+		Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+		ready := map[string]bool{}
+		for _, c := range list.Items {
+			ready[c.Name] = meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionReady)
+		}
+		return ready
+	}, 5*time.Millisecond)
+}
