@@ -12,7 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -47,11 +49,12 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			func(_ context.Context, o client.Object) []reconcile.Request {
 				c := o.(*v1alpha1.SessionClaim)
 				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.SandboxName}}}
-			})).
+			}), builder.WithPredicates(claimChangesForSandbox)).
 		// A Sandbox that loses the agent name to another one must hear when
 		// that one goes.
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sameAgent)).
 		Named("sandbox").
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.SandboxWorkers, 4)}).
 		Complete(r)
 }
 

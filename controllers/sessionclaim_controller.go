@@ -9,7 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -34,8 +36,9 @@ type SessionClaimReconciler struct {
 func (r *SessionClaimReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.SessionClaim{}).
-		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf)).
+		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf), builder.WithPredicates(sandboxChangesForClaims)).
 		Named("sessionclaim").
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.ClaimWorkers, 16)}).
 		Complete(r)
 }
 
@@ -75,22 +78,9 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		return ctrl.Result{}, r.release(ctx, claim, owner)
 	}
-	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
-		controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
-		return ctrl.Result{}, r.Update(ctx, claim)
-	}
-
-	before := claim.DeepCopy()
-	defer func() {
-		if retErr == nil {
-			claim.Status.ObservedGeneration = claim.Generation
-		}
-		if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
-			retErr = errors.Join(retErr, err)
-		}
-	}()
-
 	gen := claim.Generation
+	before := claim.DeepCopy()
+	claim.Status.ObservedGeneration = gen
 	conds := &claim.Status.Conditions
 	switch {
 	case !found:
@@ -98,19 +88,12 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonSandboxNotFound, msg)
 		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotFound, msg)
 		claim.Status.Instance = ""
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status)
 	case !sb.DeletionTimestamp.IsZero():
 		msg := fmt.Sprintf("Sandbox %q is being deleted", sb.Name)
 		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonSandboxDeleting, msg)
 		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxDeleting, msg)
-		return ctrl.Result{}, nil
-	}
-
-	if !isOwnedBy(claim, sb) {
-		if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
-			return ctrl.Result{}, fmt.Errorf("making Sandbox %s the owner of claim %s: %w", sb.Name, req, err)
-		}
-		return ctrl.Result{}, r.Update(ctx, claim)
+		return ctrl.Result{}, patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status)
 	}
 
 	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
@@ -125,6 +108,33 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, msg)
 	}
+	// Status first: the Sandbox counts its claims by name from the moment
+	// they exist, so being bound waits for no other write, and a claim on
+	// a running Sandbox is Ready after this one.
+	if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Then, in one write, the finalizer (a worktree is released before the
+	// claim goes) and the owner reference (the claim goes with its Sandbox).
+	changed := controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
+	if !isOwnedBy(claim, sb) {
+		if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
+			return ctrl.Result{}, fmt.Errorf("making Sandbox %s the owner of claim %s: %w", sb.Name, req, err)
+		}
+		changed = true
+	}
+	if changed {
+		if err := r.Update(ctx, claim); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	before = claim.DeepCopy()
+	defer func() {
+		if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
 	return r.reconcileWorktree(ctx, claim, sb)
 }
 

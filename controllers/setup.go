@@ -47,6 +47,17 @@ type Options struct {
 	// OrphanInterval is how often instances whose Sandbox is gone are
 	// looked for and deleted; zero means 5m.
 	OrphanInterval time.Duration
+	// SandboxWorkers and ClaimWorkers are how many Sandboxes and claims are
+	// reconciled at once (never one object twice at once); zero means 4
+	// and 16.
+	SandboxWorkers, ClaimWorkers int
+}
+
+func workers(n, def int) int {
+	if n > 0 {
+		return n
+	}
+	return def
 }
 
 // Setup registers the field indexes and both controllers with mgr.

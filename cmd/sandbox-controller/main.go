@@ -33,6 +33,7 @@ import (
 
 type flags struct {
 	areasRoot, stateDir, nodeName, backends string
+	sandboxWorkers, claimWorkers            int
 	containerdAddress, containerdNamespace  string
 	containerdFIFODir                       string
 	incusSocket                             string
@@ -48,6 +49,8 @@ func main() {
 	var f flags
 	flag.StringVar(&f.areasRoot, "areas-root", "/var/lib/sandbox-controller/areas", "host directory holding one directory of areas per agent (<areas-root>/<agent>/{workspace,memories,blocks,skills,tasks}); never deleted by the controller")
 	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
+	flag.IntVar(&f.sandboxWorkers, "sandbox-workers", 4, "Sandboxes reconciled at once (a Sandbox is never reconciled twice at once)")
+	flag.IntVar(&f.claimWorkers, "claim-workers", 16, "SessionClaims reconciled at once; bursts of claims bind this many at a time")
 	flag.StringVar(&f.nodeName, "node-name", "", "reconcile only Sandboxes whose spec.nodeName is this node; empty reconciles only Sandboxes without a node name")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd, incus")
 	flag.StringVar(&f.incusSocket, "incus-socket", incus.DefaultSocket(), "incusd's unix socket for the incus backend (default $INCUS_SOCKET, else under $INCUS_DIR, else /var/lib/incus/unix.socket)")
@@ -155,10 +158,12 @@ Ctrl-C stops the controller and the control plane.
 	home, _ := os.UserHomeDir()
 	host := runtimes.Options{AreasRoot: areasRoot, Home: home}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
-		Runtimes: rts,
-		Host:     host,
-		NodeName: f.nodeName,
-		Endpoint: f.apiAdvertise,
+		Runtimes:       rts,
+		Host:           host,
+		NodeName:       f.nodeName,
+		Endpoint:       f.apiAdvertise,
+		SandboxWorkers: f.sandboxWorkers,
+		ClaimWorkers:   f.claimWorkers,
 	}); err != nil {
 		return err
 	}
