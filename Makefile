@@ -88,10 +88,10 @@ bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and f
 	SANDBOX_BENCH_TABLE="$(CURDIR)/docs/benchmarks.md" go test -count=1 -run '^$$' -bench '^BenchmarkLatencyTable$$' -benchtime 1x -v ./runtimes/bwrap/
 
 .PHONY: bench-claims
-bench-claims: ## Claim latency of the default backend, one at a time and in bursts, beside API server round trips; writes docs/benchmarks-claims.md.
+bench-claims: ## Claim latency of the default backend, one at a time and in bursts, beside API server round trips; writes bin/bench-claims.md (the table of docs/benchmarks-claims.md).
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
-	SANDBOX_BENCH_CLAIMS="$(CURDIR)/docs/benchmarks-claims.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./controllers/ -ginkgo.label-filter=bench -ginkgo.v
+	SANDBOX_BENCH_CLAIMS="$(CURDIR)/bin/bench-claims.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./controllers/ -ginkgo.label-filter=bench -ginkgo.v
 
 .PHONY: bench-containerd
 bench-containerd: ## Claim and exec latency of the containerd backend beside raw-client baselines; writes bin/bench-containerd.md.
