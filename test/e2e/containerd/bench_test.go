@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,13 +15,12 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // The benchmark is opt-in: SANDBOX_BENCH=1 adds it to the suite (the
@@ -40,63 +38,31 @@ var _ = func() bool {
 	return true
 }()
 
-// pollEvery is how often a benchmark reads status: the resolution of the
-// claim figures.
-const pollEvery = time.Millisecond
-
 func benchmark() {
 	n := 30
 	if v, err := strconv.Atoi(os.Getenv("SANDBOX_BENCH_N")); err == nil && v > 0 {
 		n = v
 	}
-	var rows []benchRow
+	var rows []framework.BenchRow
 
 	cold, hotBound, hotReady := claimLatencies(n)
 	rawStart := rawCreateStart(n)
 	driverStart := driverEnsureCold(n)
-	floor := apiRoundTrips(n)
+	floor := env.APIRoundTrips(n)
 	rows = append(rows,
-		benchRow{"cold claim → Ready (container made and started)", cold, "raw client create+start", rawStart},
-		benchRow{"driver Ensure, cold (no controller)", driverStart, "raw client create+start", rawStart},
-		benchRow{"hot claim → Bound (container already running)", hotBound, "API server create+read of an object", floor},
-		benchRow{"hot claim → Ready", hotReady, "API server create+read of an object", floor},
+		framework.BenchRow{What: "cold claim → Ready (container made and started)", Ours: cold, Baseline: "raw client create+start", Base: rawStart},
+		framework.BenchRow{What: "driver Ensure, cold (no controller)", Ours: driverStart, Baseline: "raw client create+start", Base: rawStart},
+		framework.BenchRow{What: "hot claim → Bound (container already running)", Ours: hotBound, Baseline: "API server create+read of an object", Base: floor},
+		framework.BenchRow{What: "hot claim → Ready", Ours: hotReady, Baseline: "API server create+read of an object", Base: floor},
 	)
 	ours, raw := execLatencies(n * 2)
-	rows = append(rows, benchRow{"exec `true` through the driver (policy, env, stdio)", ours, "raw client exec of `true`", raw})
+	rows = append(rows, framework.BenchRow{What: "exec `true` through the driver (policy, env, stdio)", Ours: ours, Baseline: "raw client exec of `true`", Base: raw})
 
-	table := renderTable(rows, n)
+	table := framework.RenderTable(rows) + fmt.Sprintf("\n%d samples per claim figure, %d per exec figure; status polled every %s.\n", n, 2*n, framework.PollEvery)
 	AddReportEntry("containerd benchmark", table)
 	fmt.Fprintln(GinkgoWriter, table)
 	if out := os.Getenv("SANDBOX_BENCH_OUT"); out != "" {
 		Expect(os.WriteFile(out, []byte(table), 0o644)).To(Succeed())
-	}
-}
-
-type benchRow struct {
-	what     string
-	ours     []time.Duration
-	baseline string
-	base     []time.Duration
-}
-
-// waitFor polls cond through the direct client and returns how long it
-// took from start.
-func waitFor(start time.Time, cond func() bool) time.Duration {
-	deadline := start.Add(timeout)
-	for !cond() {
-		Expect(time.Now().Before(deadline)).To(BeTrue(), "the condition did not hold within %s", timeout)
-		time.Sleep(pollEvery)
-	}
-	return time.Since(start)
-}
-
-func claimCondition(ns, name, typ string) func() bool {
-	return func() bool {
-		var c v1alpha1.SessionClaim
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &c); err != nil {
-			return false
-		}
-		return meta.IsStatusConditionTrue(c.Status.Conditions, typ)
 	}
 }
 
@@ -112,7 +78,7 @@ func claimLatencies(n int) (cold, hotBound, hotReady []time.Duration) {
 
 		start := time.Now()
 		Expect(k8s.Create(ctx, newClaim(ns, name, name))).To(Succeed())
-		cold = append(cold, waitFor(start, claimCondition(ns, name, v1alpha1.ConditionReady)))
+		cold = append(cold, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
 
 		if i == 0 {
 			// The first Sandbox stays up for the hot figures.
@@ -124,8 +90,8 @@ func claimLatencies(n int) (cold, hotBound, hotReady []time.Duration) {
 		name := fmt.Sprintf("hot-%d", i)
 		start := time.Now()
 		Expect(k8s.Create(ctx, newClaim(ns, name, "cold-0"))).To(Succeed())
-		hotBound = append(hotBound, waitFor(start, claimCondition(ns, name, v1alpha1.ConditionBound)))
-		hotReady = append(hotReady, waitFor(start, claimCondition(ns, name, v1alpha1.ConditionReady)))
+		hotBound = append(hotBound, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionBound)))
+		hotReady = append(hotReady, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
 	}
 	var sb v1alpha1.Sandbox
 	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cold-0"}, &sb)).To(Succeed())
@@ -179,21 +145,6 @@ func driverEnsureCold(n int) []time.Duration {
 		out = append(out, time.Since(start))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(drv.Delete(ctx, in.Name)).To(Succeed())
-	}
-	return out
-}
-
-// apiRoundTrips is the floor of a hot claim: writing an object and reading
-// it back, with no controller in between.
-func apiRoundTrips(n int) []time.Duration {
-	ns := env.NewNamespace()
-	var out []time.Duration
-	for i := range n {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", i)}}
-		start := time.Now()
-		Expect(k8s.Create(ctx, cm)).To(Succeed())
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{})).To(Succeed())
-		out = append(out, time.Since(start))
 	}
 	return out
 }
@@ -253,26 +204,4 @@ func rawExecTrue(c *containerdclient.Client, nsCtx context.Context, inst string,
 		_ = proc.Kill(nsCtx, syscall.SIGKILL)
 	}
 	Expect(err).NotTo(HaveOccurred())
-}
-
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(float64(len(s)-1)*p + 0.5)
-	return s[i]
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
-
-func renderTable(rows []benchRow, n int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "| measurement | p50 | p99 | baseline (same run) | baseline p50 | baseline p99 | p50 overhead |\n")
-	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- |\n")
-	for _, r := range rows {
-		p50, b50 := percentile(r.ours, 0.5), percentile(r.base, 0.5)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %+.0f%% |\n", r.what, ms(p50), ms(percentile(r.ours, 0.99)),
-			r.baseline, ms(b50), ms(percentile(r.base, 0.99)), 100*(float64(p50)/float64(b50)-1))
-	}
-	fmt.Fprintf(&b, "\n%d samples per claim figure, %d per exec figure; status polled every %s.\n", n, 2*n, pollEvery)
-	return b.String()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // The latency table of docs/benchmarks-incus.md: each path through the
@@ -128,12 +129,6 @@ type benchRow struct {
 	what     string
 	samples  []time.Duration
 	baseline []time.Duration
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // claimToReady measures from a claim's creation to its Sandbox's Ready,
@@ -262,8 +257,8 @@ func writeBenchTable(path string, rows []benchRow, lifecycleRuns, execRuns int) 
 	for _, r := range rows {
 		s := slices.Clone(r.samples)
 		slices.Sort(s)
-		ratio := float64(median(r.samples)) / float64(median(r.baseline))
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f× |\n", r.what, ms(median(s)), ms(s[0]), ms(s[len(s)-1]), ratio)
+		ratio := float64(framework.Percentile(r.samples, 0.5)) / float64(framework.Percentile(r.baseline, 0.5))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f× |\n", r.what, framework.Ms(framework.Percentile(s, 0.5)), framework.Ms(s[0]), framework.Ms(s[len(s)-1]), ratio)
 	}
 	fmt.Fprintf(&b, "\n%d runs of each lifecycle path and %d of each exec path (after 5 warm-up runs), interleaved; measured %s.\n\n",
 		lifecycleRuns, execRuns, time.Now().UTC().Format("2006-01-02"))
@@ -272,4 +267,3 @@ func writeBenchTable(path string, rows []benchRow, lifecycleRuns, execRuns int) 
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
