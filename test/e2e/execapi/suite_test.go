@@ -8,7 +8,6 @@ package execapi_test
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -21,7 +20,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -30,6 +28,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -110,18 +109,29 @@ func clientCAFile() string {
 }
 
 func startAPI() {
-	cert, key, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, nil)
+	// The certificate make run serves with: ECDSA P-256, as a deployment
+	// should (an RSA key doubles the handshake's cost here).
+	caFile, _, _, err := localcp.ServingCert(env.Dir)
 	Expect(err).NotTo(HaveOccurred())
-	servingCA = cert
-	certFile, keyFile := filepath.Join(env.Dir, "serving.crt"), filepath.Join(env.Dir, "serving.key")
-	Expect(os.WriteFile(certFile, cert, 0o600)).To(Succeed())
-	Expect(os.WriteFile(keyFile, key, 0o600)).To(Succeed())
+	servingCA, err = os.ReadFile(caFile)
+	Expect(err).NotTo(HaveOccurred())
+	apiHost, stopAPI = serveAPI(env.Client, time.Millisecond, apiDone)
+}
 
-	cfg := execapi.Config{BindAddress: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCAFile(), AuthCacheTTL: time.Millisecond}
+// serveAPI starts an exec API server, with the suite's serving
+// certificate, reading claims through reader and caching authentication
+// and authorisation answers for ttl; it returns the server's https://
+// address and what stops it (its end goes to done). The suite's own server
+// reads straight from the API server with a millisecond cache, so every
+// spec sees what it just wrote; the benchmark's reads through the
+// manager's cache as the controller does.
+func serveAPI(reader client.Reader, ttl time.Duration, done chan<- error) (string, context.CancelFunc) {
+	certFile, keyFile := filepath.Join(env.Dir, "tls.crt"), filepath.Join(env.Dir, "tls.key")
+	cfg := execapi.Config{BindAddress: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCAFile(), AuthCacheTTL: ttl}
 	auth, err := execapi.DelegatingAuth(kube, cfg.ClientCAFile, cfg.AuthCacheTTL)
 	Expect(err).NotTo(HaveOccurred())
 	srv, err := execapi.New(cfg, execapi.Options{
-		Reader:     env.Client,
+		Reader:     reader,
 		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: mgr.Runtimes[v1alpha1.BackendBwrap]},
 		Host:       runtimes.Options{AreasRoot: env.AreasRoot, Home: "/nonexistent-home"},
 		Auth:       auth,
@@ -131,10 +141,9 @@ func startAPI() {
 	Expect(err).NotTo(HaveOccurred())
 	addr, err := srv.Listen()
 	Expect(err).NotTo(HaveOccurred())
-	apiHost = "https://" + addr.String()
-	var runCtx context.Context
-	runCtx, stopAPI = context.WithCancel(context.Background())
-	go func() { apiDone <- srv.Start(runCtx) }()
+	runCtx, stop := context.WithCancel(context.Background())
+	go func() { done <- srv.Start(runCtx) }()
+	return "https://" + addr.String(), stop
 }
 
 // apiConfig is a client configuration for the exec API with the

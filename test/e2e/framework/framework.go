@@ -104,6 +104,9 @@ func repoRoot() string {
 // Manager is one running controller manager and the recorders around its drivers.
 type Manager struct {
 	Runtimes map[v1alpha1.Backend]*Recorder
+	// Client is the manager's client, reading through its cache as the
+	// controller's own exec API does.
+	Client client.Client
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -118,7 +121,7 @@ func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts c
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	run := &Manager{Runtimes: map[v1alpha1.Backend]*Recorder{}, done: make(chan struct{})}
+	run := &Manager{Runtimes: map[v1alpha1.Backend]*Recorder{}, Client: m.GetClient(), done: make(chan struct{})}
 	opts.Runtimes = map[v1alpha1.Backend]runtimes.Runtime{}
 	for b, d := range drivers {
 		rec := &Recorder{Runtime: d}
