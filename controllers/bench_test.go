@@ -48,16 +48,20 @@ func claimBenchmark() {
 		name := fmt.Sprintf("cold-%d", i)
 		Expect(k8s.Create(ctx, newSandbox(ns, name, ns+"-"+name, time.Minute))).To(Succeed())
 		Eventually(sandboxStatus(ns, name), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		w := env.WatchClaim(ns, name)
 		start := time.Now()
 		Expect(k8s.Create(ctx, newClaim(ns, name, name))).To(Succeed())
-		cold = append(cold, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
+		cold = append(cold, w.Until(start, v1alpha1.ConditionReady))
+		w.Stop()
 	}
 	for i := range n {
 		name := fmt.Sprintf("hot-%d", i)
+		w := env.WatchClaim(ns, name)
 		start := time.Now()
 		Expect(k8s.Create(ctx, newClaim(ns, name, "cold-0"))).To(Succeed())
-		hotBound = append(hotBound, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionBound)))
-		hotReady = append(hotReady, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
+		hotBound = append(hotBound, w.Until(start, v1alpha1.ConditionBound))
+		hotReady = append(hotReady, w.Until(start, v1alpha1.ConditionReady))
+		w.Stop()
 	}
 
 	apiBurst := env.APIBurst(burst)
@@ -73,7 +77,7 @@ func claimBenchmark() {
 		{What: fmt.Sprintf("burst of %d claims on one running Sandbox → Ready", burst), Ours: sharedBurst,
 			Baseline: fmt.Sprintf("%d concurrent create+read", burst), Base: apiBurst},
 	})
-	table += fmt.Sprintf("\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Status polled every %s (bursts: one List every 5 ms).\n", framework.PollEvery)
+	table += fmt.Sprintf("\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Conditions observed through a watch.\n")
 	AddReportEntry("claim benchmark (bwrap)", table)
 	fmt.Fprintln(GinkgoWriter, table)
 	Expect(os.WriteFile(os.Getenv("SANDBOX_BENCH_CLAIMS"), []byte(table), 0o644)).To(Succeed())
@@ -83,7 +87,7 @@ func claimBenchmark() {
 // (stopped, made beforehand) when cold, else all on one running Sandbox.
 func claimBurst(burst int, cold bool) []time.Duration {
 	ns := newNamespace()
-	var claims []client.Object
+	var claims []*v1alpha1.SessionClaim
 	if !cold {
 		Expect(k8s.Create(ctx, newSandbox(ns, "shared", ns+"-shared", time.Minute))).To(Succeed())
 		Expect(k8s.Create(ctx, newClaim(ns, "holder", "shared"))).To(Succeed())
@@ -111,13 +115,5 @@ func claimBurst(burst int, cold bool) []time.Duration {
 			return stopped
 		}, timeout).Should(Equal(burst))
 	}
-	return env.Burst(claims, func() map[string]bool {
-		var list v1alpha1.SessionClaimList
-		Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
-		ready := map[string]bool{}
-		for _, c := range list.Items {
-			ready[c.Name] = meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionReady)
-		}
-		return ready
-	}, 5*time.Millisecond)
+	return env.ClaimBurst(claims)
 }

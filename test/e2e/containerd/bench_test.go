@@ -58,7 +58,7 @@ func benchmark() {
 	ours, raw := execLatencies(n * 2)
 	rows = append(rows, framework.BenchRow{What: "exec `true` through the driver (policy, env, stdio)", Ours: ours, Baseline: "raw client exec of `true`", Base: raw})
 
-	table := framework.RenderTable(rows) + fmt.Sprintf("\n%d samples per claim figure, %d per exec figure; status polled every %s.\n", n, 2*n, framework.PollEvery)
+	table := framework.RenderTable(rows) + fmt.Sprintf("\n%d samples per claim figure, %d per exec figure; claim conditions observed through a watch.\n", n, 2*n)
 	AddReportEntry("containerd benchmark", table)
 	fmt.Fprintln(GinkgoWriter, table)
 	if out := os.Getenv("SANDBOX_BENCH_OUT"); out != "" {
@@ -76,9 +76,11 @@ func claimLatencies(n int) (cold, hotBound, hotReady []time.Duration) {
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
 		Eventually(env.SandboxStatus(ns, name), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
 
+		w := env.WatchClaim(ns, name)
 		start := time.Now()
 		Expect(k8s.Create(ctx, newClaim(ns, name, name))).To(Succeed())
-		cold = append(cold, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
+		cold = append(cold, w.Until(start, v1alpha1.ConditionReady))
+		w.Stop()
 
 		if i == 0 {
 			// The first Sandbox stays up for the hot figures.
@@ -88,10 +90,12 @@ func claimLatencies(n int) (cold, hotBound, hotReady []time.Duration) {
 	}
 	for i := range n {
 		name := fmt.Sprintf("hot-%d", i)
+		w := env.WatchClaim(ns, name)
 		start := time.Now()
 		Expect(k8s.Create(ctx, newClaim(ns, name, "cold-0"))).To(Succeed())
-		hotBound = append(hotBound, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionBound)))
-		hotReady = append(hotReady, framework.WaitFor(start, env.ClaimCondition(ns, name, v1alpha1.ConditionReady)))
+		hotBound = append(hotBound, w.Until(start, v1alpha1.ConditionBound))
+		hotReady = append(hotReady, w.Until(start, v1alpha1.ConditionReady))
+		w.Stop()
 	}
 	var sb v1alpha1.Sandbox
 	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cold-0"}, &sb)).To(Succeed())

@@ -13,36 +13,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
-
-// PollEvery is how often a benchmark reads status: the resolution of its
-// claim figures.
-const PollEvery = time.Millisecond
-
-// WaitFor polls cond and returns how long it took from start.
-func WaitFor(start time.Time, cond func() bool) time.Duration {
-	deadline := start.Add(Timeout)
-	for !cond() {
-		Expect(time.Now().Before(deadline)).To(BeTrue(), "the condition did not hold within %s", Timeout)
-		time.Sleep(PollEvery)
-	}
-	return time.Since(start)
-}
-
-// ClaimCondition says whether a claim's condition typ is True, read
-// straight from the API server.
-func (e *Env) ClaimCondition(ns, name, typ string) func() bool {
-	return func() bool {
-		var c v1alpha1.SessionClaim
-		if err := e.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &c); err != nil {
-			return false
-		}
-		return meta.IsStatusConditionTrue(c.Status.Conditions, typ)
-	}
-}
 
 // APIRoundTrips is the floor of a claim figure: writing an object and
 // reading it back, with no controller in between.
@@ -82,39 +57,58 @@ func (e *Env) APIBurst(n int) []time.Duration {
 	return out
 }
 
-// Burst creates the objects concurrently at one start and returns, for
-// each, the time from that start until ready(it) holds; ready is checked
-// for all of them by one List every pollEvery.
-func (e *Env) Burst(objs []client.Object, list func() map[string]bool, pollEvery time.Duration) []time.Duration {
+// ClaimBurst creates the claims (all in one namespace) at once and
+// returns, for each, the time from the burst's start until a watch tells
+// it is Ready.
+func (e *Env) ClaimBurst(claims []*v1alpha1.SessionClaim) []time.Duration {
+	ns := claims[0].Namespace
+	w := e.WatchClaims(ns)
+	defer w.Stop()
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, o := range objs {
+	for _, c := range claims {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer GinkgoRecover()
-			Expect(e.Client.Create(context.Background(), o)).To(Succeed())
+			Expect(e.Client.Create(context.Background(), c)).To(Succeed())
 		}()
 	}
-	out := map[string]time.Duration{}
-	deadline := start.Add(Timeout)
-	for len(out) < len(objs) {
-		Expect(time.Now().Before(deadline)).To(BeTrue(), "%d of %d ready within %s", len(out), len(objs), Timeout)
-		ready := list()
-		now := time.Since(start)
-		for _, o := range objs {
-			if _, seen := out[o.GetName()]; !seen && ready[o.GetName()] {
-				out[o.GetName()] = now
-			}
+	ready := map[string]time.Duration{}
+	see := func(c *v1alpha1.SessionClaim) {
+		if _, seen := ready[c.Name]; !seen && meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionReady) {
+			ready[c.Name] = time.Since(start)
 		}
-		time.Sleep(pollEvery)
+	}
+	timeout := time.After(Timeout)
+	for len(ready) < len(claims) {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				// The API server may end a watch that a burst floods;
+				// catch up with a list and watch again.
+				w = e.WatchClaims(ns)
+				defer w.Stop()
+				var list v1alpha1.SessionClaimList
+				Expect(e.Client.List(context.Background(), &list, client.InNamespace(ns))).To(Succeed())
+				for i := range list.Items {
+					see(&list.Items[i])
+				}
+				continue
+			}
+			if c, isClaim := ev.Object.(*v1alpha1.SessionClaim); isClaim {
+				see(c)
+			}
+		case <-timeout:
+			Fail(fmt.Sprintf("%d of %d claims Ready within %s", len(ready), len(claims), Timeout))
+		}
 	}
 	wg.Wait()
-	ds := make([]time.Duration, 0, len(out))
-	for _, d := range out {
-		ds = append(ds, d)
+	out := make([]time.Duration, 0, len(ready))
+	for _, d := range ready {
+		out = append(out, d)
 	}
-	return ds
+	return out
 }
 
 // Percentile is the p-th percentile (0..1) of ds.
@@ -149,3 +143,56 @@ func RenderTable(rows []BenchRow) string {
 	}
 	return b.String()
 }
+
+// ClaimWatch follows one claim through a watch, so a benchmark learns of a
+// condition as soon as the API server tells of it without loading the
+// machine with reads. Start it before the claim is created.
+type ClaimWatch struct {
+	w    watch.Interface
+	last *v1alpha1.SessionClaim
+}
+
+// WatchClaim starts watching the claim ns/name (which may not exist yet).
+func (e *Env) WatchClaim(ns, name string) *ClaimWatch {
+	return &ClaimWatch{w: e.watchClaims(ns, client.MatchingFields{"metadata.name": name})}
+}
+
+// WatchClaims starts watching every claim of a namespace.
+func (e *Env) WatchClaims(ns string) watch.Interface { return e.watchClaims(ns) }
+
+func (e *Env) watchClaims(ns string, opts ...client.ListOption) watch.Interface {
+	e.watchOnce.Do(func() {
+		var err error
+		e.watcher, err = client.NewWithWatch(e.Config, client.Options{Scheme: e.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+	})
+	w, err := e.watcher.Watch(context.Background(), &v1alpha1.SessionClaimList{}, append(opts, client.InNamespace(ns))...)
+	Expect(err).NotTo(HaveOccurred())
+	return w
+}
+
+// Until returns the time from start until the claim's condition typ is
+// True, then or earlier.
+func (c *ClaimWatch) Until(start time.Time, typ string) time.Duration {
+	if c.last != nil && meta.IsStatusConditionTrue(c.last.Status.Conditions, typ) {
+		return time.Since(start)
+	}
+	timeout := time.After(Timeout)
+	for {
+		select {
+		case ev, ok := <-c.w.ResultChan():
+			Expect(ok).To(BeTrue(), "the watch ended before %s", typ)
+			if claim, isClaim := ev.Object.(*v1alpha1.SessionClaim); isClaim {
+				c.last = claim
+				if meta.IsStatusConditionTrue(claim.Status.Conditions, typ) {
+					return time.Since(start)
+				}
+			}
+		case <-timeout:
+			Fail(fmt.Sprintf("the claim was not %s within %s", typ, Timeout))
+		}
+	}
+}
+
+// Stop ends the watch.
+func (c *ClaimWatch) Stop() { c.w.Stop() }

@@ -50,6 +50,9 @@ type Env struct {
 	AreasRoot string
 	// Dir is a fresh scratch directory for the suite (state, images, repos).
 	Dir string
+
+	watchOnce sync.Once
+	watcher   client.WithWatch
 }
 
 // Start starts the API server; call it in BeforeSuite. A missing envtest
