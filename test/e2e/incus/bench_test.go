@@ -12,9 +12,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -131,7 +129,8 @@ type benchRow struct {
 	baseline []time.Duration
 }
 
-// claimToReady measures from a claim's creation to its Sandbox's Ready,
+// claimToReady measures from a claim's creation to its Ready (its
+// Sandbox's instance running), observed through a watch,
 // then releases the claim and waits until the instance is stopped (or, for
 // a fresh Sandbox, deletes it so the next run is cold again).
 func claimToReady(ns, sandbox string, fresh bool, claimName ...string) time.Duration {
@@ -144,20 +143,11 @@ func claimToReady(ns, sandbox string, fresh bool, claimName ...string) time.Dura
 		cn = claimName[0]
 	}
 	claim := newClaim(ns, cn, sandbox)
+	w := env.WatchClaim(ns, cn)
+	defer w.Stop()
 	start := time.Now()
 	Expect(k8s.Create(ctx, claim)).To(Succeed())
-	var took time.Duration
-	Eventually(func() bool {
-		var sb v1alpha1.Sandbox
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: sandbox}, &sb); err != nil {
-			return false
-		}
-		if meta.IsStatusConditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) && sb.Status.Claims == 1 {
-			took = time.Since(start)
-			return true
-		}
-		return false
-	}, timeout, 2*time.Millisecond).Should(BeTrue())
+	took := w.Until(start, v1alpha1.ConditionReady)
 	env.DeleteAndWait(claim)
 	Eventually(sandboxStatus(ns, sandbox), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
 	if fresh {
