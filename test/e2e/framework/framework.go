@@ -110,8 +110,8 @@ type Manager struct {
 	// Client is the manager's client, reading through its cache as the
 	// controller's own exec API does.
 	Client client.Client
-	cancel   context.CancelFunc
-	done     chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // StartManager runs the controllers over the given drivers, each wrapped in

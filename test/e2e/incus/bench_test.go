@@ -256,4 +256,3 @@ func writeBenchTable(path string, rows []benchRow, lifecycleRuns, execRuns int) 
 		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, srv.Environment.ServerVersion, pool.Name, pool.Driver, runtime.Version(), os.Getuid())
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
-
