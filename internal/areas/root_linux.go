@@ -185,6 +185,26 @@ func (r *Root) open(op, rel string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), r.name+"/"+rel), nil
 }
 
+// OpenDir opens a directory as a path handle (O_PATH), for binding it into
+// a sandbox by descriptor: what the handle names was resolved beneath the
+// root, so a symbolic link swapped in afterwards cannot redirect the bind.
+// rel "" is the root itself.
+func (r *Root) OpenDir(rel string) (*os.File, error) {
+	const op = "opening directory"
+	if rel == "" {
+		fd, err := r.openRoot(op, rel)
+		if err != nil {
+			return nil, err
+		}
+		return os.NewFile(uintptr(fd), r.name), nil
+	}
+	fd, err := r.at(op, rel, rel, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), r.name+"/"+rel), nil
+}
+
 // Read returns the contents of a regular file; see Open.
 func (r *Root) Read(rel string) ([]byte, error) {
 	f, err := r.open("reading", rel)

@@ -24,6 +24,10 @@ func (r *Root) Open(rel string) (*os.File, error) { return nil, r.unsupported("o
 
 func (r *Root) Read(rel string) ([]byte, error) { return nil, r.unsupported("reading", rel) }
 
+func (r *Root) OpenDir(rel string) (*os.File, error) {
+	return nil, r.unsupported("opening directory", rel)
+}
+
 func (r *Root) Stat(rel string) (Entry, error) { return Entry{}, r.unsupported("stat", rel) }
 
 func (r *Root) Lstat(rel string) (Entry, error) { return Entry{}, r.unsupported("lstat", rel) }

@@ -304,6 +304,7 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	}
 
 	var cmd *exec.Cmd
+	var extra []*os.File
 	if disabled {
 		fmt.Fprint(r.warnings, policy.DisabledWarning(value))
 		cmd = exec.CommandContext(ctx, c.Path, c.Args...)
@@ -311,8 +312,17 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		cmd.Dir = c.Workspace
 		cmd.Env = c.Env
 	} else {
+		// Git directories are bound from handles opened beneath their
+		// mounts (runtimes.GitDir); one that cannot be opened is left out.
+		dirs, _ := rec.Instance.OpenGitDirs()
+		defer runtimes.CloseGitDirs(dirs)
+		for _, d := range dirs {
+			c.GitDirs = append(c.GitDirs, d.Bind.Target)
+			extra = append(extra, d.Dir)
+		}
 		cmd = exec.CommandContext(ctx, r.bwrap, r.Args(rec.Instance, c)...)
 		cmd.Env = []string{}
+		cmd.ExtraFiles = extra
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	// bwrap's --die-with-parent ends the sandbox if we die; its own process
@@ -356,6 +366,9 @@ type Command struct {
 	Binds []string
 	// Workspace is the agent's workspace directory on the host.
 	Workspace string
+	// GitDirs are the targets of the instance's git directory binds, bound
+	// from the descriptors 3, 4, ... the command inherits (ExtraFiles).
+	GitDirs []string
 }
 
 // prepare applies the policy: the allowlist and argv checks, the lookup of
@@ -509,7 +522,12 @@ func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 		a = append(a, bindFlag(b.ReadOnly), b.Source, b.Target)
 	}
 	for _, m := range in.Mounts {
-		a = append(a, bindFlag(m.ReadOnly), m.Source, m.Target)
+		if !m.GitDir {
+			a = append(a, bindFlag(m.ReadOnly), m.Source, m.Target)
+		}
+	}
+	for i, t := range c.GitDirs {
+		a = append(a, "--bind-fd", strconv.Itoa(3+i), t)
 	}
 	a = append(a, "--remount-ro", "/", "--chdir", policy.SandboxHome, "--clearenv")
 	for _, kv := range c.Env {
