@@ -584,7 +584,14 @@ func TestImageChangeToAnAbsentImageKeepsTheContainer(t *testing.T) {
 
 func TestGitDirBindsApplyLive(t *testing.T) {
 	rt, image := daemon(t, nil)
-	base := func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh", "cat"} }
+	// A git directory where a worktree's .git file points, inside a
+	// read-write mount, at a path the container's image does not have.
+	projects := t.TempDir()
+	gitDir := filepath.Join(projects, "repo with space", ".git")
+	base := func(s *v1alpha1.SandboxSpec) {
+		s.Binaries = []v1alpha1.BinaryName{"sh", "cat"}
+		s.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
+	}
 	in := instance(t, rt, image, "unit-gitdir", base)
 	ensure(t, rt, in)
 	run(t, rt, in.Name, "", "sh", "-c", "sleep 1000 >/dev/null 2>&1 &")
@@ -598,9 +605,6 @@ func TestGitDirBindsApplyLive(t *testing.T) {
 		t.Fatal("no background process to tell a restart by")
 	}
 
-	// A git directory somewhere a worktree's .git file points: a path the
-	// container's image does not have.
-	gitDir := filepath.Join(t.TempDir(), "repo with space", ".git")
 	if err := os.MkdirAll(gitDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -656,6 +660,28 @@ func TestGitDirBindsApplyLive(t *testing.T) {
 	ensure(t, rt, withGit)
 	if _, out, stderr := run(t, rt, in.Name, "", "cat", filepath.Join(gitDir, "HEAD")); out != "ref: refs/heads/main\n" {
 		t.Fatalf("the git directory inside after a restart: %q %s", out, stderr)
+	}
+
+	t.Log("a .git replaced by a link out of the mount is not bound at the next start")
+	secret := filepath.Join(t.TempDir(), "host-secret")
+	if err := os.MkdirAll(secret, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secret, "HEAD"), []byte("host secret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(context.Background(), in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(gitDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, gitDir); err != nil {
+		t.Fatal(err)
+	}
+	ensure(t, rt, withGit)
+	if code, out, _ := run(t, rt, in.Name, "", "cat", filepath.Join(gitDir, "HEAD")); code == 0 || out == "host secret\n" {
+		t.Fatalf("a link out of the mount was bound: exit %d, %q", code, out)
 	}
 }
 

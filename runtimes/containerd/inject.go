@@ -13,18 +13,21 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
-// Git directory binds come and go with the claims of a running container.
-// A container's mounts are fixed when its task starts, so they are put in
-// place the way a restart would, but live: the host directory is cloned as
-// a detached mount (open_tree) in the controller's mount namespace and
+// Git directory binds come and go with the claims of a running container,
+// and are never part of its spec: runc would bind them by path, and the
+// path lies in a mount the agent writes to (see runtimes.GitDir). So every
+// one is put in place after the task starts, and live as claims change:
+// the directory, opened beneath its mount, is cloned as a detached mount
+// (open_tree on the handle) in the controller's mount namespace and
 // attached (move_mount) inside the container's, on a thread that has left
-// the controller's. The container record is updated too, so the next start
-// has the same binds.
+// the controller's.
 
-// injectBinds mounts each bind inside the mount namespace of pid, the
-// container's init. A target that is a mount point already is left alone,
-// so a retry after a failure part way does not stack a second mount.
-func injectBinds(pid uint32, binds []runtimes.Bind) error {
+// injectBinds mounts each git directory bind of in inside the mount
+// namespace of pid, the container's init. A target that is a mount point
+// already is left alone, so a retry after a failure part way does not
+// stack a second mount; a directory that cannot be opened beneath its
+// mount is left out, and its claim's git reports it.
+func injectBinds(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
 	for _, b := range binds {
 		mounted, err := mountedIn(pid, b.Target)
 		if err != nil {
@@ -33,15 +36,21 @@ func injectBinds(pid uint32, binds []runtimes.Bind) error {
 		if mounted {
 			continue
 		}
-		if err := injectBind(pid, b); err != nil {
+		dir, err := in.OpenGitDir(b)
+		if err != nil {
+			continue
+		}
+		err = injectBind(pid, dir, b)
+		dir.Close()
+		if err != nil {
 			return fmt.Errorf("binding %s at %s inside the running container: %w", b.Source, b.Target, err)
 		}
 	}
 	return nil
 }
 
-func injectBind(pid uint32, b runtimes.Bind) error {
-	tree, err := unix.OpenTree(unix.AT_FDCWD, b.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+func injectBind(pid uint32, dir *os.File, b runtimes.Bind) error {
+	tree, err := unix.OpenTree(int(dir.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
 		return fmt.Errorf("cloning %s: %w", b.Source, err)
 	}

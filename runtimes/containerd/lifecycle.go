@@ -98,7 +98,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 			}
 		} else {
 			if running {
-				if err := liveBinds(task, change); err != nil {
+				if err := liveBinds(task, in, change); err != nil {
 					return runtimes.State{}, r.fail(op, in.Name, err)
 				}
 			}
@@ -124,6 +124,9 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		if task, err = r.start(ctx, c, cont, task, in, !created); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
+		if err := injectBinds(task.Pid(), in, in.GitDirBinds()); err != nil {
+			return runtimes.State{}, r.fail(op, in.Name, err)
+		}
 	}
 	st := stateOf(info, true)
 	if st.Overlay, err = r.overlay(ctx, c, info, task, true, in); err != nil {
@@ -134,7 +137,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 
 // liveBinds applies the git directory binds a change adds and removes to
 // the running task, before the record says they are there.
-func liveBinds(task containerd.Task, change Change) error {
+func liveBinds(task containerd.Task, in runtimes.Instance, change Change) error {
 	if len(change.BindsAdded) == 0 && len(change.BindsRemoved) == 0 {
 		return nil
 	}
@@ -142,7 +145,7 @@ func liveBinds(task containerd.Task, change Change) error {
 	if err := ejectBinds(pid, change.BindsRemoved); err != nil {
 		return err
 	}
-	return injectBinds(pid, change.BindsAdded)
+	return injectBinds(pid, in, change.BindsAdded)
 }
 
 // layoutAreas makes the agent's area directories on the host, so the binds

@@ -113,17 +113,21 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 }
 
 // Mounts are the container's mounts beyond containerd's defaults: /tmp,
-// then the standard areas, then the custom mounts below /workspace and the
-// git directories of worktrees (Describe sorts them, so a parent is mounted
-// before anything inside it), and udev's database read-only when devices
-// are exposed. /tmp comes first so that a git directory below /tmp on the
-// host is bound on top of it, not hidden under it.
+// then the standard areas, then the custom mounts below /workspace
+// (Describe sorts them, so a parent is mounted before anything inside it),
+// and udev's database read-only when devices are exposed. The git
+// directories of worktrees are not among them: they are bound after the
+// task starts, from handles (injectBinds).
 func Mounts(in runtimes.Instance) []specs.Mount {
 	out := []specs.Mount{{
 		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 		Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", TmpSize)},
 	}}
 	for _, b := range append(append([]runtimes.Bind{}, in.Areas...), in.Mounts...) {
+		if b.GitDir {
+			// Bound after the task starts, from a handle (injectBinds).
+			continue
+		}
 		mode := "rw"
 		if b.ReadOnly {
 			mode = "ro"
