@@ -3,6 +3,7 @@ package runtimes
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
@@ -75,4 +76,21 @@ func CloseGitDirs(dirs []GitDir) {
 	for _, d := range dirs {
 		d.Dir.Close()
 	}
+}
+
+// DiffGitDirs are the git directory binds new has and old has not, and
+// those old has and new has not.
+func DiffGitDirs(old, new Instance) (added, removed []Bind) {
+	o, n := old.GitDirBinds(), new.GitDirBinds()
+	return missingFrom(n, o), missingFrom(o, n)
+}
+
+func missingFrom(a, b []Bind) []Bind {
+	var out []Bind
+	for _, x := range a {
+		if !slices.ContainsFunc(b, func(y Bind) bool { return x.Source == y.Source && x.Target == y.Target && x.ReadOnly == y.ReadOnly }) {
+			out = append(out, x)
+		}
+	}
+	return out
 }

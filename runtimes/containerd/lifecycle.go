@@ -18,6 +18,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
 
 // Ensure creates the container if it is absent and starts its task if it is
@@ -124,7 +125,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		if task, err = r.start(ctx, c, cont, task, in, !created); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
-		if err := injectBinds(task.Pid(), in, in.GitDirBinds()); err != nil {
+		if err := mountns.Inject(task.Pid(), in, in.GitDirBinds()); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
 	}
@@ -142,10 +143,10 @@ func liveBinds(task containerd.Task, in runtimes.Instance, change Change) error 
 		return nil
 	}
 	pid := task.Pid()
-	if err := ejectBinds(pid, change.BindsRemoved); err != nil {
+	if err := mountns.Eject(pid, change.BindsRemoved); err != nil {
 		return err
 	}
-	return injectBinds(pid, in, change.BindsAdded)
+	return mountns.Inject(pid, in, change.BindsAdded)
 }
 
 // layoutAreas makes the agent's area directories on the host, so the binds

@@ -117,7 +117,7 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 // (Describe sorts them, so a parent is mounted before anything inside it),
 // and udev's database read-only when devices are exposed. The git
 // directories of worktrees are not among them: they are bound after the
-// task starts, from handles (injectBinds).
+// task starts, from handles (runtimes/mountns).
 func Mounts(in runtimes.Instance) []specs.Mount {
 	out := []specs.Mount{{
 		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
@@ -125,7 +125,7 @@ func Mounts(in runtimes.Instance) []specs.Mount {
 	}}
 	for _, b := range append(append([]runtimes.Bind{}, in.Areas...), in.Mounts...) {
 		if b.GitDir {
-			// Bound after the task starts, from a handle (injectBinds).
+			// Bound after the task starts, from a handle (runtimes/mountns).
 			continue
 		}
 		mode := "rw"
@@ -223,13 +223,10 @@ func Diff(old, new runtimes.Instance) Change {
 	if old.AgentDir != new.AgentDir || !sameBinds(old.Areas, new.Areas) {
 		c.Restart = append(c.Restart, "areas")
 	}
-	oldGit, oldMounts := splitGitDirs(old.Mounts)
-	newGit, newMounts := splitGitDirs(new.Mounts)
-	if !sameBinds(withoutSizeLimits(oldMounts), withoutSizeLimits(newMounts)) {
+	if !sameBinds(withoutSizeLimits(plainMounts(old)), withoutSizeLimits(plainMounts(new))) {
 		c.Restart = append(c.Restart, "mounts")
 	}
-	c.BindsAdded = missingFrom(newGit, oldGit)
-	c.BindsRemoved = missingFrom(oldGit, newGit)
+	c.BindsAdded, c.BindsRemoved = runtimes.DiffGitDirs(old, new)
 	if old.Devices != new.Devices {
 		c.Restart = append(c.Restart, "devices")
 	}
@@ -251,23 +248,12 @@ func withoutSizeLimits(binds []runtimes.Bind) []runtimes.Bind {
 	return out
 }
 
-func splitGitDirs(binds []runtimes.Bind) (git, other []runtimes.Bind) {
-	for _, b := range binds {
-		if b.GitDir {
-			git = append(git, b)
-		} else {
-			other = append(other, b)
-		}
-	}
-	return git, other
-}
-
-// missingFrom are the binds of a that b does not have.
-func missingFrom(a, b []runtimes.Bind) []runtimes.Bind {
+// plainMounts are the mounts of in other than git directory binds.
+func plainMounts(in runtimes.Instance) []runtimes.Bind {
 	var out []runtimes.Bind
-	for _, x := range a {
-		if !slices.ContainsFunc(b, func(y runtimes.Bind) bool { return reflect.DeepEqual(x, y) }) {
-			out = append(out, x)
+	for _, b := range in.Mounts {
+		if !b.GitDir {
+			out = append(out, b)
 		}
 	}
 	return out

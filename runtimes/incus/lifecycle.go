@@ -8,6 +8,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
 
 // Ensure creates the instance if it is absent and starts it if it is
@@ -85,6 +86,12 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		}
 		// The devices of overlays the old configuration had are gone.
 		runtimes.UnmountOverlays(old, in)
+		if running {
+			added, removed := runtimes.DiffGitDirs(old, in)
+			if err := bindGitDirs(ctx, cl, in, added, removed); err != nil {
+				return runtimes.State{}, r.fail(op, in.Name, err)
+			}
+		}
 		if inst, _, err = cl.GetInstance(ctx, in.Name); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
@@ -99,11 +106,33 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
 		}
+		if err := bindGitDirs(ctx, cl, in, in.GitDirBinds(), nil); err != nil {
+			return runtimes.State{}, r.fail(op, in.Name, err)
+		}
 		inst.Status = incusapi.StatusRunning
 	}
 	st := stateOf(inst)
 	st.Overlay = r.overlay(ctx, cl, inst, in)
 	return st, nil
+}
+
+// bindGitDirs binds and unbinds git directories inside the running
+// instance, in the mount namespace of its init (runtimes/mountns).
+func bindGitDirs(ctx context.Context, cl *incusapi.Client, in runtimes.Instance, add, remove []runtimes.Bind) error {
+	if len(add) == 0 && len(remove) == 0 {
+		return nil
+	}
+	st, err := cl.GetInstanceState(ctx, in.Name)
+	if err != nil {
+		return fmt.Errorf("finding the init process to bind git directories into: %w", err)
+	}
+	if st.Pid <= 0 {
+		return fmt.Errorf("binding git directories: the instance has no init process (status %s)", st.Status)
+	}
+	if err := mountns.Eject(uint32(st.Pid), remove); err != nil {
+		return err
+	}
+	return mountns.Inject(uint32(st.Pid), in, add)
 }
 
 func checkOwner(inst *incusapi.Instance, owner string) error {

@@ -35,7 +35,10 @@ const usbDevice = DevicePrefix + "usb"
 
 // Devices are the devices an instance description asks for: one disk
 // device per area and per mount, read-only where the description says,
-// and the USB devices when asked.
+// and the USB devices when asked. The git directories of worktrees are
+// not devices: Incus would bind them by path, in a mount the agent writes
+// to; they are bound from handles after the instance starts
+// (runtimes/mountns).
 func Devices(in runtimes.Instance) (map[string]incusapi.Device, error) {
 	if in.Devices.All {
 		return nil, fmt.Errorf("devices.all is not available with the incus backend: Incus gives a container host devices one by one; " +
@@ -43,6 +46,9 @@ func Devices(in runtimes.Instance) (map[string]incusapi.Device, error) {
 	}
 	out := map[string]incusapi.Device{}
 	for _, b := range slices.Concat(in.Areas, in.Mounts) {
+		if b.GitDir {
+			continue
+		}
 		d := incusapi.Device{"type": "disk", "source": b.Source, "path": b.Target}
 		if b.ReadOnly {
 			d["readonly"] = "true"

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -350,9 +351,10 @@ func TestFilePushSendsOctetStream(t *testing.T) {
 // stream is connected, its return code in the finished operation.
 type execDaemon struct {
 	t *testing.T
-	// gone is how many stream connections answer 404 before the others
-	// are accepted.
+	// gone is how many stream connections answer goneCode (404 when
+	// zero) before the others are accepted.
 	gone     atomic.Int32
+	goneCode int
 	posts    atomic.Int32
 	run      func(stdin []byte, stdout, stderr *websocket.Conn, control *websocket.Conn) int
 	gotExec  execPost
@@ -367,7 +369,11 @@ func (d *execDaemon) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		async(w, "ex", map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}})
 	case r.URL.Path == "/1.0/operations/ex/websocket":
 		if d.gone.Add(-1) >= 0 {
-			fail(w, 404, "Operation not found")
+			if d.goneCode == 0 {
+				fail(w, 404, "Operation not found")
+			} else {
+				fail(w, d.goneCode, "Only running operations can be connected")
+			}
 			return
 		}
 		d.accept(w, r)
@@ -477,8 +483,16 @@ func TestExecCancelSendsKill(t *testing.T) {
 }
 
 func TestExecAsksAgainWhenTheOperationWasGone(t *testing.T) {
+	for _, code := range []int{404, 500} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) { execAsksAgain(t, code) })
+	}
+}
+
+// execAsksAgain: the first stream connection is answered with code, as
+// when the operation ended before its streams were connected.
+func execAsksAgain(t *testing.T, goneCode int) {
 	streams = make(chan stream, 4)
-	d := &execDaemon{t: t, finished: make(chan int, 1), run: func(stdin []byte, stdout, _, _ *websocket.Conn) int {
+	d := &execDaemon{t: t, finished: make(chan int, 1), goneCode: goneCode, run: func(stdin []byte, stdout, _, _ *websocket.Conn) int {
 		_ = stdout.Write(context.Background(), websocket.MessageBinary, stdin)
 		return 0
 	}}

@@ -61,8 +61,9 @@ const streamDialTimeout = 10 * time.Second
 // the daemon no longer knew when they were connected.
 const execAttempts = 3
 
-// errStreamGone is a stream the daemon answered 404 for: the operation
-// ended before every stream was connected, so its command never started.
+// errStreamGone is a stream the daemon answered 404 or 500 for: the
+// operation ended before every stream was connected, so its command never
+// started.
 var errStreamGone = errors.New("the exec operation was gone before its streams were connected")
 
 // Exec runs a command in an instance, streaming stdin, stdout and stderr
@@ -221,8 +222,11 @@ func (c *Client) dialOperation(ctx context.Context, opPath, secret string) (*web
 	if resp != nil && resp.Body != nil && err != nil {
 		_ = resp.Body.Close()
 	}
-	if err != nil && resp != nil && resp.StatusCode == http.StatusNotFound {
-		return nil, fmt.Errorf("connecting an exec stream: %w", errStreamGone)
+	if err != nil && resp != nil && (resp.StatusCode == http.StatusNotFound || resp.StatusCode >= http.StatusInternalServerError) {
+		// The operation is gone, or no longer running (the daemon answers
+		// 500 for that): it ended before every stream was connected, so its
+		// command never started.
+		return nil, fmt.Errorf("connecting an exec stream: %s: %w", resp.Status, errStreamGone)
 	}
 	if err != nil && dctx.Err() != nil && ctx.Err() == nil {
 		// A handshake the daemon leaves unanswered (seen on a loaded

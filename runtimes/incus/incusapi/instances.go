@@ -104,6 +104,20 @@ func (c *Client) GetInstance(ctx context.Context, name string) (*Instance, strin
 	return &in, res.ETag, nil
 }
 
+// InstanceState is the running state of an instance.
+type InstanceState struct {
+	Status string `json:"status"`
+	// Pid is the host process ID of the container's init, 0 when stopped.
+	Pid int64 `json:"pid"`
+}
+
+// GetInstanceState reads an instance's running state.
+func (c *Client) GetInstanceState(ctx context.Context, name string) (InstanceState, error) {
+	var st InstanceState
+	_, err := c.Get(ctx, instancePath(name)+"/state", nil, &st)
+	return st, err
+}
+
 // ListInstances lists the instances of the client's project, or of every
 // project with allProjects.
 func (c *Client) ListInstances(ctx context.Context, allProjects bool) ([]Instance, error) {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -485,5 +486,53 @@ var _ = Describe("Incus overlay mounts", func() {
 		mgr.Stop()
 		DeferCleanup(func() { mgr = startManager() })
 		runtimetest.OverlayMount(GinkgoT(), driver, in, src)
+	})
+})
+
+var _ = Describe("Incus git directory binds", func() {
+	It("binds a git directory live from a handle, and never a link out of its mount", func() {
+		ns := env.NewNamespace()
+		projects := filepath.Join(env.Dir, ns, "projects")
+		gitDir := filepath.Join(projects, "app", ".git")
+		secret := filepath.Join(env.Dir, ns, "host-secret")
+		Expect(os.MkdirAll(gitDir, 0o755)).To(Succeed())
+		Expect(os.MkdirAll(secret, 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(gitDir, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(secret, "HEAD"), []byte("host secret\n"), 0o644)).To(Succeed())
+		sb := newSandbox(ns, "gd")
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
+		in, err := runtimes.Describe(ns+"/gd", &sb.Spec, runtimes.Options{AreasRoot: env.AreasRoot})
+		Expect(err).NotTo(HaveOccurred())
+		withGit := in
+		withGit.Mounts = slices.Clone(in.Mounts)
+		withGit.AddBinds(runtimes.Bind{Source: gitDir, Target: gitDir})
+		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
+		// The driver alone: a running controller would collect an
+		// instance whose Sandbox it cannot find.
+		mgr.Stop()
+		DeferCleanup(func() { mgr = startManager() })
+
+		_, err = driver.Ensure(ctx, in)
+		Expect(err).NotTo(HaveOccurred())
+		code, out := run(in.Name, "cat "+gitDir+"/HEAD")
+		Expect(code).NotTo(Equal(0), "no git directory before a claim needs it: %s", out)
+
+		By("added to the running instance")
+		_, err = driver.Ensure(ctx, withGit)
+		Expect(err).NotTo(HaveOccurred())
+		code, out = run(in.Name, "cat "+gitDir+"/HEAD")
+		Expect(code).To(Equal(0), out)
+		Expect(out).To(Equal("ref: refs/heads/main\n"))
+		Expect(inspect(in.Name).Running).To(BeTrue())
+
+		By("a .git replaced by a link out of the mount is not bound at the next start")
+		Expect(driver.Stop(ctx, in.Name)).To(Succeed())
+		Expect(os.RemoveAll(gitDir)).To(Succeed())
+		Expect(os.Symlink(secret, gitDir)).To(Succeed())
+		_, err = driver.Ensure(ctx, withGit)
+		Expect(err).NotTo(HaveOccurred())
+		code, out = run(in.Name, "cat "+gitDir+"/HEAD")
+		Expect(code).NotTo(Equal(0), "a link out of the mount was bound: %s", out)
+		Expect(out).NotTo(ContainSubstring("host secret"))
 	})
 })

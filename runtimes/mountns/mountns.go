@@ -1,4 +1,7 @@
-package containerd
+// Package mountns binds the git directories of worktrees into a running
+// container's mount namespace (containerd and Incus alike), and takes them
+// out again.
+package mountns
 
 import (
 	"bufio"
@@ -14,22 +17,22 @@ import (
 )
 
 // Git directory binds come and go with the claims of a running container,
-// and are never part of its spec: runc would bind them by path, and the
-// path lies in a mount the agent writes to (see runtimes.GitDir). So every
-// one is put in place after the task starts, and live as claims change:
-// the directory, opened beneath its mount, is cloned as a detached mount
-// (open_tree on the handle) in the controller's mount namespace and
-// attached (move_mount) inside the container's, on a thread that has left
-// the controller's.
+// and are never part of its configuration: the container runtime would
+// bind them by path, and the path lies in a mount the agent writes to (see
+// runtimes.GitDir). So every one is put in place after the container
+// starts, and live as claims change: the directory, opened beneath its
+// mount, is cloned as a detached mount (open_tree on the handle) in the
+// controller's mount namespace and attached (move_mount) inside the
+// container's, on a thread that has left the controller's.
 
-// injectBinds mounts each git directory bind of in inside the mount
+// Inject mounts each git directory bind of in inside the mount
 // namespace of pid, the container's init. A target that is a mount point
 // already is left alone, so a retry after a failure part way does not
 // stack a second mount; a directory that cannot be opened beneath its
 // mount is left out, and its claim's git reports it.
-func injectBinds(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
+func Inject(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
 	for _, b := range binds {
-		mounted, err := mountedIn(pid, b.Target)
+		mounted, err := MountedIn(pid, b.Target)
 		if err != nil {
 			return err
 		}
@@ -43,7 +46,7 @@ func injectBinds(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error 
 		err = injectBind(pid, dir, b)
 		dir.Close()
 		if err != nil {
-			return fmt.Errorf("binding %s at %s inside the running container: %w", b.Source, b.Target, err)
+			return fmt.Errorf("binding %s at %s inside the container: %w", b.Source, b.Target, err)
 		}
 	}
 	return nil
@@ -72,11 +75,11 @@ func injectBind(pid uint32, dir *os.File, b runtimes.Bind) error {
 	})
 }
 
-// ejectBinds unmounts each target inside the mount namespace of pid; one
+// Eject unmounts each target inside the mount namespace of pid; one
 // that is not mounted is already gone.
-func ejectBinds(pid uint32, binds []runtimes.Bind) error {
+func Eject(pid uint32, binds []runtimes.Bind) error {
 	for _, b := range binds {
-		mounted, err := mountedIn(pid, b.Target)
+		mounted, err := MountedIn(pid, b.Target)
 		if err != nil {
 			return err
 		}
@@ -85,7 +88,7 @@ func ejectBinds(pid uint32, binds []runtimes.Bind) error {
 		}
 		err = inMountNamespace(pid, func() error { return unix.Unmount(b.Target, unix.MNT_DETACH) })
 		if err != nil {
-			return fmt.Errorf("unbinding %s inside the running container: %w", b.Target, err)
+			return fmt.Errorf("unbinding %s inside the container: %w", b.Target, err)
 		}
 	}
 	return nil
@@ -118,9 +121,9 @@ func inMountNamespace(pid uint32, fn func() error) error {
 	return <-errc
 }
 
-// mountedIn says whether target is a mount point in the mount namespace of
+// MountedIn says whether target is a mount point in the mount namespace of
 // pid, as that process sees its paths.
-func mountedIn(pid uint32, target string) (bool, error) {
+func MountedIn(pid uint32, target string) (bool, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mountinfo", pid))
 	if err != nil {
 		return false, fmt.Errorf("reading the container's mounts: %w", err)
