@@ -106,10 +106,12 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
 		}
-		if err := bindGitDirs(ctx, cl, in, in.GitDirBinds(), nil); err != nil {
-			return runtimes.State{}, r.fail(op, in.Name, err)
-		}
 		inst.Status = incusapi.StatusRunning
+	}
+	// After a start, and after a restart from inside that lost them; those
+	// mounted already are left alone.
+	if err := bindGitDirs(ctx, cl, in, in.GitDirBinds(), nil); err != nil {
+		return runtimes.State{}, r.fail(op, in.Name, err)
 	}
 	st := stateOf(inst)
 	st.Overlay = r.overlay(ctx, cl, inst, in)
@@ -359,9 +361,40 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (runtimes.State, err
 		in, err := decodeInstance(inst)
 		if err == nil {
 			st.Overlay = r.overlay(ctx, cl, inst, in)
+			if gitDirsMissing(ctx, cl, in) {
+				// The instance restarted on its own (a reboot inside) and
+				// lost the git directories bound after its start: it no
+				// longer has the configuration recorded, so the controller
+				// ensures it again, which binds them.
+				st.ConfigHash = ""
+			}
 		}
 	}
 	return st, nil
+}
+
+// gitDirsMissing says whether a git directory bind that can be bound is
+// not mounted inside the running instance.
+func gitDirsMissing(ctx context.Context, cl *incusapi.Client, in runtimes.Instance) bool {
+	binds := in.GitDirBinds()
+	if len(binds) == 0 {
+		return false
+	}
+	state, err := cl.GetInstanceState(ctx, in.Name)
+	if err != nil || state.Pid <= 0 {
+		return false
+	}
+	for _, b := range binds {
+		mounted, err := mountns.MountedIn(uint32(state.Pid), b.Target)
+		if err != nil || mounted {
+			continue
+		}
+		if dir, err := in.OpenGitDir(b); err == nil {
+			dir.Close()
+			return true
+		}
+	}
+	return false
 }
 
 // List reports the instances this driver made, in every project.

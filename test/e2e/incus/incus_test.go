@@ -23,6 +23,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
+	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
 	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
@@ -523,7 +524,17 @@ var _ = Describe("Incus git directory binds", func() {
 		code, out = run(in.Name, "cat "+gitDir+"/HEAD")
 		Expect(code).To(Equal(0), out)
 		Expect(out).To(Equal("ref: refs/heads/main\n"))
-		Expect(inspect(in.Name).Running).To(BeTrue())
+		Expect(inspect(in.Name).ConfigHash).To(Equal(withGit.ConfigHash))
+
+		By("a restart behind the driver's back loses the bind: Inspect says so, Ensure binds it again")
+		Expect(driver.Client().SetState(ctx, in.Name, incusapi.InstanceStatePut{Action: "restart", Timeout: 10})).To(Succeed())
+		Eventually(func() bool { return inspect(in.Name).Running }, timeout).Should(BeTrue())
+		Expect(inspect(in.Name).ConfigHash).To(BeEmpty(), "a running instance without its git directory is not as recorded")
+		_, err = driver.Ensure(ctx, withGit)
+		Expect(err).NotTo(HaveOccurred())
+		code, out = run(in.Name, "cat "+gitDir+"/HEAD")
+		Expect(code).To(Equal(0), out)
+		Expect(inspect(in.Name).ConfigHash).To(Equal(withGit.ConfigHash))
 
 		By("a .git replaced by a link out of the mount is not bound at the next start")
 		Expect(driver.Stop(ctx, in.Name)).To(Succeed())
