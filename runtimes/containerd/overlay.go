@@ -17,6 +17,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
 
 // overlay reports OverlayHealthy: the writable root (rootHealth), then the
@@ -185,35 +186,14 @@ func parseMountInfo(line string) (MountInfo, error) {
 		return MountInfo{}, fmt.Errorf("malformed line %q", line)
 	}
 	m := MountInfo{
-		MountPoint: unescapeOctal(fields[4]),
+		MountPoint: mountns.Unescape(fields[4]),
 		FSType:     fields[sep+1],
-		Source:     unescapeOctal(fields[sep+2]),
+		Source:     mountns.Unescape(fields[sep+2]),
 	}
 	if sep+3 < len(fields) {
 		for _, o := range strings.Split(fields[sep+3], ",") {
-			m.SuperOptions = append(m.SuperOptions, unescapeOctal(o))
+			m.SuperOptions = append(m.SuperOptions, mountns.Unescape(o))
 		}
 	}
 	return m, nil
 }
-
-// unescapeOctal undoes the \NNN escapes the kernel writes for space, tab,
-// newline and backslash in mountinfo.
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			v, _ := strconv.ParseUint(s[i+1:i+4], 8, 8)
-			b.WriteByte(byte(v))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }

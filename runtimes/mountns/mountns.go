@@ -134,7 +134,7 @@ func MountedIn(pid uint32, target string) (bool, error) {
 	for sc.Scan() {
 		// ID parent major:minor root mount-point options ...
 		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescapeMountinfo(fields[4]) == target {
+		if len(fields) > 4 && Unescape(fields[4]) == target {
 			return true, nil
 		}
 	}
@@ -144,22 +144,23 @@ func MountedIn(pid uint32, target string) (bool, error) {
 	return false, nil
 }
 
-// unescapeMountinfo undoes the octal escapes (\040 for a space, \011,
-// \012, \134) mountinfo writes in paths.
-func unescapeMountinfo(s string) string {
+// Unescape undoes the \NNN escapes the kernel writes for space, tab,
+// newline and backslash in mountinfo.
+func Unescape(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
+		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			v, _ := strconv.ParseUint(s[i+1:i+4], 8, 8)
+			b.WriteByte(byte(v))
+			i += 3
+			continue
 		}
 		b.WriteByte(s[i])
 	}
 	return b.String()
 }
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
