@@ -3,11 +3,13 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -22,6 +24,19 @@ func patchStatus(ctx context.Context, c client.Client, before, obj client.Object
 		return fmt.Errorf("writing status of %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
 	}
 	return nil
+}
+
+// conflictRetry is how soon a write that lost to another is tried again;
+// the watch bringing the newer object usually comes first.
+const conflictRetry = 50 * time.Millisecond
+
+// requeueOnConflict turns a write that lost to another (the cache was a
+// step behind) into a prompt retry rather than a logged error.
+func requeueOnConflict(err error) (ctrl.Result, error) {
+	if apierrors.IsConflict(err) {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	return ctrl.Result{}, err
 }
 
 // setCondition sets one condition; its transition time moves only when its

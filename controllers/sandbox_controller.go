@@ -103,7 +103,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	}
 	if !controllerutil.ContainsFinalizer(sb, v1alpha1.Finalizer) && sb.DeletionTimestamp.IsZero() {
 		controllerutil.AddFinalizer(sb, v1alpha1.Finalizer)
-		return ctrl.Result{}, r.Update(ctx, sb)
+		return requeueOnConflict(r.Update(ctx, sb))
 	}
 
 	before := sb.DeepCopy()

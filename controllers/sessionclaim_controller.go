@@ -125,7 +125,7 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	if changed {
 		if err := r.Update(ctx, claim); err != nil {
-			return ctrl.Result{}, err
+			return requeueOnConflict(err)
 		}
 	}
 
