@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 )
 
@@ -112,4 +113,37 @@ func ReasonOf(err error) Reason {
 		return re.Reason
 	}
 	return ReasonFailed
+}
+
+// OutputWriters returns the writers a driver copies a command's stdout and
+// stderr into. When the caller gave one writer for both (as
+// exec.Cmd.CombinedOutput does), the two copies would write to it at once;
+// like os/exec, both then go through one lock, so no write is lost.
+func OutputWriters(stdout, stderr io.Writer) (io.Writer, io.Writer) {
+	if stdout == nil || stderr == nil || !sameWriter(stdout, stderr) {
+		return stdout, stderr
+	}
+	l := &lockedWriter{w: stdout}
+	return l, l
+}
+
+// sameWriter compares two writers that may not be comparable values.
+func sameWriter(a, b io.Writer) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

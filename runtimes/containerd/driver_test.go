@@ -694,3 +694,20 @@ func TestOverlayMount(t *testing.T) {
 	})
 	runtimetest.OverlayMount(t, rt, in, src)
 }
+
+// A caller may give one writer for both outputs, as CombinedOutput does.
+func TestExecIntoOneWriterForBothOutputs(t *testing.T) {
+	rt, image := daemon(t, nil)
+	in := instance(t, rt, image, "unit-combined", func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh"} })
+	ensure(t, rt, in)
+	for range 5 {
+		var both bytes.Buffer
+		st, err := rt.Exec(context.Background(), in.Name, runtimes.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2"}, Stdout: &both, Stderr: &both})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("exec: %v, exit %d", err, st.Code)
+		}
+		if got := both.String(); !strings.Contains(got, "out\n") || !strings.Contains(got, "err\n") {
+			t.Fatalf("combined output %q, want both lines", got)
+		}
+	}
+}

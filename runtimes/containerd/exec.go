@@ -125,7 +125,7 @@ func (r *Runtime) run(ctx context.Context, task containerd.Task, spec *specs.Pro
 		in = stdin
 	}
 	// The shim needs somewhere to put both outputs, wanted or not.
-	stdout, stderr := req.Stdout, req.Stderr
+	stdout, stderr := runtimes.OutputWriters(req.Stdout, req.Stderr)
 	if stdout == nil {
 		stdout = io.Discard
 	}

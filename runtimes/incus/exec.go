@@ -36,6 +36,7 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: op, Name: name, Err: err}
 	}
 	id := r.Identity()
+	stdout, stderr := runtimes.OutputWriters(req.Stdout, req.Stderr)
 	code, err := cl.Exec(ctx, name, incusapi.ExecRequest{
 		Command: req.Argv,
 		Env:     env,
@@ -43,8 +44,8 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		Group:   id.GID,
 		Cwd:     policy.SandboxHome,
 		Stdin:   req.Stdin,
-		Stdout:  req.Stdout,
-		Stderr:  req.Stderr,
+		Stdout:  stdout,
+		Stderr:  stderr,
 	})
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {

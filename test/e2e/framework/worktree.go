@@ -159,6 +159,29 @@ func DescribeWorktrees(backend string, s WorktreeSuite) bool {
 			Expect(admin).To(BeADirectory())
 		})
 
+		It("binds the git directory when a worktree claim is the one that starts its sandbox", func() {
+			cold := s.NewSandbox(ns, "gitty-cold", agent+"-cold")
+			cold.Spec.Binaries = []v1alpha1.BinaryName{"git", "sh", "cat"}
+			cold.Spec.Mounts = []v1alpha1.Mount{{Source: mountDir, Target: "project", Mode: v1alpha1.MountReadWrite}}
+			Expect(e.Client.Create(ctx, cold)).To(Succeed())
+			DeferCleanup(func() { e.DeleteAndWait(cold) })
+			Eventually(e.SandboxStatus(ns, "gitty-cold"), Timeout).Should(SandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+			c := NewClaim(ns, "first", "gitty-cold")
+			c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app", CreateBranch: true}
+			Expect(e.Client.Create(ctx, c)).To(Succeed())
+			Eventually(e.ClaimStatus(ns, "first"), Timeout).Should(And(
+				HaveField("Conditions", HaveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)),
+				HaveField("Conditions", HaveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)),
+			))
+			var out, errb bytes.Buffer
+			st, err := s.Runtime().Exec(ctx, v1alpha1.InstanceName(agent+"-cold"), runtimes.ExecRequest{
+				Argv: []string{"git", "-C", "/workspace/project/app/.worktrees/first", "status", "--porcelain", "--branch"}, Stdout: &out, Stderr: &errb})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(st.Code).To(Equal(0), errb.String())
+			Expect(out.String()).To(HavePrefix("## first"), errb.String())
+			e.DeleteAndWait(c)
+		})
+
 		It("removes a clean worktree when its claim goes and keeps the branch", func() {
 			c := claimOf("s1")
 			path := c.Status.Worktree.HostPath
