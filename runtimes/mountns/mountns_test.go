@@ -1,0 +1,118 @@
+package mountns
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+func TestMountedIn(t *testing.T) {
+	pid := uint32(os.Getpid())
+	if ok, err := MountedIn(pid, "/proc"); err != nil || !ok {
+		t.Fatalf("/proc is a mount point of this process: %v, %v", ok, err)
+	}
+	if ok, err := MountedIn(pid, "/proc/self"); err != nil || ok {
+		t.Fatalf("/proc/self is no mount point: %v, %v", ok, err)
+	}
+	if _, err := MountedIn(0, "/"); err == nil {
+		t.Fatal("a process that does not exist has no mounts to read")
+	}
+}
+
+func TestUnescape(t *testing.T) {
+	for in, want := range map[string]string{
+		`/plain`:                      "/plain",
+		`/repo\040with\040space/.git`: "/repo with space/.git",
+		`/tab\011and\012newline`:      "/tab\tand\nnewline",
+		`/back\134slash`:              `/back\slash`,
+		`/not\08octal`:                `/not\08octal`,
+		`/short\04`:                   `/short\04`,
+	} {
+		if got := Unescape(in); got != want {
+			t.Errorf("Unescape(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A process in a mount namespace of its own stands for a container.
+func TestInjectAndEjectInAnotherMountNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (joining another mount namespace needs CAP_SYS_ADMIN)", "run the tests as root, as CI does")
+	}
+	testenv.Binary(t, "unshare", "install util-linux")
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := uint32(cmd.Process.Pid)
+	// unshare execs sleep once the namespace is made.
+	for i := 0; ; i++ {
+		self, _ := os.Readlink("/proc/self/ns/mnt")
+		theirs, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if theirs != "" && theirs != self {
+			break
+		}
+		if i == 500 {
+			t.Fatal("the helper process never got a mount namespace of its own")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	projects := t.TempDir()
+	gitDir := filepath.Join(projects, "app", ".git")
+	target := filepath.Join(t.TempDir(), "seen", ".git")
+	if err := os.MkdirAll(gitDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(gitDir, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := runtimes.Instance{Mounts: []runtimes.Bind{{Source: projects, Target: "/workspace/project"}}}
+	bind := runtimes.Bind{Source: gitDir, Target: target, GitDir: true}
+	in.Mounts = append(in.Mounts, bind)
+
+	if err := Inject(pid, in, []runtimes.Bind{bind}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := MountedIn(pid, target); err != nil || !ok {
+		t.Fatalf("not mounted in the other namespace: %v, %v", ok, err)
+	}
+	if ok, _ := MountedIn(uint32(os.Getpid()), target); ok {
+		t.Fatal("the bind leaked into the controller's own namespace")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root%s/HEAD", pid, target))
+	if err != nil || string(b) != "ref: refs/heads/main\n" {
+		t.Fatalf("the git directory seen from the other namespace: %q, %v", b, err)
+	}
+	if err := Inject(pid, in, []runtimes.Bind{bind}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Eject(pid, []runtimes.Bind{bind}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := MountedIn(pid, target); ok {
+		t.Fatal("still mounted after Eject: a second Inject stacked a mount")
+	}
+
+	// A .git replaced by a link out of its mount is left out.
+	secret := t.TempDir()
+	if err := os.RemoveAll(gitDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, gitDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := Inject(pid, in, []runtimes.Bind{bind}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := MountedIn(pid, target); ok {
+		t.Fatal("a link out of the mount was bound")
+	}
+}
