@@ -63,7 +63,8 @@ type Mount struct {
 
 	// SizeLimit bounds the upper layer of an overlay mount: above it the
 	// Sandbox shows OverlayHealthy=False reason UpperDirOverLimit (writes
-	// are not refused). Only for mode overlay.
+	// are not refused). Only for mode overlay, and more than zero: the
+	// controller refuses a spec with a zero or negative limit (InvalidSpec).
 	// +optional
 	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 }

@@ -19,6 +19,7 @@ const (
 	MsgMountTargetEmpty   = "mount targets must not contain empty segments (no leading, trailing or doubled '/')"
 	MsgMountMode          = "mount modes are ro, rw or overlay"
 	MsgMountSizeLimit     = "sizeLimit applies to mounts with mode overlay only"
+	MsgMountSizePositive  = "sizeLimit must be more than zero (leave it out for no limit)"
 	MsgMountOverlap       = "mount targets must not overlap: configure sibling targets rather than nesting one below another"
 	MsgBinarySpace        = "binaries must not contain spaces; arguments are passed separately"
 	MsgBinaryMeta         = "binaries must not contain shell metacharacters; arguments are passed separately"
@@ -97,6 +98,9 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 		}
 		if m.SizeLimit != nil && m.Mode != MountOverlay {
 			errs = append(errs, field.Invalid(mp.Index(i).Child("sizeLimit"), m.SizeLimit.String(), MsgMountSizeLimit))
+		}
+		if m.SizeLimit != nil && m.SizeLimit.Sign() <= 0 {
+			errs = append(errs, field.Invalid(mp.Index(i).Child("sizeLimit"), m.SizeLimit.String(), MsgMountSizePositive))
 		}
 	}
 	if i, j, ok := OverlappingTargets(spec.Mounts); ok {

@@ -253,6 +253,10 @@ func TestOverlaySizeLimit(t *testing.T) {
 	if !errors.As(err, &te) || te.Key != "mounts[0].sizeLimit" || te.Line != 5 || te.Column != 3 || !strings.Contains(te.Message, "512Mi") {
 		t.Fatalf("a size that is not a quantity: %v (%+v)", err, te)
 	}
+	_, err = Parse("sandbox.toml", []byte("[[mounts]]\nsource = \"/a\"\ntarget = \"a\"\nmode = \"overlay\"\nsizeLimit = \"0Gi\"\n"), "ada")
+	if !errors.As(err, &te) || te.Key != "mounts[0].sizeLimit" || te.Line != 5 || !strings.Contains(te.Message, v1alpha1.MsgMountSizePositive) {
+		t.Fatalf("a zero size: %v (%+v)", err, te)
+	}
 }
 
 func unjoin(err error) []error {
