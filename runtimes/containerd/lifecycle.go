@@ -364,17 +364,16 @@ func (r *Runtime) Stop(ctx context.Context, name string) error {
 			return r.fail(op, name, err)
 		}
 	}
-	r.unmountOverlays(ctx, cont)
+	if info, err := cont.Info(ctx, containerd.WithoutRefreshedMetadata); err == nil {
+		unmountOverlays(info)
+	}
 	return nil
 }
 
-// unmountOverlays unmounts the merged views of the container's overlay
-// mounts once no task binds them; their upper layers stay.
-func (r *Runtime) unmountOverlays(ctx context.Context, cont containerd.Container) {
-	info, err := cont.Info(ctx, containerd.WithoutRefreshedMetadata)
-	if err != nil {
-		return
-	}
+// unmountOverlays unmounts the merged views of the overlay mounts a
+// container's record names, once no task binds them; their upper layers
+// stay.
+func unmountOverlays(info containers.Container) {
 	if in, err := decodeInstance(info); err == nil {
 		runtimes.UnmountOverlays(in, runtimes.Instance{})
 	}
@@ -409,9 +408,7 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 	if err := r.remove(ctx, cont, task); err != nil {
 		return r.fail(op, name, err)
 	}
-	if in, err := decodeInstance(info); err == nil {
-		runtimes.UnmountOverlays(in, runtimes.Instance{})
-	}
+	unmountOverlays(info)
 	return nil
 }
 
