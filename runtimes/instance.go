@@ -63,12 +63,21 @@ type Instance struct {
 	Image      string                   `json:"image,omitempty"`
 	Containerd *v1alpha1.ContainerdSpec `json:"containerd,omitempty"`
 	Incus      *v1alpha1.IncusSpec      `json:"incus,omitempty"`
+	// Identity is the unprivileged host user and group the agent's commands
+	// and files belong to; never 0 (see Options.Identity).
+	Identity Identity `json:"identity"`
 	// StopOnExit asks the controller to stop the instance when it shuts
 	// down (incus shutdownOnExit, default true).
 	StopOnExit bool `json:"stopOnExit"`
 	// ConfigHash identifies everything above; a running instance whose hash
 	// differs needs a restart to take the change.
 	ConfigHash string `json:"-"`
+}
+
+// Identity is a host user and group id pair.
+type Identity struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
 }
 
 // Options are the host facts Describe needs.
