@@ -5,6 +5,7 @@ package mountns
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -95,8 +96,9 @@ func Eject(pid uint32, binds []runtimes.Bind) error {
 }
 
 // inMountNamespace runs fn on a thread of its own that has joined the
-// mount namespace of pid (and so its root and working directory). The
-// thread is never handed back to the Go scheduler: it ends with fn.
+// mount namespace of pid (and so its root and working directory), and
+// that ends with fn: no thread of the controller stays in a container's
+// namespace.
 func inMountNamespace(pid uint32, fn func() error) error {
 	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
 	if err != nil {
@@ -104,22 +106,70 @@ func inMountNamespace(pid uint32, fn func() error) error {
 	}
 	defer ns.Close()
 	errc := make(chan error, 1)
+	go func() { errc <- offMainThread(ns, fn) }()
+	return <-errc
+}
+
+// A thread that has joined a container's mount namespace is ended, not
+// brought back: a goroutine that returns with its thread still locked
+// takes the thread with it. Only the main thread (the thread-group
+// leader) cannot end; the Go runtime parks it for good instead, and it
+// would stay in the container's namespace, where /proc/self and anything
+// it later starts see the agent's mounts.
+//
+// So the main thread never joins. Setting it back afterwards (setns to
+// the controller's namespace, kept open beforehand) was the other way,
+// and a weaker one: setns gives the thread the root and working directory
+// of the namespace, not the ones it had; the unshare(CLONE_FS) the join
+// needs cannot be undone, so the main thread would keep a filesystem
+// context of its own for the life of the process; and a setns back that
+// fails leaves only a crash. A helper process (a re-exec of the
+// controller per bind) would isolate the work as well, at a fork and
+// exec per bind and a hook in every binary's main. Keeping the work off
+// the main thread needs nothing undone.
+
+// offMainThread is the whole body of a goroutine. It runs fn in the
+// mount namespace ns on a locked thread that is not the main one and
+// that ends with the goroutine.
+func offMainThread(ns *os.File, fn func() error) error {
+	runtime.LockOSThread()
+	if !onMainThread() {
+		// Never unlocked: this thread ends with the goroutine.
+		return joinAndRun(ns, fn)
+	}
+	// While this goroutine holds the main thread and waits, the runtime
+	// cannot schedule another goroutine on it: the one below runs on a
+	// thread that can end.
+	defer runtime.UnlockOSThread()
+	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread()
-		// Threads share their filesystem context (root, cwd), and a
-		// thread that shares it cannot change mount namespace.
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			errc <- fmt.Errorf("unsharing the thread's filesystem context: %w", err)
-			return
-		}
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
-			errc <- fmt.Errorf("joining the container's mount namespace: %w", err)
-			return
-		}
-		errc <- fn()
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		errc <- joinAndRun(ns, fn)
 	}()
 	return <-errc
 }
+
+// joinAndRun must be called on a locked thread that ends with its
+// goroutine; it checks once more, on that thread, that it is not the main
+// one, so that no scheduling can strand the main thread.
+func joinAndRun(ns *os.File, fn func() error) error {
+	if onMainThread() {
+		return errors.New("refusing to join the container's mount namespace on the controller's main thread: it cannot end, and would stay there")
+	}
+	// Threads share their filesystem context (root, cwd), and a thread
+	// that shares it cannot change mount namespace.
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unsharing the thread's filesystem context: %w", err)
+	}
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("joining the container's mount namespace: %w", err)
+	}
+	return fn()
+}
+
+// onMainThread says whether the calling thread is the thread-group
+// leader; only meaningful on a locked thread.
+func onMainThread() bool { return unix.Gettid() == unix.Getpid() }
 
 // MountedIn says whether target is a mount point in the mount namespace of
 // pid, as that process sees its paths.

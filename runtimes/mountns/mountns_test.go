@@ -3,12 +3,9 @@ package mountns
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -42,28 +39,7 @@ func TestUnescape(t *testing.T) {
 
 // A process in a mount namespace of its own stands for a container.
 func TestInjectAndEjectInAnotherMountNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "root (joining another mount namespace needs CAP_SYS_ADMIN)", "run the tests as root, as CI does")
-	}
-	testenv.Binary(t, "unshare", "install util-linux")
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	pid := uint32(cmd.Process.Pid)
-	// unshare execs sleep once the namespace is made.
-	for i := 0; ; i++ {
-		self, _ := os.Readlink("/proc/self/ns/mnt")
-		theirs, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
-		if theirs != "" && theirs != self {
-			break
-		}
-		if i == 500 {
-			t.Fatal("the helper process never got a mount namespace of its own")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pid := otherMountNamespace(t)
 
 	projects := t.TempDir()
 	gitDir := filepath.Join(projects, "app", ".git")
@@ -114,5 +90,8 @@ func TestInjectAndEjectInAnotherMountNamespace(t *testing.T) {
 	}
 	if ok, _ := MountedIn(pid, target); ok {
 		t.Fatal("a link out of the mount was bound")
+	}
+	if now, _ := os.Readlink("/proc/self/ns/mnt"); now != controllerMountNS {
+		t.Fatalf("the main thread is left in mount namespace %s, not the process's own %s", now, controllerMountNS)
 	}
 }
