@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
@@ -86,6 +88,50 @@ type Options struct {
 	AreasRoot string
 	// Home expands mount sources that begin with ~/.
 	Home string
+	// Identities hands each agent its host id. Nil means: the caller's own
+	// id when it is not root, else ids of areas.DefaultIDRange allocated
+	// in AreasRoot.
+	Identities *areas.Identities
+}
+
+// identityFor is the host identity of agent under opts.
+func identityFor(agent string, opts Options) (Identity, error) {
+	ids := opts.Identities
+	if ids == nil {
+		if uid := os.Geteuid(); uid != 0 {
+			return Identity{UID: uint32(uid), GID: uint32(os.Getegid())}, nil
+		}
+		var err error
+		if ids, err = defaultIdentities(opts.AreasRoot); err != nil {
+			return Identity{}, err
+		}
+	}
+	id, err := ids.For(agent)
+	if err != nil {
+		return Identity{}, fmt.Errorf("giving agent %s a host identity: %w", agent, err)
+	}
+	return Identity{UID: id, GID: id}, nil
+}
+
+var (
+	defaultIDsMu sync.Mutex
+	defaultIDs   = map[string]*areas.Identities{}
+)
+
+// defaultIdentities shares one allocator per areas root, so that agents
+// described concurrently never race for one id.
+func defaultIdentities(root string) (*areas.Identities, error) {
+	defaultIDsMu.Lock()
+	defer defaultIDsMu.Unlock()
+	if ids := defaultIDs[root]; ids != nil {
+		return ids, nil
+	}
+	ids, err := areas.NewIdentities(root, areas.DefaultIDRange)
+	if err != nil {
+		return nil, err
+	}
+	defaultIDs[root] = ids
+	return ids, nil
 }
 
 // Describe builds the Instance for a Sandbox spec. It applies the admission
@@ -98,7 +144,12 @@ func Describe(owner string, spec *v1alpha1.SandboxSpec, opts Options) (Instance,
 		return Instance{}, fmt.Errorf("areas root %q must be an absolute path", opts.AreasRoot)
 	}
 	agentDir := filepath.Join(opts.AreasRoot, spec.Agent)
+	id, err := identityFor(spec.Agent, opts)
+	if err != nil {
+		return Instance{}, err
+	}
 	in := Instance{
+		Identity: id,
 		Name:     v1alpha1.InstanceName(spec.Agent),
 		Agent:    spec.Agent,
 		Owner:    owner,
@@ -183,7 +234,7 @@ func (in Instance) LayoutAreas() error {
 	for _, a := range in.Areas {
 		names = append(names, filepath.Base(a.Source))
 	}
-	return areas.Layout(in.AgentDir, names)
+	return areas.Layout(in.AgentDir, names, in.Identity.UID)
 }
 
 // FileView lays out the areas and opens the contained view of the areas and

@@ -11,18 +11,34 @@ import (
 // Layout creates dir and one directory per name inside it, each only when
 // missing. It never removes or replaces anything: an existing area keeps its
 // files, and a symbolic link where a directory belongs is an error rather
-// than something to follow or clear away.
-func Layout(dir string, names []string) error {
+// than something to follow or clear away. Directories it creates below the
+// areas root belong to owner (uid and gid) when owner is not 0.
+func Layout(dir string, names []string, owner uint32) error {
 	if err := ensureDir(filepath.Dir(dir), true); err != nil {
 		return err
 	}
-	if err := ensureDir(dir, false); err != nil {
+	if err := ensureOwnedDir(dir, owner); err != nil {
 		return err
 	}
 	for _, n := range names {
-		if err := ensureDir(filepath.Join(dir, n), false); err != nil {
+		if err := ensureOwnedDir(filepath.Join(dir, n), owner); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+func ensureOwnedDir(path string, owner uint32) error {
+	if err := ensureDir(path, false); err != nil {
+		return err
+	}
+	if owner == 0 {
+		return nil
+	}
+	// Lchown: path was checked to be a directory above, but a link put in
+	// its place since must not hand its target to the agent.
+	if err := os.Lchown(path, int(owner), int(owner)); err != nil {
+		return fmt.Errorf("laying out agent areas: giving %s to the agent's id %d: %w", path, owner, err)
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -15,7 +14,6 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
@@ -32,7 +30,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if in.Containerd == nil || in.Image == "" {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "the instance has no containerd image")
 	}
-	if err := layoutAreas(in); err != nil {
+	if err := in.LayoutAreas(); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
 	// The merged views of overlay mounts exist before a task binds them.
@@ -147,16 +145,6 @@ func liveBinds(task containerd.Task, in runtimes.Instance, change Change) error 
 		return err
 	}
 	return mountns.Inject(pid, in, change.BindsAdded)
-}
-
-// layoutAreas makes the agent's area directories on the host, so the binds
-// have a source; existing ones are left as they are.
-func layoutAreas(in runtimes.Instance) error {
-	names := make([]string, 0, len(in.Areas))
-	for _, a := range in.Areas {
-		names = append(names, filepath.Base(a.Source))
-	}
-	return areas.Layout(in.AgentDir, names)
 }
 
 func checkOwner(info containers.Container, owner string) error {
