@@ -1,14 +1,22 @@
 // Package worktree adds and removes the git worktree of a session inside an
 // agent's mount, and checks its health.
 //
-// The host side never lets an agent's repository run code as the
-// controller: worktrees are added with --no-checkout, hooks pointed at
-// /dev/null and fsmonitor off, so no hook, filter or fsmonitor configured in
-// the repository runs on the host; the checkout itself, which may run the
-// repository's filters, happens inside the sandbox. Reads of git's files go
-// through internal/areas, and removal deletes through it too, so a symbolic
-// link planted in a worktree never leads the controller outside the mount.
-// Commits and branches are never removed.
+// The host side never lets an agent's repository steer the controller.
+// Host git runs in a bubblewrap jail that sees the system directories and
+// the repository's mount only, as the agent's unprivileged identity, with a
+// deadline, with hooks, fsmonitor, attribute files and transports off, and
+// worktrees are added with --no-checkout, so no filter runs on the host; the
+// checkout itself, which may run the repository's filters, happens inside
+// the sandbox. Refs and names are checked against git's ref rules and passed
+// after --end-of-options. Before git runs, the git files it reads are
+// checked to be regular files (no links, no FIFOs) and the configuration to
+// declare no filter, diff or merge driver and no include. The controller's
+// own reads of git's files go through internal/areas and stop at a size
+// limit, and removal deletes through it too, so a symbolic link planted in a
+// worktree never leads the controller outside the mount. Git's own output
+// never reaches a status: errors say in the product's words what failed and
+// git's stderr goes to the controller log, bounded. Commits and branches are
+// never removed.
 package worktree
 
 import (
@@ -17,11 +25,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 )
 
@@ -40,6 +49,12 @@ type Repo struct {
 	Mount *areas.Root
 	// Rel is the repository's working tree relative to the mount ("" for the mount itself).
 	Rel string
+	// As is the agent's host identity. Host git runs as it, so git can do
+	// to the repository no more than the agent can, and can read nothing
+	// the agent cannot; zero (or root) means FallbackIdentity.
+	As Identity
+	// GitTimeout bounds each host git call; zero means DefaultGitTimeout.
+	GitTimeout time.Duration
 }
 
 // HostPath is the repository's working tree on the host.
@@ -94,9 +109,32 @@ type Spec struct {
 	CreateBranch bool
 }
 
+// ReasonRefUnresolvable: the spec's ref names no commit of the repository.
+const ReasonRefUnresolvable = "RefUnresolvable"
+
+// CheckSpec applies the rules of a worktree's name and ref again (the API
+// server applies them at admission, and the name defaults to the claim's):
+// both reach host git as arguments and the name becomes a directory.
+func CheckSpec(spec Spec) error {
+	if spec.Name == "" {
+		return &Error{Reason: ReasonInvalidSpec, Message: "worktree name is empty"}
+	}
+	w := &v1alpha1.WorktreeSpec{Repository: "repository", Name: spec.Name, Ref: spec.Ref}
+	if errs := v1alpha1.ValidateWorktree(w); len(errs) > 0 {
+		return &Error{Reason: ReasonInvalidSpec, Message: clip(errs.ToAggregate().Error(), 1024)}
+	}
+	return nil
+}
+
+// ReasonInvalidSpec: the worktree's name or ref breaks a rule.
+const ReasonInvalidSpec = "InvalidSpec"
+
 // Add adds the worktree without checking files out; Checkout does that
 // inside the sandbox. Adding a worktree that exists already returns it.
 func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
+	if err := CheckSpec(spec); err != nil {
+		return Worktree{Name: spec.Name}, err
+	}
 	wt := For(repo, spec.Name)
 	fi, err := repo.Mount.Lstat(repo.rel(".git"))
 	if err != nil {
@@ -104,6 +142,12 @@ func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
 	}
 	if !fi.IsDir() {
 		return wt, fmt.Errorf("adding worktree %s: %s/.git is not a directory; the repository must be a main working tree, not a worktree or submodule", spec.Name, repo.HostPath())
+	}
+	if err := checkGitDir(repo); err != nil {
+		return wt, err
+	}
+	if err := checkAdminDir(repo, spec.Name); err != nil {
+		return wt, err
 	}
 	if err := excludeWorktreeDir(repo); err != nil {
 		return wt, err
@@ -120,37 +164,48 @@ func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
 		}
 		return wt, nil
 	}
-	if err := repo.Mount.Mkdir(repo.rel(Dir), false); err != nil && !errors.Is(err, fs.ErrExist) {
-		return wt, fmt.Errorf("adding worktree %s: %w", spec.Name, err)
+	start := "HEAD"
+	if spec.Ref != "" {
+		// Resolved first, so worktree add only ever gets a ref that names a
+		// commit, and a failure says so in words of its own.
+		if _, err := hostGit(ctx, repo, repo.HostPath(), "rev-parse", "--verify", "--quiet", "--end-of-options", spec.Ref+"^{commit}"); err != nil {
+			if ReasonOf(err) == ReasonGitFailed {
+				return wt, &Error{Reason: ReasonRefUnresolvable, Message: fmt.Sprintf("adding worktree %s: ref %q names no commit in %s", spec.Name, spec.Ref, repo.HostPath())}
+			}
+			return wt, err
+		}
+		start = spec.Ref
 	}
+	// git makes Dir itself if it is missing, as the agent's identity, so
+	// the agent owns it like the rest of its mount.
 	args := []string{"worktree", "add", "--no-checkout"}
 	switch {
 	case spec.CreateBranch:
-		args = append(args, "-b", spec.Name, wt.HostPath)
-		if spec.Ref != "" {
-			args = append(args, spec.Ref)
-		}
+		args = append(args, "-b", spec.Name, "--end-of-options", wt.HostPath, start)
 	case spec.Ref == "":
-		args = append(args, "--detach", wt.HostPath, "HEAD")
+		args = append(args, "--detach", "--end-of-options", wt.HostPath, start)
 	default:
-		args = append(args, wt.HostPath, spec.Ref)
+		args = append(args, "--end-of-options", wt.HostPath, start)
 	}
 	if _, err := hostGit(ctx, repo, repo.HostPath(), args...); err != nil {
-		return wt, fmt.Errorf("adding worktree %s of %s: %w", spec.Name, repo.HostPath(), err)
+		return wt, err
 	}
 	return describe(ctx, repo, wt)
 }
 
 func describe(ctx context.Context, repo Repo, wt Worktree) (Worktree, error) {
+	if err := checkAdminDir(repo, wt.Name); err != nil {
+		return wt, err
+	}
+	dotGit, err := readBounded(repo.Mount, path.Join(wt.Rel, ".git"), MaxLinkFileSize)
+	if err != nil {
+		return wt, unsafeRepo("reading %s/.git: %v", wt.HostPath, err)
+	}
 	head, err := hostGit(ctx, repo, wt.HostPath, "rev-parse", "--verify", "HEAD^{commit}")
 	if err != nil {
-		return wt, fmt.Errorf("reading HEAD of worktree %s: %w", wt.HostPath, err)
+		return wt, err
 	}
 	wt.Head = head
-	dotGit, err := repo.Mount.Read(path.Join(wt.Rel, ".git"))
-	if err != nil {
-		return wt, fmt.Errorf("reading %s/.git: %w", wt.HostPath, err)
-	}
 	target, _ := strings.CutPrefix(strings.TrimSpace(string(dotGit)), "gitdir: ")
 	wt.Relative = !filepath.IsAbs(target)
 	if b, err := hostGit(ctx, repo, wt.HostPath, "symbolic-ref", "--quiet", "--short", "HEAD"); err == nil {
@@ -164,7 +219,7 @@ func describe(ctx context.Context, repo Repo, wt Worktree) (Worktree, error) {
 func excludeWorktreeDir(repo Repo) error {
 	excl := repo.rel(".git", "info", "exclude")
 	line := "/" + Dir + "/"
-	old, err := repo.Mount.Read(excl)
+	old, err := readBounded(repo.Mount, excl, MaxConfigSize)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("reading %s/.git/info/exclude: %w", repo.HostPath(), err)
 	}
@@ -206,35 +261,11 @@ func Remove(repo Repo, wt Worktree, dirty bool) error {
 	return nil
 }
 
-// hostGit runs git for the controller with nothing of the repository that
-// could execute (no hooks, no fsmonitor, no system or global configuration)
-// and inside a bubblewrap jail in which only the repository's mount is
-// writable: the git directory is also the sandbox's, so an agent may have
-// planted symbolic links in it, and those must not lead a git running with
-// the controller's privileges to write anywhere else on the host.
-func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string, error) {
-	bwrap, err := exec.LookPath("bwrap")
-	if err != nil {
-		return "", fmt.Errorf("git %s: the controller runs git in a bubblewrap jail and bwrap is not installed: install the bubblewrap package", strings.Join(args, " "))
+// clip shortens text that came from the agent or a tenant before it goes
+// into a message, so no status or event carries more than a line of it.
+func clip(s string, max int) string {
+	if len(s) > max {
+		return s[:max] + "…"
 	}
-	mount := repo.Mount.HostPath()
-	full := []string{
-		"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-		"--bind", mount, mount,
-		"--", "git",
-		"-c", "core.hooksPath=/dev/null",
-		"-c", "core.fsmonitor=false",
-		"-c", "safe.directory=*",
-		"-C", dir,
-	}
-	full = append(full, args...)
-	cmd := exec.CommandContext(ctx, bwrap, full...)
-	cmd.Env = []string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "HOME=/nonexistent", "GIT_TERMINAL_PROMPT=0", "PATH=/usr/local/bin:/usr/bin:/bin", "LC_ALL=C"}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
-	}
-	return strings.TrimSpace(out.String()), nil
+	return s
 }

@@ -3,22 +3,27 @@ package worktree_test
 import (
 	"context"
 	"errors"
+	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/stdr"
+
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 )
 
-var ctx = context.Background()
+// ctx logs what the controller would log (host git's stderr) to stderr.
+var ctx = logr.NewContext(context.Background(), stdr.New(log.New(os.Stderr, "", 0)))
 
 func git(t *testing.T, dir string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("git", append([]string{"-C", dir}, args...)...)
+	cmd := exec.Command("git", append([]string{"-c", "safe.directory=*", "-C", dir}, args...)...)
 	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -27,11 +32,24 @@ func git(t *testing.T, dir string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// newRepo makes a mount holding a repository with one commit on main.
+// agent is the host identity the tests' repositories belong to and host
+// git runs as: not root, and not the fallback, so a test sees the identity
+// passed in is the one used.
+var agent = worktree.Identity{UID: 61234, GID: 61234}
+
+// newRepo makes a mount holding a repository with one commit on main,
+// owned by agent, as an agent's mount is.
 func newRepo(t *testing.T) worktree.Repo {
 	t.Helper()
 	testenv.Binary(t, "git", "install git (hack/install-deps.sh)")
+	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
 	mount := t.TempDir()
+	// The agent's identity must reach its mount, as on a real host.
+	for d := mount; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	repo := filepath.Join(mount, "app")
 	if err := os.MkdirAll(repo, 0o755); err != nil {
 		t.Fatal(err)
@@ -42,11 +60,25 @@ func newRepo(t *testing.T) worktree.Repo {
 	}
 	git(t, repo, "add", "README")
 	git(t, repo, "commit", "-q", "-m", "first")
+	chownTree(t, mount, agent)
 	root, err := areas.OpenRoot("/workspace/project", mount, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return worktree.Repo{Mount: root, Rel: "app"}
+	return worktree.Repo{Mount: root, Rel: "app", As: agent}
+}
+
+func chownTree(t *testing.T, dir string, id worktree.Identity) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(id.UID), int(id.GID))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestAddCreatesBranchWithoutCheckingOutAndIsIdempotent(t *testing.T) {
