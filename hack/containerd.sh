@@ -191,11 +191,15 @@ crash_daemon() {
 }
 
 import_images() {
-  local variant tar name
+  local variant tar name want
   for variant in $IMAGES; do
     tar=$("$ROOT/hack/test-image.sh" "$variant")
     name=$("$ROOT/hack/test-image.sh" --name "$variant")
-    if ctr -n "$NAMESPACE" images ls -q | grep -qxF "$name"; then
+    # A tarball of a new revision carries the same name: the image is
+    # imported again unless the name already points at the tarball's
+    # manifest.
+    want=$(tar -xOf "$tar" index.json | grep -o '"digest":"sha256:[0-9a-f]*"' | head -1 | cut -d'"' -f4)
+    if ctr -n "$NAMESPACE" images ls | awk -v n="$name" '$1 == n {print $3}' | grep -qxF "$want"; then
       continue
     fi
     say "importing $name into namespace $NAMESPACE"

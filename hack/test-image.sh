@@ -35,7 +35,7 @@ image_name() {
 }
 
 # REVISION goes up whenever what an image holds changes.
-REVISION=2
+REVISION=3
 
 tar_path() { image_name "$1" >/dev/null && echo "$DIR/$1-r$REVISION-oci.tar"; }
 
@@ -50,8 +50,13 @@ apt_install() {
 }
 
 # The directories the sandbox binds its areas onto; runc would create them,
-# but an image that has them works with a read-only root too.
-sandbox_dirs() { mkdir -p "$1"/{workspace,memories,blocks,skills,tasks,tmp}; chmod 1777 "$1/tmp"; }
+# but an image that has them works with a read-only root too. /var/tmp is
+# where an unprivileged agent keeps container-local state that outlives a
+# restart (the root's other directories belong to root).
+sandbox_dirs() {
+  mkdir -p "$1"/{workspace,memories,blocks,skills,tasks,tmp,var/tmp}
+  chmod 1777 "$1/tmp" "$1/var/tmp"
+}
 
 busybox_rootfs() {
   local r=$1
@@ -71,8 +76,10 @@ busybox_rootfs() {
 debian_rootfs() {
   local r=$1
   apt_install debootstrap
-  say "debootstrap bookworm minbase with git (a few minutes)"
-  debootstrap --variant=minbase --include=git,ca-certificates bookworm "$r" http://deb.debian.org/debian \
+  local mirror
+  mirror=$("$ROOT/hack/apt-mirror.sh")
+  say "debootstrap bookworm minbase with git from $mirror (a few minutes)"
+  debootstrap --variant=minbase --include=git,ca-certificates bookworm "$r" "$mirror" \
     >"$DIR/debootstrap.log" 2>&1 || { tail -20 "$DIR/debootstrap.log" >&2; die "debootstrap failed"; }
   rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/* "$r"/usr/share/doc/* "$r"/usr/share/man/*
   sandbox_dirs "$r"

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -156,6 +158,65 @@ func area(in runtimes.Instance, target string) string {
 	return ""
 }
 
+// giveTo hands the tree at root to the agent's host identity.
+func giveTo(t *testing.T, in runtimes.Instance, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(in.Identity.UID), int(in.Identity.GID))
+	})
+	if err != nil {
+		t.Fatalf("giving %s to the agent: %v", root, err)
+	}
+}
+
+// TestAgentRunsUnprivileged: commands run as the agent's own host identity,
+// never root, without capabilities, with no_new_privs and containerd's
+// default seccomp filter; what they write in the areas is the agent's on the
+// host; an identity of 0 is refused before anything is made.
+func TestAgentRunsUnprivileged(t *testing.T) {
+	rt, image := daemon(t, nil)
+	in := instance(t, rt, image, "unit-identity", nil)
+	if in.Identity.UID == 0 {
+		t.Fatalf("Describe gave the agent uid 0")
+	}
+	ensure(t, rt, in)
+	code, out, stderr := run(t, rt, in.Name, "", "sh", "-c",
+		`id -u; id -g; id -G; grep -E '^(Seccomp|NoNewPrivs|CapEff|CapPrm|CapBnd):' /proc/self/status; echo x > /workspace/mine`)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	id := strconv.FormatUint(uint64(in.Identity.UID), 10)
+	want := []string{id, id, id, "Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000"}
+	got := strings.Split(strings.TrimSpace(out), "\n")
+	slices.Sort(want[3:])
+	if len(got) > 3 {
+		slices.Sort(got[3:])
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("inside: %q, want %q", got, want)
+	}
+	fi, err := os.Lstat(filepath.Join(area(in, "/workspace"), "mine"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != in.Identity.UID || st.Gid != in.Identity.GID {
+		t.Errorf("a file the agent wrote belongs to %d:%d on the host, want %d:%d", st.Uid, st.Gid, in.Identity.UID, in.Identity.GID)
+	}
+
+	root := in
+	root.Name = "unit-identity-root"
+	root.Identity = runtimes.Identity{}
+	if _, err := rt.Ensure(context.Background(), root); runtimes.ReasonOf(err) != runtimes.ReasonRefused || !strings.Contains(err.Error(), "host root") {
+		t.Errorf("Ensure with identity 0: %v, want %s naming host root", err, runtimes.ReasonRefused)
+	}
+	if st := inspect(t, rt, root.Name); st.Exists {
+		t.Errorf("a container was made for identity 0: %+v", st)
+	}
+}
+
 func TestLifecycleKeepsRootStateAndAreas(t *testing.T) {
 	rt, image := daemon(t, nil)
 	ctx := context.Background()
@@ -173,7 +234,7 @@ func TestLifecycleKeepsRootStateAndAreas(t *testing.T) {
 		t.Errorf("a second Ensure changed the container: %+v then %+v", st, again)
 	}
 
-	code, out, _ := run(t, rt, in.Name, "", "sh", "-c", `echo from-sandbox > /workspace/out; pwd; echo "$HOME"; echo kept > /root/state; grep " /tmp " /proc/mounts`)
+	code, out, _ := run(t, rt, in.Name, "", "sh", "-c", `echo from-sandbox > /workspace/out; pwd; echo "$HOME"; echo kept > /var/tmp/state; grep " /tmp " /proc/mounts`)
 	if code != 0 {
 		t.Fatalf("exit %d, output %q", code, out)
 	}
@@ -202,8 +263,8 @@ func TestLifecycleKeepsRootStateAndAreas(t *testing.T) {
 		t.Errorf("Exec in a stopped container: %v, want %s", err, runtimes.ReasonNotFound)
 	}
 	ensure(t, rt, in)
-	if _, out, _ := run(t, rt, in.Name, "", "cat", "/root/state"); out != "kept\n" {
-		t.Errorf("/root/state after stop and start = %q, want kept", out)
+	if _, out, _ := run(t, rt, in.Name, "", "cat", "/var/tmp/state"); out != "kept\n" {
+		t.Errorf("/var/tmp/state after stop and start = %q, want kept", out)
 	}
 
 	if err := rt.Delete(ctx, in.Name); err != nil {
@@ -333,7 +394,7 @@ func TestSpecChanges(t *testing.T) {
 	base := func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh", "cat"} }
 	in := instance(t, rt, image, "unit-change", base)
 	ensure(t, rt, in)
-	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /root/state")
+	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /var/tmp/state")
 
 	// One container through every step: the steps are not subtests,
 	// because each builds on the container the previous one left.
@@ -359,6 +420,10 @@ func TestSpecChanges(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(src, "readme"), []byte("docs"), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		// The agent reads it as anyone would: t.TempDir is 0700.
+		if err := os.Chmod(src, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		mounted := instance(t, rt, image, "unit-change", func(s *v1alpha1.SandboxSpec) {
 			base(s)
 			s.Binaries = append(s.Binaries, "true")
@@ -374,7 +439,7 @@ func TestSpecChanges(t *testing.T) {
 		if st := ensure(t, rt, mounted); st.RestartRequired != "" || st.ConfigHash != mounted.ConfigHash {
 			t.Fatalf("after the restart: %+v", st)
 		}
-		if _, out, _ := run(t, rt, in.Name, "", "cat", "/workspace/docs/readme", "/root/state"); out != "docskept\n" {
+		if _, out, _ := run(t, rt, in.Name, "", "cat", "/workspace/docs/readme", "/var/tmp/state"); out != "docskept\n" {
 			t.Errorf("mount and root state after the restart: %q", out)
 		}
 		if code, _, _ := run(t, rt, in.Name, "", "sh", "-c", "echo x > /workspace/docs/new"); code == 0 {
@@ -442,11 +507,11 @@ func TestOverlayHealthFollowsTheSizeLimit(t *testing.T) {
 	if h := health(); h == nil || !h.Healthy || h.Reason != v1alpha1.ReasonHealthy || !strings.Contains(h.Message, "overlay") {
 		t.Fatalf("fresh container: %+v", h)
 	}
-	run(t, rt, in.Name, "", "sh", "-c", "head -c 2097152 /dev/zero > /root/big")
+	run(t, rt, in.Name, "", "sh", "-c", "head -c 2097152 /dev/zero > /var/tmp/big")
 	if h := health(); h.Healthy || h.Reason != v1alpha1.ReasonUpperDirOverLimit {
 		t.Errorf("2 MiB written with a 1 MiB limit: %+v", h)
 	}
-	run(t, rt, in.Name, "", "sh", "-c", "rm /root/big")
+	run(t, rt, in.Name, "", "sh", "-c", "rm /var/tmp/big")
 	if h := health(); !h.Healthy {
 		t.Errorf("after removing the file: %+v", h)
 	}
@@ -568,7 +633,7 @@ func TestImageChangeToAnAbsentImageKeepsTheContainer(t *testing.T) {
 	ctx := context.Background()
 	in := instance(t, rt, image, "unit-reimage", nil)
 	ensure(t, rt, in)
-	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /root/state")
+	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /var/tmp/state")
 	if err := rt.Stop(ctx, in.Name); err != nil {
 		t.Fatal(err)
 	}
@@ -577,7 +642,7 @@ func TestImageChangeToAnAbsentImageKeepsTheContainer(t *testing.T) {
 		t.Fatalf("Ensure with an absent new image: %v, want %s", err, runtimes.ReasonImageNotFound)
 	}
 	ensure(t, rt, in)
-	if _, out, _ := run(t, rt, in.Name, "", "cat", "/root/state"); out != "kept\n" {
+	if _, out, _ := run(t, rt, in.Name, "", "cat", "/var/tmp/state"); out != "kept\n" {
 		t.Errorf("root state after a refused image change: %q", out)
 	}
 }
@@ -611,6 +676,8 @@ func TestGitDirBindsApplyLive(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(gitDir, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A read-write mount is the agent's, as its repositories would be.
+	giveTo(t, in, projects)
 	withGit := in
 	withGit.Mounts = slices.Clone(in.Mounts)
 	withGit.AddBinds(runtimes.Bind{Source: gitDir, Target: gitDir})

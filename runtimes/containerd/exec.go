@@ -70,10 +70,17 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 }
 
 // command applies the policy to argv and builds the process: the
-// container's own user and capabilities, the environment from nothing.
+// container's own capabilities and no-new-privileges, the agent's identity
+// from the record (a container converged before agents had their own
+// identity carries none, and runs nothing until it is converged again),
+// the environment from nothing.
 func (r *Runtime) command(info containers.Container, in runtimes.Instance, argv []string) (*specs.Process, error) {
 	if err := policy.CheckArgv(in.Binaries, argv); err != nil {
 		return nil, err
+	}
+	user, err := agentUser(in)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", policy.ErrRefused, err)
 	}
 	ws := ""
 	for _, a := range in.Areas {
@@ -103,6 +110,7 @@ func (r *Runtime) command(info containers.Container, in runtimes.Instance, argv 
 		return nil, fmt.Errorf("container %s: its spec has no process", in.Name)
 	}
 	p := *spec.Process
+	p.User = user
 	p.Args = append([]string(nil), argv...)
 	p.Env = env
 	p.Cwd = policy.SandboxHome

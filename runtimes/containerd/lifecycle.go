@@ -3,8 +3,6 @@ package containerd
 import (
 	"context"
 	"fmt"
-	"os"
-	"syscall"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -14,7 +12,6 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
@@ -30,6 +27,10 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if in.Containerd == nil || in.Image == "" {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "the instance has no containerd image")
 	}
+	user, err := agentUser(in)
+	if err != nil {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonRefused, op, in.Name, "%w", err)
+	}
 	if err := in.LayoutAreas(); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
@@ -44,7 +45,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	cont, err := c.LoadContainer(ctx, in.Name)
 	created := false
 	if errdefs.IsNotFound(err) {
-		cont, err = r.create(ctx, c, in)
+		cont, err = r.create(ctx, c, in, user)
 		created = true
 	}
 	if err != nil {
@@ -92,7 +93,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
 			task, created = nil, true
-			if cont, err = r.create(ctx, c, in); err != nil {
+			if cont, err = r.create(ctx, c, in, user); err != nil {
 				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
 		} else {
@@ -101,7 +102,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 					return runtimes.State{}, r.fail(op, in.Name, err)
 				}
 			}
-			if err := r.update(ctx, c, cont, in); err != nil {
+			if err := r.update(ctx, c, cont, in, user); err != nil {
 				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
 			if !running {
@@ -159,7 +160,7 @@ func checkOwner(info containers.Container, owner string) error {
 }
 
 // create makes the container from an image already in the namespace.
-func (r *Runtime) create(ctx context.Context, c *containerd.Client, in runtimes.Instance) (containerd.Container, error) {
+func (r *Runtime) create(ctx context.Context, c *containerd.Client, in runtimes.Instance, user specs.User) (containerd.Container, error) {
 	const op = "creating container"
 	img, err := c.GetImage(ctx, in.Image)
 	if errdefs.IsNotFound(err) {
@@ -173,10 +174,6 @@ func (r *Runtime) create(ctx context.Context, c *containerd.Client, in runtimes.
 		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
 			return nil, r.fail(op, in.Name, fmt.Errorf("unpacking image %q into snapshotter %s: %w", in.Image, r.cfg.Snapshotter, err))
 		}
-	}
-	user, err := sandboxUser(in)
-	if err != nil {
-		return nil, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
 	ext, err := encodeInstance(in)
 	if err != nil {
@@ -214,11 +211,7 @@ func (r *Runtime) imageNotFound(op string, in runtimes.Instance) error {
 
 // update brings a container's spec, labels and record to in, keeping its
 // snapshot (and so its container-local state).
-func (r *Runtime) update(ctx context.Context, c *containerd.Client, cont containerd.Container, in runtimes.Instance) error {
-	user, err := sandboxUser(in)
-	if err != nil {
-		return err
-	}
+func (r *Runtime) update(ctx context.Context, c *containerd.Client, cont containerd.Container, in runtimes.Instance, user specs.User) error {
 	spec, err := oci.GenerateSpec(ctx, c, &containers.Container{ID: in.Name}, r.specOpts(in, user)...)
 	if err != nil {
 		return fmt.Errorf("generating the new spec: %w", err)
@@ -245,24 +238,6 @@ func (r *Runtime) update(ctx context.Context, c *containerd.Client, cont contain
 		rec.Extensions[instanceExtension] = ext
 		return nil
 	})
-}
-
-// sandboxUser is who the init and every command run as: the owner of the
-// agent's workspace on the host, so files the agent writes into its areas
-// belong to the same account as the areas themselves.
-func sandboxUser(in runtimes.Instance) (specs.User, error) {
-	for _, a := range in.Areas {
-		if a.Target != policy.SandboxHome {
-			continue
-		}
-		fi, err := os.Stat(a.Source)
-		if err != nil {
-			return specs.User{}, fmt.Errorf("reading the owner of the workspace: %w", err)
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		return specs.User{UID: st.Uid, GID: st.Gid}, nil
-	}
-	return specs.User{}, fmt.Errorf("the instance has no %s area", policy.SandboxHome)
 }
 
 // start replaces a task that is not running with a new one and starts it.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -80,11 +81,14 @@ func labels(in runtimes.Instance) map[string]string {
 	return map[string]string{OwnerLabel: in.Owner, HashLabel: in.ConfigHash}
 }
 
-// specOpts describe the container: the long-running init as the given user
-// in /workspace, the areas and mounts bound with their modes, a 64 MiB
-// /tmp, the devices the spec opts into and the limits it sets. The rest is
-// containerd's default spec: its own pid, mount, network (loopback only),
-// IPC and UTS namespaces, a reduced capability set, no new privileges.
+// specOpts describe the container: the long-running init in /workspace as
+// the agent's own unprivileged host identity (no supplementary groups), no
+// capabilities, no new privileges, containerd's default seccomp profile;
+// the areas and mounts bound with their modes, a 64 MiB /tmp, the devices
+// the spec opts into and the limits it sets. The rest is containerd's
+// default spec: its own pid, mount, network (loopback only), IPC and UTS
+// namespaces. Every command is run with the init's process settings
+// (command), so they hold for each of them too.
 func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithProcessArgs(r.cfg.Init...),
@@ -92,6 +96,11 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 		oci.WithEnv([]string{"PATH=" + policy.MinimalPath, "HOME=" + policy.SandboxHome}),
 		oci.WithHostname(in.Name),
 		oci.WithUIDGID(user.UID, user.GID),
+		oci.WithNoNewPrivileges,
+		// A process that is not uid 0 still keeps the capabilities the
+		// spec lists (runc sets them after switching user): list none.
+		oci.WithCapabilities(nil),
+		oci.WithAmbientCapabilities(nil),
 		oci.WithMounts(Mounts(in)),
 	}
 	if l := memoryLimit(in); l > 0 {
@@ -109,7 +118,18 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 			opts = append(opts, oci.WithDevices(usbDevices, "", "rwm"))
 		}
 	}
-	return opts
+	// The profile follows the capabilities it is derived from: last.
+	return append(opts, seccomp.WithDefaultProfile())
+}
+
+// agentUser is who the init and every command run as: the agent's host
+// identity, never root.
+func agentUser(in runtimes.Instance) (specs.User, error) {
+	if in.Identity.UID == 0 || in.Identity.GID == 0 {
+		return specs.User{}, fmt.Errorf("the agent's host identity is uid %d gid %d: agent commands never run as host root (uid or gid 0)",
+			in.Identity.UID, in.Identity.GID)
+	}
+	return specs.User{UID: in.Identity.UID, GID: in.Identity.GID}, nil
 }
 
 // Mounts are the container's mounts beyond containerd's defaults: /tmp,
@@ -229,6 +249,9 @@ func Diff(old, new runtimes.Instance) Change {
 	c.BindsAdded, c.BindsRemoved = runtimes.DiffGitDirs(old, new)
 	if old.Devices != new.Devices {
 		c.Restart = append(c.Restart, "devices")
+	}
+	if old.Identity != new.Identity {
+		c.Restart = append(c.Restart, fmt.Sprintf("identity %d:%d → %d:%d", old.Identity.UID, old.Identity.GID, new.Identity.UID, new.Identity.GID))
 	}
 	c.Limits = memoryLimit(old) != memoryLimit(new) || pidsLimit(old) != pidsLimit(new)
 	return c

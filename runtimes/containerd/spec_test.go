@@ -1,16 +1,22 @@
 package containerd
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -219,4 +225,63 @@ func TestFindMountRefusesAMalformedTable(t *testing.T) {
 
 func containerInfo(in runtimes.Instance, ext *jsonAny) containers.Container {
 	return containers.Container{ID: in.Name, Labels: labels(in), Extensions: map[string]typeurl.Any{instanceExtension: ext}}
+}
+
+func TestDiffRestartsForANewIdentity(t *testing.T) {
+	base := describe(t, nil)
+	moved := base
+	moved.Identity = runtimes.Identity{UID: base.Identity.UID + 1, GID: base.Identity.GID + 1}
+	if c := Diff(base, moved); len(c.Restart) != 1 || !strings.HasPrefix(c.Restart[0], "identity ") {
+		t.Errorf("Diff with another identity = %+v, want a restart naming the identity", c)
+	}
+}
+
+// TestSpecRunsTheAgentUnprivileged: the container's process, which every
+// command copies, is the agent's identity without supplementary groups,
+// capabilities or new privileges, under containerd's default seccomp
+// profile.
+func TestSpecRunsTheAgentUnprivileged(t *testing.T) {
+	in := describe(t, func(s *v1alpha1.SandboxSpec) { s.Devices.All = true })
+	in.Identity = runtimes.Identity{UID: 2000000007, GID: 2000000007}
+	user, err := agentUser(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Runtime{cfg: Config{Init: DefaultInit}}
+	ctx := namespaces.WithNamespace(context.Background(), "unit")
+	spec, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: in.Name}, r.specOpts(in, user)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := spec.Process
+	if p.User.UID != in.Identity.UID || p.User.GID != in.Identity.GID || slices.ContainsFunc(p.User.AdditionalGids, func(g uint32) bool { return g != in.Identity.GID }) {
+		t.Errorf("user = %+v, want uid and gid %d and no other group", p.User, in.Identity.UID)
+	}
+	if !p.NoNewPrivileges {
+		t.Error("no_new_privs is not set")
+	}
+	if c := p.Capabilities; c == nil || len(c.Bounding)+len(c.Effective)+len(c.Permitted)+len(c.Inheritable)+len(c.Ambient) > 0 {
+		t.Errorf("capabilities = %+v, want none", c)
+	}
+	if spec.Linux.Seccomp == nil || spec.Linux.Seccomp.DefaultAction != specs.ActErrno || len(spec.Linux.Seccomp.Syscalls) == 0 {
+		t.Errorf("seccomp = %+v, want containerd's default profile (deny by default)", spec.Linux.Seccomp)
+	}
+}
+
+func TestRootIdentityIsRefused(t *testing.T) {
+	for _, id := range []runtimes.Identity{{}, {UID: 0, GID: 2000000000}, {UID: 2000000000, GID: 0}} {
+		in := describe(t, nil)
+		in.Identity = id
+		if _, err := agentUser(in); err == nil || !strings.Contains(err.Error(), "never run as host root") {
+			t.Errorf("agentUser(%+v) = %v, want a refusal", id, err)
+		}
+		r := &Runtime{cfg: Config{LookupEnv: func(string) (string, bool) { return "", false }}}
+		ext, err := encodeInstance(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.command(containerInfo(in, ext), in, []string{"sh"}); !errors.Is(err, policy.ErrRefused) {
+			t.Errorf("a command recorded for identity %+v: %v, want refused", id, err)
+		}
+	}
 }

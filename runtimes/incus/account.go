@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
 
@@ -14,8 +15,7 @@ import (
 const SudoersFile = "/etc/sudoers.d/cireilclaw"
 
 // accountMark is the KeyAccount value of a root set up for the identity.
-func (r *Runtime) accountMark() string {
-	id := r.Identity()
+func accountMark(id runtimes.Identity) string {
 	return fmt.Sprintf("%d:%d", id.UID, id.GID)
 }
 
@@ -27,8 +27,7 @@ func (r *Runtime) accountMark() string {
 // under its own name. Files already right are not written again. Once
 // done it marks the instance (KeyAccount), so later starts of the same
 // root skip the file API, whose first call after a start is slow.
-func (r *Runtime) setupAccount(ctx context.Context, cl *incusapi.Client, name string) error {
-	id := r.Identity()
+func setupAccount(ctx context.Context, cl *incusapi.Client, name string, id runtimes.Identity) error {
 	user, err := ensureEntry(ctx, cl, name, "/etc/passwd", 2, id.UID, func(n string) string {
 		return fmt.Sprintf("%s:x:%d:%d:%s:%s:/bin/sh", n, id.UID, id.GID, n, policy.SandboxHome)
 	})
@@ -54,7 +53,7 @@ func (r *Runtime) setupAccount(ctx context.Context, cl *incusapi.Client, name st
 	if put.Config == nil {
 		put.Config = map[string]string{}
 	}
-	put.Config[KeyAccount] = r.accountMark()
+	put.Config[KeyAccount] = accountMark(id)
 	if err := cl.UpdateInstance(ctx, name, put, etag); err != nil {
 		return fmt.Errorf("marking the account as set up: %w", err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
 
-// Exec runs one allowed command in the instance as the mapped account, in
+// Exec runs one allowed command in the instance as the agent's account, in
 // /workspace, with the environment the policy rebuilds, streaming its
 // stdin, stdout and stderr. A refused command is an error with reason
 // CommandRefused and nothing runs. When ctx ends, the command is killed.
@@ -35,7 +35,13 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	if err != nil {
 		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: op, Name: name, Err: err}
 	}
-	id := r.Identity()
+	// The identity is the one the instance was converged to: the one its
+	// raw.idmap maps. One recorded before agents had their own has none,
+	// and runs nothing until it is converged again.
+	id, err := agentIdentity(in)
+	if err != nil {
+		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: op, Name: name, Err: fmt.Errorf("%w: %w", policy.ErrRefused, err)}
+	}
 	stdout, stderr := runtimes.OutputWriters(req.Stdout, req.Stderr)
 	code, err := cl.Exec(ctx, name, incusapi.ExecRequest{
 		Command: req.Argv,

@@ -1,9 +1,11 @@
 // Package incus is the Incus sandbox driver: one persistent system
 // container per agent, named cireilclaw-{agent}, driven over the Incus REST
 // API on the daemon's unix socket. The agent's areas and custom mounts are
-// disk devices of the container; the runtime's host UID and GID are mapped
-// into it with raw.idmap, and commands run as that mapped account in
-// /workspace, so files the agent writes there belong to the host identity.
+// disk devices of the container; the agent's own unprivileged host UID and
+// GID (runtimes.Instance.Identity, never 0) are mapped into it to the same
+// ids with raw.idmap, and commands run as that account in /workspace, so
+// files the agent writes there belong to the agent's host identity. The
+// controller's own identity is never mapped.
 // Container-local state (installed packages, files outside the areas)
 // persists across stop and start, because the driver stops instances and
 // never deletes them except when asked to.
@@ -43,8 +45,9 @@ const (
 
 // Condition reasons of this driver, beyond those every driver shares.
 const (
-	// ReasonIdmapNotPermitted: the Incus project forbids the raw.idmap
-	// entry that maps the runtime's host UID and GID into the container.
+	// ReasonIdmapNotPermitted: the Incus project or server forbids the
+	// raw.idmap entry that maps the agent's host UID and GID into the
+	// container.
 	ReasonIdmapNotPermitted runtimes.Reason = "IdmapNotPermitted"
 	// ReasonHostDisksNotPermitted: the Incus project forbids disk devices
 	// backed by host paths, which the areas and mounts are.
@@ -54,10 +57,6 @@ const (
 // Defaults of Config.
 const (
 	DefaultStopTimeout = 30 * time.Second
-	// DefaultAccountID is the UID and GID of the mapped account inside the
-	// container when the runtime runs as host root: host root is never
-	// mapped to container root.
-	DefaultAccountID = 1000
 	// AccountName is the name given to the mapped account when the image
 	// has no account with its UID.
 	AccountName = "agent"
@@ -77,34 +76,25 @@ var DefaultRemotes = map[string]Remote{
 	"images": {Server: "https://images.linuxcontainers.org", Protocol: "simplestreams"},
 }
 
-// Identity is the host identity commands run as, and the account it is
-// inside the container.
-type Identity struct {
-	HostUID, HostGID uint32
-	// UID and GID are the ids inside the container.
-	UID, GID uint32
+// RawIdmap is the raw.idmap value that maps an agent's host identity into
+// its container to the same ids, so that ownership reads the same on both
+// sides of the areas.
+func RawIdmap(id runtimes.Identity) string {
+	if id.UID == id.GID {
+		return fmt.Sprintf("both %d %d", id.UID, id.UID)
+	}
+	return fmt.Sprintf("uid %d %d\ngid %d %d", id.UID, id.UID, id.GID, id.GID)
 }
 
-// IdentityFor maps a host UID and GID into the container: to the same ids,
-// except host root, which becomes DefaultAccountID so that it never is
-// container root.
-func IdentityFor(hostUID, hostGID uint32) Identity {
-	id := Identity{HostUID: hostUID, HostGID: hostGID, UID: hostUID, GID: hostGID}
-	if id.UID == 0 {
-		id.UID = DefaultAccountID
+// agentIdentity is the identity an instance's commands run as; host root
+// (uid or gid 0) is refused: mapping it would make the agent root over
+// every host file its mounts reach.
+func agentIdentity(in runtimes.Instance) (runtimes.Identity, error) {
+	if in.Identity.UID == 0 || in.Identity.GID == 0 {
+		return runtimes.Identity{}, fmt.Errorf("the agent's host identity is uid %d gid %d: agent commands never run as host root (uid or gid 0), and host root is never mapped into a container",
+			in.Identity.UID, in.Identity.GID)
 	}
-	if id.GID == 0 {
-		id.GID = DefaultAccountID
-	}
-	return id
-}
-
-// RawIdmap is the raw.idmap value mapping the identity.
-func (id Identity) RawIdmap() string {
-	if id.HostUID == id.HostGID && id.UID == id.GID {
-		return fmt.Sprintf("both %d %d", id.HostUID, id.UID)
-	}
-	return fmt.Sprintf("uid %d %d\ngid %d %d", id.HostUID, id.UID, id.HostGID, id.GID)
+	return in.Identity, nil
 }
 
 // Config configures the driver.
@@ -115,9 +105,6 @@ type Config struct {
 	// means the caller's current project (CurrentProject), and failing
 	// that the daemon's default project.
 	DefaultProject string
-	// Identity is the host identity commands run as; nil means the
-	// controller's own UID and GID.
-	Identity *Identity
 	// Remotes are the image servers image references may name; nil means
 	// DefaultRemotes.
 	Remotes map[string]Remote
@@ -168,13 +155,6 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.DefaultProject == "" {
 		cfg.DefaultProject = CurrentProject()
 	}
-	if cfg.Identity == nil {
-		id := IdentityFor(uint32(os.Getuid()), uint32(os.Getgid()))
-		cfg.Identity = &id
-	}
-	if cfg.Identity.UID == 0 || cfg.Identity.GID == 0 {
-		return nil, errors.New("incus driver: the mapped account must not be root inside the container (UID and GID 0)")
-	}
 	if cfg.Remotes == nil {
 		cfg.Remotes = DefaultRemotes
 	}
@@ -189,9 +169,6 @@ func New(cfg Config) (*Runtime, error) {
 
 // Client is the driver's REST client (in the daemon's default project).
 func (r *Runtime) Client() *incusapi.Client { return r.client }
-
-// Identity is the identity commands run as.
-func (r *Runtime) Identity() Identity { return *r.cfg.Identity }
 
 // Close drops the driver's idle connections. Instances keep running.
 func (r *Runtime) Close() { r.client.Close() }
@@ -290,13 +267,13 @@ func (r *Runtime) restricted(op string, in runtimes.Instance, project string, er
 	if project == "" {
 		project = "default"
 	}
-	id := r.Identity()
+	id := in.Identity
 	switch {
 	case strings.Contains(msg, "raw.idmap") && strings.Contains(msg, "forbidden"):
 		return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
-			"Incus project %q is restricted and does not permit raw.idmap for the runtime's host UID %d and GID %d; "+
-				"the project must permit them: incus project set %s restricted.idmap.uid=%d restricted.idmap.gid=%d (daemon said: %v)",
-			project, id.HostUID, id.HostGID, project, id.HostUID, id.HostGID, err)
+			"Incus project %q is restricted and does not permit raw.idmap for the agent's host UID %d and GID %d; "+
+				"the project must permit the controller's agent id range: incus project set %s restricted.idmap.uid=%d restricted.idmap.gid=%d (daemon said: %v)",
+			project, id.UID, id.GID, project, id.UID, id.GID, err)
 	case strings.Contains(msg, "disks not backed by a pool is forbidden") ||
 		(strings.Contains(msg, "Disk source path") && strings.Contains(msg, "not allowed")):
 		return runtimes.Errorf(ReasonHostDisksNotPermitted, op, in.Name,
@@ -305,9 +282,10 @@ func (r *Runtime) restricted(op string, in runtimes.Instance, project string, er
 			project, project, strings.Join(hostPaths(in), ","), err)
 	case strings.Contains(msg, "idmap") && (strings.Contains(msg, "not allowed") || strings.Contains(msg, "subuid") || strings.Contains(msg, "subgid")):
 		return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
-			"the Incus server may not map the runtime's host UID %d and GID %d into containers; "+
-				"root must be allowed to delegate them: add root:%d:1 to /etc/subuid and root:%d:1 to /etc/subgid and restart incusd (daemon said: %v)",
-			id.HostUID, id.HostGID, id.HostUID, id.HostGID, err)
+			"the Incus server may not map the agent's host UID %d and GID %d into containers; "+
+				"root must be allowed to delegate the controller's agent id range: add it to root's entries in /etc/subuid and /etc/subgid, "+
+				"in pieces smaller than 65536 so Incus never takes it for the base map of its containers (hack/incus.sh does), and restart incusd (daemon said: %v)",
+			id.UID, id.GID, err)
 	}
 	return nil
 }

@@ -22,6 +22,10 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if in.Incus == nil || in.Image == "" {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "the instance has no incus image")
 	}
+	id, err := agentIdentity(in)
+	if err != nil {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonRefused, op, in.Name, "%w", err)
+	}
 	want, err := Devices(in)
 	if err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
@@ -63,7 +67,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 			// rebuilt rather than trusted.
 			old = runtimes.Instance{}
 		}
-		change := Diff(old, in, inst.Config["raw.idmap"], r.Identity().RawIdmap())
+		change := Diff(old, in, inst.Config["raw.idmap"], RawIdmap(id))
 		if running && change.NeedsRestart() {
 			st := stateOf(inst)
 			st.RestartRequired = change.String()
@@ -101,8 +105,8 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		if err := cl.SetState(ctx, in.Name, incusapi.InstanceStatePut{Action: "start"}); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
-		if inst.Config[KeyAccount] != r.accountMark() {
-			if err := r.setupAccount(ctx, cl, in.Name); err != nil {
+		if inst.Config[KeyAccount] != accountMark(id) {
+			if err := setupAccount(ctx, cl, in.Name, id); err != nil {
 				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
 		}
@@ -158,7 +162,7 @@ func (r *Runtime) recorded(in runtimes.Instance) (map[string]string, error) {
 		KeyOwner:      in.Owner,
 		KeyConfigHash: in.ConfigHash,
 		KeyInstance:   desc,
-		"raw.idmap":   r.Identity().RawIdmap(),
+		"raw.idmap":   RawIdmap(in.Identity),
 	}, nil
 }
 

@@ -10,26 +10,40 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
 
-func TestIdentityNeverMapsToContainerRoot(t *testing.T) {
+func TestRawIdmapMapsTheAgentToItself(t *testing.T) {
 	tests := []struct {
-		name             string
-		hostUID, hostGID uint32
-		want             string
+		name string
+		id   runtimes.Identity
+		want string
 	}{
-		{"host root becomes the default account", 0, 0, "both 0 1000"},
-		{"an ordinary user keeps its ids", 1001, 1001, "both 1001 1001"},
-		{"different uid and gid map separately", 1001, 100, "uid 1001 1001\ngid 100 100"},
+		{"one id for user and group", runtimes.Identity{UID: 2000000003, GID: 2000000003}, "both 2000000003 2000000003"},
+		{"different uid and gid map separately", runtimes.Identity{UID: 2000000003, GID: 2000000004}, "uid 2000000003 2000000003\ngid 2000000004 2000000004"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			id := IdentityFor(tt.hostUID, tt.hostGID)
-			if id.UID == 0 || id.GID == 0 {
-				t.Fatalf("mapped to container root: %+v", id)
-			}
-			if got := id.RawIdmap(); got != tt.want {
+			if got := RawIdmap(tt.id); got != tt.want {
 				t.Fatalf("raw.idmap %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestRootIdentityIsRefused: host root is never mapped into a container nor
+// run as, whether asked for by Ensure or found in an instance's record.
+func TestRootIdentityIsRefused(t *testing.T) {
+	r, err := New(Config{Socket: "/nonexistent/unix.socket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []runtimes.Identity{{}, {UID: 0, GID: 2000000000}, {UID: 2000000000, GID: 0}} {
+		in := runtimes.Instance{Name: "cireilclaw-root", Image: "busybox", Incus: &v1alpha1.IncusSpec{Image: "busybox"}, Identity: id}
+		_, err := r.Ensure(t.Context(), in)
+		if runtimes.ReasonOf(err) != runtimes.ReasonRefused || !strings.Contains(err.Error(), "never run as host root") {
+			t.Errorf("Ensure with identity %+v: %v, want %s", id, err, runtimes.ReasonRefused)
+		}
+		if _, err := agentIdentity(in); err == nil {
+			t.Errorf("agentIdentity(%+v) accepted it", id)
+		}
 	}
 }
 
@@ -155,16 +169,16 @@ func TestNewNeverDialsTheDaemon(t *testing.T) {
 }
 
 func TestRestrictedProjectSaysWhatToPermit(t *testing.T) {
-	id := IdentityFor(0, 0)
-	r, _ := New(Config{Socket: "/nonexistent/unix.socket", Identity: &id})
-	in := runtimes.Instance{Name: "cireilclaw-a", AgentDir: "/areas/a", Mounts: []runtimes.Bind{{Source: "/src"}}}
+	r, _ := New(Config{Socket: "/nonexistent/unix.socket"})
+	in := runtimes.Instance{Name: "cireilclaw-a", AgentDir: "/areas/a", Mounts: []runtimes.Bind{{Source: "/src"}},
+		Identity: runtimes.Identity{UID: 2000000001, GID: 2000000001}}
 	tests := []struct {
 		daemon string
 		reason runtimes.Reason
 		want   []string
 	}{
 		{`Failed checking if instance creation allowed: Use of low-level "raw.idmap" element 0 on container "x" of project "p" is forbidden`,
-			ReasonIdmapNotPermitted, []string{"restricted.idmap.uid=0", "restricted.idmap.gid=0", `project "p"`}},
+			ReasonIdmapNotPermitted, []string{"restricted.idmap.uid=2000000001", "restricted.idmap.gid=2000000001", `project "p"`}},
 		{`Failed checking if instance creation allowed: Invalid device "d" on container "x" of project "p": Attaching disks not backed by a pool is forbidden`,
 			ReasonHostDisksNotPermitted, []string{"restricted.devices.disk=allow", "restricted.devices.disk.paths=/areas/a,/src"}},
 	}

@@ -84,7 +84,7 @@ var _ = Describe("Incus latency", Label("bench"), func() {
 		name := instanceOf(sb)
 		Expect(k8s.Create(ctx, newClaim(ns, "hold", "hot"))).To(Succeed())
 		Eventually(sandboxStatus(ns, "hot"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		id := driver.Identity()
+		id := agentID(sb)
 		direct := incusapi.ExecRequest{Command: []string{"true"}, Env: map[string]string{"PATH": "/bin", "HOME": "/workspace"}, User: id.UID, Group: id.GID, Cwd: "/workspace"}
 		incusCLI, cliErr := exec.LookPath("incus")
 		for i := range execRuns + 5 {
@@ -170,7 +170,7 @@ func rawInstance(ns, name string) incusapi.InstancesPost {
 	return incusapi.InstancesPost{
 		Name:    "bench-" + name + "-" + ns,
 		Source:  incusapi.InstanceSource{Type: "image", Alias: image},
-		Config:  map[string]string{"raw.idmap": driver.Identity().RawIdmap()},
+		Config:  map[string]string{"raw.idmap": incus.RawIdmap(in.Identity)},
 		Devices: devs,
 	}
 }

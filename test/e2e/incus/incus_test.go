@@ -55,20 +55,24 @@ var _ = Describe("Incus lifecycle", func() {
 		Expect(st).To(And(HaveField("Exists", true), HaveField("Running", true), HaveField("Owner", ns+"/life")))
 		created := st.CreatedAt
 
-		By("a command writes to /workspace as the mapped account, not container root")
+		By("a command runs as the agent's own unprivileged host id, mapped to itself, and writes to /workspace")
+		id := agentID(sb)
+		Expect(id.UID).NotTo(Equal(uint32(os.Getuid())), "the controller's own uid is never the agent's")
 		code, out := run(name, `id -u; id -g; pwd; echo "$HOME"; echo hello > note`)
 		Expect(code).To(Equal(0), out)
-		id := driver.Identity()
 		Expect(strings.Fields(out)).To(Equal([]string{
 			strconv.Itoa(int(id.UID)), strconv.Itoa(int(id.GID)), "/workspace", "/workspace",
 		}))
+		inst, _, err := rawClient().InProject("").GetInstance(ctx, name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(inst.Config["raw.idmap"]).To(Equal(fmt.Sprintf("both %d %d", id.UID, id.UID)), "only the agent's id is mapped, never the controller's")
 
-		By("the file belongs to the host identity on the host")
+		By("the file belongs to the agent's identity on the host")
 		fi, err := os.Stat(filepath.Join(areaPath(sb, "workspace"), "note"))
 		Expect(err).NotTo(HaveOccurred())
 		sys := fi.Sys().(*syscall.Stat_t)
-		Expect(sys.Uid).To(Equal(uint32(os.Getuid())))
-		Expect(sys.Gid).To(Equal(uint32(os.Getgid())))
+		Expect(sys.Uid).To(Equal(id.UID))
+		Expect(sys.Gid).To(Equal(id.GID))
 
 		By("a command outside the allowlist is refused and nothing runs")
 		_, err = rt().Exec(ctx, name, runtimes.ExecRequest{Argv: []string{"rm", "note"}})
@@ -103,7 +107,7 @@ var _ = Describe("Incus lifecycle", func() {
 		Eventually(sandboxStatus(ns, "state"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 
 		By("state written in the container's own root, outside every area")
-		id := driver.Identity()
+		id := agentID(sb)
 		cl := rawClient().InProject("")
 		Expect(cl.MakeDir(ctx, name, "/srv", 0, 0, 0o755)).To(Succeed())
 		Expect(cl.MakeDir(ctx, name, "/srv/agent", int(id.UID), int(id.GID), 0o755)).To(Succeed())
@@ -249,7 +253,7 @@ var _ = Describe("Incus lifecycle", func() {
 		Expect(code).NotTo(Equal(0), "the old root's state should be gone after the rebuild: %s", out)
 		code, out = run(name, "cat /etc/passwd")
 		Expect(code).To(Equal(0), out)
-		id := driver.Identity()
+		id := agentID(sb)
 		Expect(out).To(ContainSubstring(fmt.Sprintf(":%d:%d:", id.UID, id.GID)), "the mapped account is set up again in the new root")
 		env.DeleteAndWait(sb)
 	})
@@ -298,16 +302,16 @@ var _ = Describe("Incus failures", func() {
 		sb.Spec.Incus.Project = project
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
 		Expect(k8s.Create(ctx, newClaim(ns, "c", "restricted"))).To(Succeed())
-		id := driver.Identity()
+		id := agentID(sb)
 		Eventually(sandboxStatus(ns, "restricted"), timeout).Should(HaveField("Conditions", And(
 			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, string(incus.ReasonIdmapNotPermitted)),
-			ContainElement(HaveField("Message", ContainSubstring(fmt.Sprintf("restricted.idmap.uid=%d restricted.idmap.gid=%d", id.HostUID, id.HostGID)))),
+			ContainElement(HaveField("Message", ContainSubstring(fmt.Sprintf("restricted.idmap.uid=%d restricted.idmap.gid=%d", id.UID, id.GID)))),
 		)))
 
 		By("permitting the ids: the next thing the project must permit is named")
 		patchProject(project, map[string]string{
-			"restricted.idmap.uid": strconv.Itoa(int(id.HostUID)),
-			"restricted.idmap.gid": strconv.Itoa(int(id.HostGID)),
+			"restricted.idmap.uid": strconv.Itoa(int(id.UID)),
+			"restricted.idmap.gid": strconv.Itoa(int(id.GID)),
 		})
 		nudge(sb)
 		Eventually(sandboxStatus(ns, "restricted"), timeout).Should(HaveField("Conditions", And(

@@ -7,10 +7,12 @@ package incus_test
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,6 +116,30 @@ func newSandbox(ns, name string) *v1alpha1.Sandbox {
 }
 
 func instanceOf(sb *v1alpha1.Sandbox) string { return v1alpha1.InstanceName(sb.Spec.Agent) }
+
+// agentID is the host identity the controller gave the Sandbox's agent: the
+// owner of its directory under the areas root, which is the allocation's
+// record.
+func agentID(sb *v1alpha1.Sandbox) runtimes.Identity {
+	fi, err := os.Stat(filepath.Join(env.AreasRoot, sb.Spec.Agent))
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	st := fi.Sys().(*syscall.Stat_t)
+	ExpectWithOffset(1, st.Uid).NotTo(BeZero(), "the agent of %s was given host root", sb.Name)
+	return runtimes.Identity{UID: st.Uid, GID: st.Gid}
+}
+
+// giveTo hands a host directory tree to the agent of sb, as an
+// administrator hands an agent the projects it may change.
+func giveTo(sb *v1alpha1.Sandbox, root string) {
+	id := agentID(sb)
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(id.UID), int(id.GID))
+	})
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+}
 
 func areaPath(sb *v1alpha1.Sandbox, area string) string {
 	return filepath.Join(env.AreasRoot, sb.Spec.Agent, area)

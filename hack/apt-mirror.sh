@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# apt-mirror.sh: prints the Debian mirror this machine's apt already uses,
+# so scripts that need one (debootstrap, a backports suite) take it from
+# the machine rather than naming a host themselves: the first URIs: of
+# /etc/apt/sources.list.d/*.sources (deb822), else the URI of the first deb
+# line of /etc/apt/sources.list. Fails with a message when there is none.
+set -euo pipefail
+
+say() { printf 'apt-mirror.sh: %s\n' "$*" >&2; }
+
+uri=
+for f in /etc/apt/sources.list.d/*.sources; do
+  [ -f "$f" ] || continue
+  uri=$(awk 'tolower($1) == "uris:" {print $2; exit}' "$f")
+  [ -n "$uri" ] && break
+done
+if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+  # deb [options] URI suite components…; the options may hold spaces.
+  uri=$(sed -n 's/^[[:space:]]*deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' /etc/apt/sources.list | head -1)
+fi
+[ -n "$uri" ] || { say "no Debian mirror found: neither a URIs: line in /etc/apt/sources.list.d/*.sources nor a deb line in /etc/apt/sources.list"; exit 1; }
+echo "${uri%/}"
