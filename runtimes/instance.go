@@ -174,6 +174,7 @@ func Describe(owner string, spec *v1alpha1.SandboxSpec, opts Options) (Instance,
 		}
 		if m.Mode == v1alpha1.MountOverlay {
 			l := overlay.For(agentDir, b.Source, m.Target)
+			l.Owner = id.UID
 			if m.SizeLimit != nil {
 				l.SizeLimit = m.SizeLimit.Value()
 			}

@@ -33,6 +33,10 @@ type Layers struct {
 	// SizeLimit, when above zero, is the most the upper layer should hold,
 	// in bytes; Size says how much it holds.
 	SizeLimit int64 `json:"sizeLimit,omitempty"`
+	// Owner, when not 0, is the agent's host id: the upper layer's root,
+	// which the merged view's root shows, belongs to it so the agent can
+	// create files there.
+	Owner uint32 `json:"owner,omitempty"`
 }
 
 // Same says whether two Layers are the same overlay: the same directories,
@@ -99,6 +103,11 @@ func (l Layers) Mount() error {
 	for _, d := range []string{l.Upper, l.Work, l.Merged} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("mounting overlay of %s: %w", l.Lower, err)
+		}
+	}
+	if l.Owner != 0 {
+		if err := os.Lchown(l.Upper, int(l.Owner), int(l.Owner)); err != nil {
+			return fmt.Errorf("mounting overlay of %s: giving its upper layer to the agent: %w", l.Lower, err)
 		}
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", escape(l.Lower), escape(l.Upper), escape(l.Work))

@@ -8,6 +8,8 @@ package bwrap
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,7 +27,13 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
+
+// DefaultTreesDir is where mount trees live by default: below /run, so that
+// every agent id can search the path to them, and they go with a reboot
+// like the mounts in them.
+const DefaultTreesDir = "/run/sandbox-controller/trees"
 
 // TmpSize is the size of the fresh /tmp every command gets (64 MiB).
 const TmpSize = 64 << 20
@@ -43,6 +51,11 @@ type Config struct {
 	// Warnings receives the warning printed before every command that runs
 	// without the sandbox. Nil means os.Stderr.
 	Warnings io.Writer
+	// TreesDir holds the instances' mount trees (areas and custom mounts
+	// bound where agents cannot change them). Agents' ids must be able to
+	// search every directory above it. Empty means a directory of
+	// DefaultTreesDir named after StateDir.
+	TreesDir string
 	// Host describes the host's file system; zero fields mean the real
 	// host's. Tests point it at synthetic layouts.
 	Host Host
@@ -92,8 +105,15 @@ type Runtime struct {
 	warnings  io.Writer
 	host      Host
 
+	// trees holds each instance's workspace mount tree (mounttree), in a
+	// private mount of its own; empty when the driver is not root and
+	// binds custom mounts by path (it then runs as the agent itself).
+	trees string
+
 	mu      sync.Mutex
 	running map[string]map[*exec.Cmd]struct{}
+	// treeLocks serialises building an instance's tree.
+	treeLocks map[string]*sync.Mutex
 	// closures caches the Nix store requisites of a resolved command. Store
 	// paths are immutable, so an entry never goes stale.
 	closures map[string][]string
@@ -117,7 +137,21 @@ func New(cfg Config) (*Runtime, error) {
 		warnings:  cfg.Warnings,
 		host:      cfg.Host.withDefaults(),
 		running:   map[string]map[*exec.Cmd]struct{}{},
+		treeLocks: map[string]*sync.Mutex{},
 		closures:  map[string][]string{},
+	}
+	if os.Geteuid() == 0 {
+		r.trees = cfg.TreesDir
+		if r.trees == "" {
+			sum := sha256.Sum256([]byte(filepath.Clean(cfg.StateDir)))
+			r.trees = filepath.Join(DefaultTreesDir, hex.EncodeToString(sum[:6]))
+		}
+		if err := mounttree.MakePrivate(filepath.Dir(r.trees)); err != nil {
+			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
+		}
+		if err := os.MkdirAll(r.trees, 0o711); err != nil {
+			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
+		}
 	}
 	if r.bwrap == "" {
 		r.bwrap = "bwrap"
@@ -216,6 +250,9 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	if err := runtimes.MountOverlays(prev, in); err != nil {
 		return runtimes.State{}, err
 	}
+	if err := r.ensureTree(in, rec.ConfigHash != in.ConfigHash); err != nil {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, "ensuring", in.Name, "%w", err)
+	}
 	if rec.Running && rec.ConfigHash == in.ConfigHash {
 		return rec.state(), nil
 	}
@@ -233,6 +270,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 		return err
 	}
 	r.killAll(name)
+	r.removeTree(name)
 	runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	if !rec.Running {
 		return nil
@@ -244,6 +282,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 // Delete ends the instance's commands and forgets it. The areas stay.
 func (r *Runtime) Delete(_ context.Context, name string) error {
 	r.killAll(name)
+	r.removeTree(name)
 	if rec, err := r.load(name); err == nil && rec != nil {
 		runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	}
@@ -303,8 +342,18 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: op, Name: name, Err: err}
 	}
 
+	if !disabled && rec.Instance.Identity.UID == 0 {
+		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonRefused, op, name,
+			"the instance has no agent identity (uid 0): agent commands never run as host root; describe it again with an agent id range")
+	}
+
 	var cmd *exec.Cmd
 	var extra []*os.File
+	defer func() {
+		for _, f := range extra {
+			f.Close()
+		}
+	}()
 	if disabled {
 		fmt.Fprint(r.warnings, policy.DisabledWarning(value))
 		cmd = exec.CommandContext(ctx, c.Path, c.Args...)
@@ -312,6 +361,12 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		cmd.Dir = c.Workspace
 		cmd.Env = c.Env
 	} else {
+		// Areas come from the instance's mount tree, the custom mounts
+		// already in place beneath the workspace: bubblewrap binds no
+		// destination the agent writes.
+		if err = r.treeAreas(rec.Instance, &c); err != nil {
+			return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonFailed, op, name, "%w", err)
+		}
 		// Git directories are bound from handles opened beneath their
 		// mounts (runtimes.GitDir); one that cannot be opened is left out.
 		dirs, _ := rec.Instance.OpenGitDirs()
@@ -328,6 +383,9 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	// bwrap's --die-with-parent ends the sandbox if we die; its own process
 	// group lets Stop end it and anything it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if id := rec.Instance.Identity; id.UID != 0 && uint32(os.Geteuid()) != id.UID {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
+	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 
 	r.track(name, cmd)
@@ -366,6 +424,10 @@ type Command struct {
 	Binds []string
 	// Workspace is the agent's workspace directory on the host.
 	Workspace string
+	// Areas are the areas as the instance's mount tree holds them, custom
+	// mounts included; empty means the areas and custom mounts are bound
+	// from their sources (a driver that is not root has no mount tree).
+	Areas []runtimes.Bind
 	// GitDirs are the targets of the instance's git directory binds, bound
 	// from the descriptors 3, 4, ... the command inherits (ExtraFiles).
 	GitDirs []string
@@ -518,16 +580,24 @@ func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 	if !underSystemDir(c.Path) && !slices.ContainsFunc(c.Binds, func(b string) bool { return within(c.Path, b) }) {
 		a = append(a, "--ro-bind", c.Path, c.Path)
 	}
-	for _, b := range in.Areas {
-		a = append(a, bindFlag(b.ReadOnly), b.Source, b.Target)
-	}
-	for _, m := range in.Mounts {
-		if !m.GitDir {
-			a = append(a, bindFlag(m.ReadOnly), m.Source, m.Target)
+	fd := 3
+	if len(c.Areas) > 0 {
+		for _, b := range c.Areas {
+			a = append(a, bindFlag(b.ReadOnly), b.Source, b.Target)
+		}
+	} else {
+		for _, b := range in.Areas {
+			a = append(a, bindFlag(b.ReadOnly), b.Source, b.Target)
+		}
+		for _, m := range in.Mounts {
+			if !m.GitDir {
+				a = append(a, bindFlag(m.ReadOnly), m.Source, m.Target)
+			}
 		}
 	}
-	for i, t := range c.GitDirs {
-		a = append(a, "--bind-fd", strconv.Itoa(3+i), t)
+	for _, t := range c.GitDirs {
+		a = append(a, "--bind-fd", strconv.Itoa(fd), t)
+		fd++
 	}
 	a = append(a, "--remount-ro", "/", "--chdir", policy.SandboxHome, "--clearenv")
 	for _, kv := range c.Env {
@@ -553,4 +623,77 @@ func underSystemDir(p string) bool {
 // within reports whether p is dir or below it.
 func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// tree is the mount tree of in: its areas, with the custom mounts beneath
+// the workspace.
+func (r *Runtime) tree(in runtimes.Instance) mounttree.Tree {
+	t := mounttree.Tree{Dir: filepath.Join(r.trees, in.Name), Workspace: "workspace", Owner: in.Identity.UID}
+	for _, a := range in.Areas {
+		name := strings.TrimPrefix(a.Target, "/")
+		t.Areas = append(t.Areas, mounttree.Area{Name: name, Source: a.Source, ReadOnly: a.ReadOnly})
+	}
+	for _, m := range in.Mounts {
+		if rel, ok := strings.CutPrefix(m.Target, policy.SandboxHome+"/"); ok && !m.GitDir {
+			t.Binds = append(t.Binds, mounttree.Bind{Source: m.Source, Rel: rel, ReadOnly: m.ReadOnly})
+		}
+	}
+	return t
+}
+
+func (r *Runtime) treeLock(name string) *sync.Mutex {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.treeLocks[name]
+	if l == nil {
+		l = &sync.Mutex{}
+		r.treeLocks[name] = l
+	}
+	return l
+}
+
+// ensureTree builds in's mount tree when rebuild is set or the tree is not
+// what it should be (missing after a reboot, or a mount point moved by the
+// agent).
+func (r *Runtime) ensureTree(in runtimes.Instance, rebuild bool) error {
+	if r.trees == "" {
+		return nil
+	}
+	l := r.treeLock(in.Name)
+	l.Lock()
+	defer l.Unlock()
+	t := r.tree(in)
+	if !rebuild && t.Verify() == nil {
+		return nil
+	}
+	return t.Build()
+}
+
+func (r *Runtime) removeTree(name string) {
+	if r.trees == "" {
+		return
+	}
+	l := r.treeLock(name)
+	l.Lock()
+	defer l.Unlock()
+	_ = mounttree.Remove(filepath.Join(r.trees, name))
+}
+
+// treeAreas checks the instance's mount tree (building it again when it is
+// not what it should be) and records in c the areas to bind from it.
+// bubblewrap resolves a bind's source by path, even one given as a
+// descriptor, so every source here is a path below the tree directory,
+// which only the controller writes.
+func (r *Runtime) treeAreas(in runtimes.Instance, c *Command) error {
+	if r.trees == "" {
+		return nil
+	}
+	if err := r.ensureTree(in, false); err != nil {
+		return err
+	}
+	t := r.tree(in)
+	for _, a := range t.Areas {
+		c.Areas = append(c.Areas, runtimes.Bind{Source: t.Path(a.Name), Target: "/" + a.Name, ReadOnly: a.ReadOnly})
+	}
+	return nil
 }

@@ -32,7 +32,7 @@ type sandbox struct {
 func newSandbox(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, host bwrap.Host) *sandbox {
 	t.Helper()
 	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh); in CI a missing bwrap fails these tests")
-	dir := t.TempDir()
+	dir := testenv.SharedDir(t)
 	warnings := &bytes.Buffer{}
 	rt, err := bwrap.New(bwrap.Config{
 		StateDir:  filepath.Join(dir, "state"),
@@ -54,6 +54,7 @@ func newSandbox(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, 
 	if _, err := rt.Ensure(context.Background(), in); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = rt.Delete(context.Background(), in.Name) })
 	return &sandbox{rt: rt, in: in, agentDir: filepath.Join(dir, "areas", "bea"), warnings: warnings}
 }
 
@@ -119,7 +120,7 @@ func TestCommandStartsInWorkspaceWithHomeThere(t *testing.T) {
 }
 
 func TestWritesOutsideReadWriteAreasFail(t *testing.T) {
-	hostDir := t.TempDir()
+	hostDir := testenv.SharedDir(t)
 	spec := v1alpha1.SandboxSpec{Mounts: []v1alpha1.Mount{
 		{Source: hostDir, Target: "ro-mount", Mode: v1alpha1.MountReadOnly},
 	}}
@@ -142,12 +143,13 @@ func TestWritesOutsideReadWriteAreasFail(t *testing.T) {
 }
 
 func TestCustomMountsAppearBelowWorkspaceWithTheirModes(t *testing.T) {
-	roDir, rwDir := t.TempDir(), t.TempDir()
+	roDir, rwDir := testenv.SharedDir(t), testenv.SharedDir(t)
 	spec := v1alpha1.SandboxSpec{Mounts: []v1alpha1.Mount{
 		{Source: roDir, Target: "docs", Mode: v1alpha1.MountReadOnly},
 		{Source: rwDir, Target: "src/app", Mode: v1alpha1.MountReadWrite},
 	}}
 	s := newSandbox(t, spec, nil, bwrap.Host{})
+	testenv.GiveTo(t, s.in.Identity.UID, rwDir)
 	if err := os.WriteFile(filepath.Join(roDir, "readme"), []byte("ro"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -362,12 +364,17 @@ func hostOnlyDevice(t *testing.T) string {
 // USB node is usable inside on a host without USB.
 func fakeUSBBus(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "usb")
+	dir := filepath.Join(testenv.SharedDir(t), "usb")
 	if err := os.MkdirAll(filepath.Join(dir, "001"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Mknod(filepath.Join(dir, "001", "002"), syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
 		testenv.Missing(t, "the privilege to create device nodes (root)", fmt.Sprintf("mknod: %v", err))
+	}
+	// Agents have ids of their own: a node they may use is open to them,
+	// as a udev rule makes a real USB device (mknod's mode met the umask).
+	if err := os.Chmod(filepath.Join(dir, "001", "002"), 0o666); err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }

@@ -32,6 +32,7 @@ func ensured(t *testing.T) (*bwrap.Runtime, runtimes.Instance, string) {
 	if _, err := rt.Ensure(context.Background(), in); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = rt.Delete(context.Background(), in.Name) })
 	return rt, in, filepath.Join(dir, "areas", "ada")
 }
 

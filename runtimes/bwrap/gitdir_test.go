@@ -18,7 +18,7 @@ import (
 // directory into the sandbox.
 func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
 	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
-	dir := t.TempDir()
+	dir := testenv.SharedDir(t)
 	projects := filepath.Join(dir, "projects")
 	gitDir := filepath.Join(projects, "app", ".git")
 	secret := filepath.Join(dir, "host-secret")
@@ -46,6 +46,7 @@ func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	testenv.GiveTo(t, in.Identity.UID, projects)
 	in.AddBinds(runtimes.Bind{Source: gitDir, Target: gitDir})
 	ctx := context.Background()
 	if _, err := rt.Ensure(ctx, in); err != nil {

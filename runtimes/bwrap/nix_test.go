@@ -204,7 +204,7 @@ func TestNixClosureOutsideTheStoreIsNothing(t *testing.T) {
 // unrelated path.
 func runnableStore(t *testing.T) (store, profile string) {
 	t.Helper()
-	root := t.TempDir()
+	root := testenv.SharedDir(t)
 	store = filepath.Join(root, "nix", "store")
 	dash, err := os.ReadFile("/bin/sh")
 	if err != nil {
@@ -242,6 +242,7 @@ func runTool(t *testing.T, host Host) string {
 	if _, err := rt.Ensure(context.Background(), in); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = rt.Delete(context.Background(), in.Name) })
 	var out, stderr bytes.Buffer
 	st, err := rt.Exec(context.Background(), in.Name, runtimes.ExecRequest{Argv: []string{"tool"}, Stdout: &out, Stderr: &stderr})
 	if err != nil || st.Code != 0 {

@@ -5,6 +5,7 @@ package runtimetest
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,9 @@ func OverlaySource(t T) string {
 func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 	t.Helper()
 	ctx := context.Background()
+	// The agent writes through the merged view with its own host id, so
+	// the source must be the agent's to change, as a rw mount's would be.
+	giveTo(t, in.Identity.UID, src)
 	layers := in.Mounts[0].Overlay
 	if layers == nil || layers.SizeLimit != 100*1024 {
 		t.Fatalf("the instance's first mount is not an overlay with a 100Ki limit: %+v", in.Mounts)
@@ -117,5 +121,18 @@ func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 	}
 	if b, err := os.ReadFile(filepath.Join(layers.Upper, "new.txt")); err != nil || !strings.HasPrefix(string(b), "new") {
 		t.Fatalf("Delete lost the unapplied changes: %q, %v", b, err)
+	}
+}
+
+func giveTo(t T, id uint32, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(id), int(id))
+	})
+	if err != nil {
+		t.Fatalf("giving %s to the agent's id %d: %v", root, id, err)
 	}
 }

@@ -1,0 +1,40 @@
+package testenv
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// SharedDir is t.TempDir made searchable and readable by every user, the
+// way a host directory shared with agents is: agents run under host ids of
+// their own, and the test's private temporary directory (mode 0700) would
+// keep them out of fixtures they are meant to see.
+func SharedDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, p := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatalf("making %s searchable: %v", p, err)
+		}
+	}
+	return dir
+}
+
+// GiveTo makes id (uid and gid) the owner of each path and everything
+// beneath it: a directory an agent with that id may write.
+func GiveTo(t testing.TB, id uint32, paths ...string) {
+	t.Helper()
+	for _, root := range paths {
+		err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, int(id), int(id))
+		})
+		if err != nil {
+			t.Fatalf("giving %s to id %d: %v", root, id, err)
+		}
+	}
+}

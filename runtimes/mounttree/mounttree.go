@@ -1,0 +1,313 @@
+//go:build linux
+
+// Package mounttree builds, in the controller's own mount namespace, the
+// trees a sandbox's areas are made of: each area bound at a directory only
+// the controller writes, and the custom mounts bound beneath the workspace.
+// A sandbox then receives each area in one recursive bind from a path no
+// agent can change, at a destination the agent cannot write (/workspace in
+// the sandbox's fresh root), instead of having bubblewrap or runc bind each
+// custom mount by a path inside the agent-writable workspace, which an agent
+// redirects with a symbolic link.
+//
+// Every destination is created and opened beneath the tree's root with
+// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), and every mount is attached
+// with move_mount(2) onto that descriptor: nothing here resolves a path the
+// agent controls twice, and a link anywhere on a destination's path is
+// refused, never followed. This package must never mount by a path below
+// the tree's root, and never remove anything from the agent's areas.
+package mounttree
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Bind is one custom mount: Source on the host, bound at Rel below the
+// tree's root (the workspace).
+type Bind struct {
+	Source   string
+	Rel      string
+	ReadOnly bool
+}
+
+// Area is one standard area: Source on the host, bound at Dir/Name.
+type Area struct {
+	Name     string
+	Source   string
+	ReadOnly bool
+}
+
+// Tree is the mount trees of one sandbox below Dir, a directory only the
+// controller writes (agents may search it: they reach their areas through
+// it).
+type Tree struct {
+	Dir   string
+	Areas []Area
+	// Workspace names the area the custom mounts are bound beneath.
+	Workspace string
+	Binds     []Bind
+	// Owner is the agent's id: directories created as mount points in the
+	// workspace belong to it.
+	Owner uint32
+}
+
+// resolveNoLinks refuses every symbolic link and any escape from the root.
+const resolveNoLinks = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// Path is where area name is mounted.
+func (t Tree) Path(name string) string { return filepath.Join(t.Dir, name) }
+
+// Build replaces whatever is mounted below t.Dir with fresh trees: a bind
+// of each area, then each custom mount at its destination below the
+// workspace, parents before children.
+func (t Tree) Build() error {
+	if err := Remove(t.Dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(t.Dir, 0o711); err != nil {
+		return fmt.Errorf("creating mount tree directory %s: %w", t.Dir, err)
+	}
+	if err := os.Chmod(t.Dir, 0o711); err != nil {
+		return fmt.Errorf("creating mount tree directory %s: %w", t.Dir, err)
+	}
+	for _, a := range t.Areas {
+		dir := t.Path(a.Name)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			_ = Remove(t.Dir)
+			return fmt.Errorf("creating mount point %s: %w", dir, err)
+		}
+		if err := attach(a.Source, false, a.ReadOnly, func(fd int) error {
+			return unix.MoveMount(fd, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		}); err != nil {
+			_ = Remove(t.Dir)
+			return fmt.Errorf("binding area %s at %s: %w", a.Source, dir, err)
+		}
+	}
+	root, err := unix.Open(t.Path(t.Workspace), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		_ = Remove(t.Dir)
+		return fmt.Errorf("opening mount tree %s: %w", t.Path(t.Workspace), err)
+	}
+	defer unix.Close(root)
+	binds := slices.Clone(t.Binds)
+	slices.SortFunc(binds, func(a, b Bind) int { return strings.Compare(a.Rel, b.Rel) })
+	for _, b := range binds {
+		if err := t.bind(root, b); err != nil {
+			_ = Remove(t.Dir)
+			return err
+		}
+	}
+	return nil
+}
+
+func (t Tree) bind(root int, b Bind) error {
+	dest, err := mkdirBeneath(root, b.Rel, t.Owner)
+	if err != nil {
+		return fmt.Errorf("mount point /workspace/%s: %w", b.Rel, err)
+	}
+	defer unix.Close(dest)
+	err = attach(b.Source, true, b.ReadOnly, func(fd int) error {
+		return unix.MoveMount(fd, "", dest, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+	})
+	if err != nil {
+		return fmt.Errorf("binding %s at /workspace/%s: %w", b.Source, b.Rel, err)
+	}
+	return nil
+}
+
+// attach clones the mount at source (with its submounts when recursive),
+// makes it read-only when asked, always nosuid and nodev, and hands the
+// detached clone to place.
+func attach(source string, recursive, readOnly bool, place func(fd int) error) error {
+	flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC)
+	if recursive {
+		flags |= unix.AT_RECURSIVE
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, source, flags)
+	if err != nil {
+		return fmt.Errorf("cloning %s: %w", source, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if readOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
+	setFlags := uint(unix.AT_EMPTY_PATH)
+	if recursive {
+		setFlags |= unix.AT_RECURSIVE
+	}
+	if err := unix.MountSetattr(fd, "", setFlags, &attr); err != nil {
+		return fmt.Errorf("setting mount flags of %s: %w", source, err)
+	}
+	return place(fd)
+}
+
+// ErrLinkInPath reports a destination whose path holds a symbolic link or
+// something other than a directory: the agent changed it, and it is not
+// followed.
+var ErrLinkInPath = errors.New("a component is a symbolic link or not a directory (placed there from inside the sandbox?); it is not followed")
+
+// mkdirBeneath creates the directories of rel below root when missing (owned
+// by owner) and returns a descriptor of the last, never following a link.
+func mkdirBeneath(root int, rel string, owner uint32) (int, error) {
+	cur, err := unix.Openat2(root, ".", &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveNoLinks})
+	if err != nil {
+		return -1, err
+	}
+	for _, c := range strings.Split(filepath.Clean(rel), "/") {
+		if c == "" || c == "." || c == ".." {
+			unix.Close(cur)
+			return -1, fmt.Errorf("component %q is not allowed", c)
+		}
+		if err := unix.Mkdirat(cur, c, 0o755); err == nil {
+			if owner != 0 {
+				if err := unix.Fchownat(cur, c, int(owner), int(owner), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					unix.Close(cur)
+					return -1, fmt.Errorf("giving %s to the agent: %w", c, err)
+				}
+			}
+		} else if !errors.Is(err, unix.EEXIST) {
+			unix.Close(cur)
+			return -1, fmt.Errorf("creating %s: %w", c, err)
+		}
+		next, err := unix.Openat2(cur, c, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveNoLinks})
+		unix.Close(cur)
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV) {
+			return -1, fmt.Errorf("%s: %w", c, ErrLinkInPath)
+		}
+		if err != nil {
+			return -1, fmt.Errorf("opening %s: %w", c, err)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// Verify reports whether the tree at t.Dir is still what Build made: the
+// workspace at its root and each bind's source at its destination, reached
+// without following a link. An agent can move a directory holding a mount
+// point; the mount moves with it, and Verify then fails so the tree is
+// built again.
+func (t Tree) Verify() error {
+	var root int = -1
+	defer func() {
+		if root >= 0 {
+			unix.Close(root)
+		}
+	}()
+	for _, a := range t.Areas {
+		fd, err := unix.Open(t.Path(a.Name), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opening mount tree %s: %w", t.Path(a.Name), err)
+		}
+		if err := sameDir(fd, a.Source); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("mount tree %s: %w", t.Path(a.Name), err)
+		}
+		if a.Name == t.Workspace {
+			root = fd
+		} else {
+			unix.Close(fd)
+		}
+	}
+	if root < 0 {
+		return fmt.Errorf("mount tree %s has no area %q", t.Dir, t.Workspace)
+	}
+	for _, b := range t.Binds {
+		fd, err := unix.Openat2(root, b.Rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveNoLinks})
+		if err != nil {
+			return fmt.Errorf("mount point /workspace/%s: %w", b.Rel, err)
+		}
+		err = sameDir(fd, b.Source)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("mount point /workspace/%s: %w", b.Rel, err)
+		}
+	}
+	return nil
+}
+
+func sameDir(fd int, path string) error {
+	var got, want unix.Stat_t
+	if err := unix.Fstat(fd, &got); err != nil {
+		return err
+	}
+	if err := unix.Stat(path, &want); err != nil {
+		return err
+	}
+	if got.Dev != want.Dev || got.Ino != want.Ino {
+		return fmt.Errorf("does not hold %s", path)
+	}
+	return nil
+}
+
+// Remove detaches the trees mounted below dir, submounts included, and
+// removes the emptied directories. Running sandboxes keep their own copies.
+// The detach never reaches the agent's files: only mounts go, and only
+// directories the detach emptied are removed.
+func Remove(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing mount tree %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if err := detach(p); err != nil {
+			return err
+		}
+		if err := unix.Rmdir(p); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("removing mount point %s: %w", p, err)
+		}
+	}
+	if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("removing mount tree directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+func detach(p string) error {
+	for range 64 {
+		err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("detaching mount tree %s: %w", p, err)
+		}
+	}
+	return fmt.Errorf("detaching mount tree %s: still mounted after 64 detaches", p)
+}
+
+// MakePrivate makes dir a mount of its own with private propagation, so
+// trees built below it neither propagate to nor receive mounts from the
+// rest of the host (where / is shared, as under systemd).
+func MakePrivate(dir string) error {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	var self, parent unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &self); err != nil {
+		return fmt.Errorf("inspecting %s: %w", dir, err)
+	}
+	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(dir), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &parent); err != nil {
+		return fmt.Errorf("inspecting %s: %w", filepath.Dir(dir), err)
+	}
+	if self.Mnt_id == parent.Mnt_id {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding %s on itself: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making %s private: %w", dir, err)
+	}
+	return nil
+}
