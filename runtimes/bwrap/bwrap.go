@@ -557,6 +557,7 @@ func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 			a = append(a, "--ro-bind", d, d)
 		}
 	}
+	a = r.commandDirs(a, in.Binaries)
 	for _, f := range hostFiles {
 		a = append(a, "--ro-bind-try", f, f)
 	}
@@ -607,6 +608,40 @@ func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 	}
 	a = append(a, "--", c.Path)
 	return append(a, c.Args...)
+}
+
+// commandDirs are where a shell looks for commands. In the sandbox each
+// holds only the allowlisted commands, so that an allowed command that runs
+// others (git's "!" aliases, a pager, an editor) finds no shell unless the
+// Sandbox allows one; the libraries and data below /usr stay readable.
+var commandDirs = []string{"/usr/local/bin", "/usr/local/sbin", "/usr/bin", "/usr/sbin", "/bin", "/sbin"}
+
+// commandDirs hides every command directory of the read-only system under
+// an empty read-only tmpfs and binds back the allowlisted commands found in
+// it. A command directory that is a link (merged /usr) follows its target.
+func (r *Runtime) commandDirs(a []string, binaries []string) []string {
+	var hidden []string
+	for _, d := range commandDirs {
+		if !underSystemDir(d) {
+			continue
+		}
+		fi, err := os.Lstat(d)
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		a = append(a, "--tmpfs", d)
+		hidden = append(hidden, d)
+		for _, b := range binaries {
+			p := filepath.Join(d, b)
+			if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+				a = append(a, "--ro-bind", p, p)
+			}
+		}
+	}
+	for _, d := range hidden {
+		a = append(a, "--remount-ro", d)
+	}
+	return a
 }
 
 func bindFlag(ro bool) string {

@@ -45,7 +45,7 @@ func newSandbox(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, 
 	}
 	spec.Agent = "bea"
 	if spec.Binaries == nil {
-		spec.Binaries = []v1alpha1.BinaryName{"sh", "env", "stat", "head"}
+		spec.Binaries = []v1alpha1.BinaryName{"sh", "env", "stat", "head", "cat", "ls", "tr", "sort", "wc"}
 	}
 	in, err := runtimes.Describe("default/bea", &spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas"), Home: dir})
 	if err != nil {
@@ -302,7 +302,7 @@ func TestDisableSwitch(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("disable=%q", c.value), func(t *testing.T) {
 			env := map[string]string{policy.DisableSandboxEnv: c.value, "SECRET": "x", "PASS_ME": "p"}
-			spec := v1alpha1.SandboxSpec{Binaries: []v1alpha1.BinaryName{"sh"}, Env: v1alpha1.Environment{Passthrough: []v1alpha1.EnvVarName{"PASS_ME"}}}
+			spec := v1alpha1.SandboxSpec{Binaries: []v1alpha1.BinaryName{"sh", "env", "sort", "tr"}, Env: v1alpha1.Environment{Passthrough: []v1alpha1.EnvVarName{"PASS_ME"}}}
 			s := newSandbox(t, spec, env, bwrap.Host{})
 			code, out, stderr := s.sh(t, script)
 			if code != 0 {

@@ -24,7 +24,7 @@ func ensured(t *testing.T) (*bwrap.Runtime, runtimes.Instance, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := &v1alpha1.SandboxSpec{Agent: "ada", Binaries: []v1alpha1.BinaryName{"sh"}}
+	spec := &v1alpha1.SandboxSpec{Agent: "ada", Binaries: []v1alpha1.BinaryName{"sh", "cat"}}
 	in, err := runtimes.Describe("default/ada", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {
 		t.Fatal(err)

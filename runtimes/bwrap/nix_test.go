@@ -214,8 +214,10 @@ func runnableStore(t *testing.T) (store, profile string) {
 	mkfile(t, filepath.Join(store, "c3-data/share/msg"), []byte("data from the store\n"), 0o644)
 	mkfile(t, filepath.Join(store, "d4-unrelated/secret"), []byte("unrelated\n"), 0o644)
 	script := "#!" + filepath.Join(store, "a1-sh/bin/sh") + "\n" +
-		"ls " + store + " | tr '\\n' ' '; echo\n" +
-		"cat " + filepath.Join(store, "c3-data/share/msg") + " 2>/dev/null || echo no-data\n"
+		// Shell built-ins only: the sandbox's command directories hold
+		// nothing but the allowlist.
+		"for p in " + store + "/*; do printf '%s ' \"${p##*/}\"; done; echo\n" +
+		"if [ -r " + filepath.Join(store, "c3-data/share/msg") + " ]; then while IFS= read -r l; do echo \"$l\"; done < " + filepath.Join(store, "c3-data/share/msg") + "; else echo no-data; fi\n"
 	mkfile(t, filepath.Join(store, "b2-tool/bin/tool"), []byte(script), 0o755)
 	profile = filepath.Join(root, "profile", "bin")
 	if err := os.MkdirAll(profile, 0o755); err != nil {

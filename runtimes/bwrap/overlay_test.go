@@ -30,7 +30,7 @@ func overlayInstance(t *testing.T) (*bwrap.Runtime, runtimes.Instance, string) {
 	}
 	spec := &v1alpha1.SandboxSpec{
 		Agent:    "ovl",
-		Binaries: []v1alpha1.BinaryName{"sh"},
+		Binaries: []v1alpha1.BinaryName{"sh", "cat", "head", "rm"},
 		Mounts: []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay,
 			SizeLimit: ptr.To(resource.MustParse("100Ki"))}},
 	}
