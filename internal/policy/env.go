@@ -244,20 +244,38 @@ func parseDotEnvValue(raw string) (string, error) {
 	return value, nil
 }
 
+// MaxDotEnvSize is the largest workspace/.env the runtime reads. The agent
+// writes the file and it is read for every command, so a larger one is an
+// error (ErrDotEnvTooLarge) rather than a read that grows with it: 64 KiB
+// holds hundreds of variables.
+const MaxDotEnvSize = 64 << 10
+
+// ErrDotEnvTooLarge is returned (wrapped) for a .env over MaxDotEnvSize.
+var ErrDotEnvTooLarge = fmt.Errorf("%s is larger than %d KiB", DotEnvFile, MaxDotEnvSize>>10)
+
 // ReadDotEnv reads workspace/.env through the contained file access, so a
 // symbolic link planted by a command cannot make the runtime read a file
-// outside the workspace. A missing file is no file: nil, nil.
+// outside the workspace, and reads at most MaxDotEnvSize bytes of it. A
+// missing file is no file: nil, nil.
 func ReadDotEnv(workspaceDir string) ([]byte, error) {
 	root, err := areas.OpenRoot("workspace", workspaceDir, true)
 	if err != nil {
 		return nil, fmt.Errorf("reading workspace/%s: %w", DotEnvFile, err)
 	}
-	b, err := root.Read(DotEnvFile)
+	f, err := root.Open(DotEnvFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading workspace/%s: %w", DotEnvFile, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxDotEnvSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading workspace/%s: %w", DotEnvFile, err)
+	}
+	if len(b) > MaxDotEnvSize {
+		return nil, fmt.Errorf("reading workspace/%s: %w; shorten it", DotEnvFile, ErrDotEnvTooLarge)
 	}
 	return b, nil
 }
