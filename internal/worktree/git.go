@@ -1,0 +1,192 @@
+package worktree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// Identity is a host user and group that host git runs as.
+type Identity struct {
+	UID, GID uint32
+}
+
+// FallbackIdentity is who host git runs as when the caller knows no
+// identity for the agent (nobody/nogroup): never root.
+var FallbackIdentity = Identity{UID: 65534, GID: 65534}
+
+// runAs is the identity host git runs as for repo: the agent's, or the
+// fallback when it is unset or root.
+func (r Repo) runAs() Identity {
+	if r.As.UID == 0 || r.As.GID == 0 {
+		return FallbackIdentity
+	}
+	return r.As
+}
+
+// DefaultGitTimeout bounds each host git call when Repo.GitTimeout is zero.
+// Adding a worktree without a checkout takes well under a second; a call
+// that needs longer is stuck on something the agent planted (a FIFO, a
+// huge file) and must let the reconcile go.
+const DefaultGitTimeout = 30 * time.Second
+
+func (r Repo) gitTimeout() time.Duration {
+	if r.GitTimeout > 0 {
+		return r.GitTimeout
+	}
+	return DefaultGitTimeout
+}
+
+// Limits of what host git's output the controller keeps. Its stdout is a
+// commit id or a branch name; its stderr goes to the log, never to status.
+const (
+	maxGitStdout = 4 << 10
+	maxGitStderr = 4 << 10
+)
+
+// systemDirs are what git itself needs from the host: its binary and
+// libraries. On a merged-/usr host the others are links into /usr, and are
+// made links in the jail too.
+var systemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
+
+// gitConfig overrides whatever the repository's configuration says about
+// running code or reaching out: no hooks, no fsmonitor daemon, no
+// attributes file of the user's, no transport at all (a partial clone's
+// lazy fetch would run the repository's core.sshCommand), no automatic gc.
+var gitConfig = []string{
+	"core.hooksPath=/dev/null",
+	"core.fsmonitor=false",
+	"core.attributesFile=/dev/null",
+	"protocol.allow=never",
+	"gc.auto=0",
+	"maintenance.auto=false",
+	"safe.directory=*",
+}
+
+// gitEnv is host git's whole environment: no system or global
+// configuration, no system attributes, no prompts or pagers, and a fixed
+// committer for the reflog entries worktree add -b writes.
+var gitEnv = []string{
+	"GIT_CONFIG_NOSYSTEM=1",
+	"GIT_CONFIG_GLOBAL=/dev/null",
+	"GIT_ATTR_NOSYSTEM=1",
+	"GIT_NO_REPLACE_OBJECTS=1",
+	"GIT_NO_LAZY_FETCH=1",
+	"GIT_PROTOCOL_FROM_USER=0",
+	"GIT_TERMINAL_PROMPT=0",
+	"GIT_PAGER=cat",
+	"GIT_COMMITTER_NAME=sandbox-controller",
+	"GIT_COMMITTER_EMAIL=sandbox-controller@localhost",
+	"GIT_AUTHOR_NAME=sandbox-controller",
+	"GIT_AUTHOR_EMAIL=sandbox-controller@localhost",
+	"HOME=/nonexistent",
+	"XDG_CONFIG_HOME=/nonexistent",
+	"PATH=/usr/local/bin:/usr/bin:/bin",
+	"LC_ALL=C",
+}
+
+// jailArgs are bwrap's arguments for a git that sees the host's system
+// directories read-only and the repository's mount read-write, nothing else
+// of the host: no /etc, no /home, no /root, no other agent's areas.
+func jailArgs(mount string) []string {
+	args := []string{"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"}
+	for _, d := range systemDirs {
+		fi, err := os.Lstat(d)
+		switch {
+		case err != nil:
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(d); err == nil {
+				args = append(args, "--symlink", target, d)
+			}
+		case fi.IsDir():
+			args = append(args, "--ro-bind", d, d)
+		}
+	}
+	// The dynamic loader finds multiarch libraries through its cache.
+	args = append(args, "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+		"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+		"--bind", mount, mount)
+	return args
+}
+
+// hostGit runs git for the controller on the repository: inside a
+// bubblewrap jail (jailArgs), as the agent's identity (never root), with
+// the repository's means of running code switched off (gitConfig, gitEnv),
+// arguments after --end-of-options where the caller puts them, and a
+// deadline. Its stderr goes to the controller log, bounded; the error says
+// in the product's words what failed.
+func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string, error) {
+	verb := args[0]
+	bwrap, err := exec.LookPath("bwrap")
+	if err != nil {
+		return "", &Error{Reason: ReasonGitFailed, Message: fmt.Sprintf("cannot run git %s: the controller runs git in a bubblewrap jail and bwrap is not installed (install the bubblewrap package)", verb)}
+	}
+	timeout := repo.gitTimeout()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	full := append(jailArgs(repo.Mount.HostPath()), "--", "git")
+	for _, c := range gitConfig {
+		full = append(full, "-c", c)
+	}
+	full = append(full, "-C", dir)
+	full = append(full, args...)
+	cmd := exec.CommandContext(ctx, bwrap, full...)
+	cmd.Env = gitEnv
+	id := repo.runAs()
+	if uint32(os.Geteuid()) != id.UID {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}}
+	}
+	// --die-with-parent ends git with bwrap; WaitDelay stops waiting for
+	// pipes a stray child might still hold.
+	cmd.WaitDelay = 2 * time.Second
+	out, errb := &boundedBuffer{max: maxGitStdout}, &boundedBuffer{max: maxGitStderr}
+	cmd.Stdout, cmd.Stderr = out, errb
+	err = cmd.Run()
+	if err == nil && out.truncated {
+		err = errors.New("output too long")
+	}
+	if err != nil {
+		logr.FromContextOrDiscard(ctx).Info("host git failed", "dir", dir, "args", args,
+			"uid", id.UID, "error", err.Error(), "stderr", errb.String())
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return "", &Error{Reason: ReasonGitTimedOut, Message: fmt.Sprintf("git %s in %s did not finish within %s and was stopped; something in the repository's git directory blocks it (a FIFO or a huge file)", verb, dir, timeout)}
+		}
+		return "", &Error{Reason: ReasonGitFailed, Message: fmt.Sprintf("git %s in %s failed (%v); the controller log has git's output", verb, dir, err)}
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// boundedBuffer keeps the first max bytes written to it and drops the
+// rest, so a chatty or hostile git cannot grow the controller's memory.
+type boundedBuffer struct {
+	max       int
+	buf       []byte
+	truncated bool
+}
+
+// Write always reports all of p written: a short write would make the
+// copier fail and the process see a broken pipe instead of finishing.
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := b.max - len(b.buf); n > room {
+		b.truncated = true
+		p = p[:max(room, 0)]
+	}
+	b.buf = append(b.buf, p...)
+	return n, nil
+}
+
+func (b *boundedBuffer) String() string {
+	if b.truncated {
+		return string(b.buf) + "…(truncated)"
+	}
+	return string(b.buf)
+}
