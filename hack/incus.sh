@@ -27,8 +27,8 @@
 #   INCUS_POOL_DRIVER   driver of the default pool: dir, btrfs (default dir)
 #   INCUS_POOL_SIZE     size of a btrfs pool's loop file       (default 8GiB)
 #   INCUS_PREFIX        logs, pid file, image build            (default /var/lib/sandbox-controller-test/incus)
-#   INCUS_IDMAP_UID     host UID commands run as (raw.idmap)   (default: the caller's)
-#   INCUS_IDMAP_GID     host GID commands run as (raw.idmap)   (default: the caller's)
+#   INCUS_AGENT_IDS     the controller's agent id range, FIRST:COUNT, that
+#                       containers map with raw.idmap        (default 2000000000:65536)
 set -euo pipefail
 
 ALIAS=${INCUS_IMAGE_ALIAS:-sandbox-busybox}
@@ -38,8 +38,7 @@ IMAGE_REVISION=2
 POOL_DRIVER=${INCUS_POOL_DRIVER:-dir}
 POOL_SIZE=${INCUS_POOL_SIZE:-8GiB}
 PREFIX=${INCUS_PREFIX:-/var/lib/sandbox-controller-test/incus}
-IDMAP_UID=${INCUS_IDMAP_UID:-$(id -u)}
-IDMAP_GID=${INCUS_IDMAP_GID:-$(id -g)}
+AGENT_IDS=${INCUS_AGENT_IDS:-2000000000:65536}
 
 INCUSD=/usr/libexec/incus/incusd
 SOCK=/var/lib/incus/unix.socket
@@ -49,6 +48,11 @@ LOG=$PREFIX/incusd.log
 # The range unprivileged containers map root to; Incus reads it from
 # /etc/subuid and /etc/subgid when they have entries for root.
 BASE_RANGE="root:1000000:1000000000"
+# Incus 6.0 takes every root entry of at least 65536 ids as part of the
+# base map of its unprivileged containers (idmap FilterPOSIX): the agent
+# range is delegated in pieces smaller than that, so Incus lets containers
+# map agent ids with raw.idmap but never hands them out as container ids.
+AGENT_PIECE=32768
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export DEBIAN_FRONTEND=noninteractive
@@ -72,10 +76,12 @@ install_packages() {
     return 0
   fi
   if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    say "adding the bookworm-backports suite"
-    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<'EOF'
+    local mirror
+    mirror=$("$(dirname "${BASH_SOURCE[0]}")/apt-mirror.sh")
+    say "adding the bookworm-backports suite from $mirror"
+    cat >/etc/apt/sources.list.d/bookworm-backports.sources <<EOF
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: bookworm-backports
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
@@ -95,15 +101,33 @@ EOF
   die "could not install ${pkgs[*]}"
 }
 
-# allow_idmap lets containers map the runtime's host UID and GID with
-# raw.idmap: Incus allows only host ids that root may delegate. It returns
-# 0 when it changed a file (the daemon reads them when it starts).
+# agent_pieces prints root's subordinate id entries for the agent range,
+# each smaller than 65536 ids.
+agent_pieces() {
+  local first=${AGENT_IDS%%:*} count=${AGENT_IDS##*:} n
+  while [ "$count" -gt 0 ]; do
+    n=$((count < AGENT_PIECE ? count : AGENT_PIECE))
+    echo "root:$first:$n"
+    first=$((first + n)) count=$((count - n))
+  done
+}
+
+# allow_idmap lets containers map agent ids with raw.idmap: Incus allows
+# only host ids root may delegate. The base range stays root's first and
+# only large entry. Host root itself is never delegated (an entry this
+# script wrote before agents had their own ids is taken out). It returns 0
+# when it changed a file (the daemon reads them when it starts).
 allow_idmap() {
-  local changed=1 f want id
+  local changed=1 f want pieces
+  pieces=$(agent_pieces)
   for f in /etc/subuid /etc/subgid; do
     touch "$f"
-    id=$IDMAP_UID; [ "$f" = /etc/subgid ] && id=$IDMAP_GID
-    for want in "$BASE_RANGE" "root:$id:1"; do
+    if grep -qxF "root:0:1" "$f"; then
+      sed -i '/^root:0:1$/d' "$f"
+      say "removed root:0:1 from $f: host root is never mapped into a container"
+      changed=0
+    fi
+    for want in "$BASE_RANGE" $pieces; do
       if ! grep -qxF "$want" "$f"; then
         echo "$want" >>"$f"
         say "added $want to $f"
@@ -124,28 +148,8 @@ lxcfs_pid() {
 }
 
 # start_lxcfs runs lxcfs, which gives containers their own view of
-# /proc/meminfo, /proc/cpuinfo and the like. Its mount hook runs the host's
-# setuid-root mount(8) inside the container: when host root is mapped into
-# the container (the runtime runs as root), that binary belongs to the
-# mapped account there, runs without privilege and fails, and so does every
-# container start. So lxcfs runs only for a non-root runtime identity.
+# /proc/meminfo, /proc/cpuinfo and the like.
 start_lxcfs() {
-  local pid
-  if [ "$IDMAP_UID" = 0 ] || [ "$IDMAP_GID" = 0 ]; then
-    if pid=$(lxcfs_pid); then
-      say "stopping lxcfs: its mount hook breaks containers that map host root"
-      kill "$pid"
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    fi
-    if grep -q " $LXCFS_DIR fuse.lxcfs " /proc/mounts; then
-      if ls "$LXCFS_DIR/proc" >/dev/null 2>&1; then
-        say "warning: an lxcfs this script did not start serves $LXCFS_DIR; containers that map host root will fail to start until it stops"
-      else
-        fusermount -u "$LXCFS_DIR" 2>/dev/null || umount -l "$LXCFS_DIR"
-      fi
-    fi
-    return 0
-  fi
   # A killed lxcfs leaves its FUSE mount behind, answering ENOTCONN.
   if grep -q " $LXCFS_DIR fuse.lxcfs " /proc/mounts && ! ls "$LXCFS_DIR/proc" >/dev/null 2>&1; then
     say "unmounting the stale lxcfs mount"
@@ -299,6 +303,8 @@ print_env() {
 }
 
 [ "$(id -u)" = 0 ] || die "incus needs root"
+[[ $AGENT_IDS =~ ^[0-9]+:[0-9]+$ ]] && [ "${AGENT_IDS%%:*}" -gt 0 ] && [ "${AGENT_IDS##*:}" -gt 0 ] ||
+  die "INCUS_AGENT_IDS=$AGENT_IDS: want FIRST:COUNT with FIRST above 0 (agents never map host root)"
 mkdir -p "$PREFIX"
 case ${1:-start} in
   start)

@@ -577,7 +577,8 @@ func TestUnreachableDaemonIsUnavailable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	in := runtimes.Instance{Name: "cireilclaw-nobody", Owner: "ns/nobody", Image: "x", Containerd: &v1alpha1.ContainerdSpec{Image: "x"},
-		AgentDir: filepath.Join(t.TempDir(), "nobody"), Areas: []runtimes.Bind{{Source: filepath.Join(t.TempDir(), "workspace"), Target: "/workspace"}}}
+		AgentDir: filepath.Join(t.TempDir(), "nobody"), Areas: []runtimes.Bind{{Source: filepath.Join(t.TempDir(), "workspace"), Target: "/workspace"}},
+		Identity: runtimes.Identity{UID: 2000000000, GID: 2000000000}}
 	calls := map[string]func() error{
 		"Ensure":  func() error { _, err := rt.Ensure(ctx, in); return err },
 		"Inspect": func() error { _, err := rt.Inspect(ctx, in.Name); return err },

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -105,6 +108,49 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		Expect(st.Running).To(BeFalse())
 	})
 
+	It("runs commands as the agent's own unprivileged host id, without capabilities, under seccomp and no_new_privs", func() {
+		ns := env.NewNamespace()
+		sb := newSandbox(ns, "least", "ctr-least", time.Minute)
+		sb.Spec.Binaries = append(sb.Spec.Binaries, "id")
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		inst := v1alpha1.InstanceName("ctr-least")
+		Expect(k8s.Create(ctx, newClaim(ns, "c", "least"))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, "least"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+
+		By("the agent's id is the owner of its directory, and not root")
+		fi, err := os.Stat(filepath.Join(env.AreasRoot, "ctr-least"))
+		Expect(err).NotTo(HaveOccurred())
+		owner := fi.Sys().(*syscall.Stat_t)
+		Expect(owner.Uid).NotTo(BeZero())
+		id := strconv.FormatUint(uint64(owner.Uid), 10)
+
+		By("id inside prints it, for user, group and the only group")
+		code, out := inContainer(drv, inst, "sh", "-c", "id -u; id -g; id -G")
+		Expect(code).To(Equal(0), out)
+		Expect(strings.Fields(out)).To(Equal([]string{id, id, id}))
+
+		By("seccomp filters, no_new_privs is set, no capability is held")
+		code, out = inContainer(drv, inst, "cat", "/proc/self/status")
+		Expect(code).To(Equal(0), out)
+		Expect(out).To(And(
+			MatchRegexp(`(?m)^Seccomp:\s+2$`), MatchRegexp(`(?m)^NoNewPrivs:\s+1$`),
+			MatchRegexp(`(?m)^CapEff:\s+0+$`), MatchRegexp(`(?m)^CapPrm:\s+0+$`), MatchRegexp(`(?m)^CapBnd:\s+0+$`),
+		))
+
+		By("a file the agent writes in /workspace belongs to that id on the host")
+		code, out = inContainer(drv, inst, "sh", "-c", "echo mine > /workspace/mine")
+		Expect(code).To(Equal(0), out)
+		fi, err = os.Stat(workspaceFile("ctr-least", "mine"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Sys().(*syscall.Stat_t).Uid).To(Equal(owner.Uid))
+		Expect(fi.Sys().(*syscall.Stat_t).Gid).To(Equal(owner.Uid))
+
+		By("host root's files in the root are not the agent's to change")
+		code, _ = inContainer(drv, inst, "sh", "-c", "echo x > /etc/passwd")
+		Expect(code).NotTo(Equal(0))
+		env.DeleteAndWait(sb)
+	})
+
 	It("keeps files written in the container's root across stop and start", func() {
 		ns := env.NewNamespace()
 		Expect(k8s.Create(ctx, newSandbox(ns, "rooted", "ctr-rooted", time.Second))).To(Succeed())
@@ -112,7 +158,7 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		Expect(k8s.Create(ctx, newClaim(ns, "first", "rooted"))).To(Succeed())
 		Eventually(env.SandboxStatus(ns, "rooted"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		created := inspect(drv, inst).CreatedAt
-		code, out := inContainer(drv, inst, "sh", "-c", "echo installed > /root/state")
+		code, out := inContainer(drv, inst, "sh", "-c", "echo installed > /var/tmp/state")
 		Expect(code).To(Equal(0), out)
 
 		env.DeleteAndWait(newClaim(ns, "first", "rooted"))
@@ -121,7 +167,7 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 
 		Expect(k8s.Create(ctx, newClaim(ns, "second", "rooted"))).To(Succeed())
 		Eventually(env.SandboxStatus(ns, "rooted"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		_, out = inContainer(drv, inst, "cat", "/root/state")
+		_, out = inContainer(drv, inst, "cat", "/var/tmp/state")
 		Expect(out).To(Equal("installed\n"))
 		Expect(inspect(drv, inst).CreatedAt).To(Equal(created), "the container was started again, not made anew")
 	})
@@ -190,11 +236,11 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		Eventually(env.SandboxStatus(ns, "bounded"), timeout).Should(And(
 			sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning), overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
 
-		code, out := inContainer(drv, inst, "sh", "-c", "head -c 2097152 /dev/zero > /root/big")
+		code, out := inContainer(drv, inst, "sh", "-c", "head -c 2097152 /dev/zero > /var/tmp/big")
 		Expect(code).To(Equal(0), out)
 		Eventually(env.SandboxStatus(ns, "bounded"), timeout).Should(overlay(metav1.ConditionFalse, v1alpha1.ReasonUpperDirOverLimit))
 
-		code, out = inContainer(drv, inst, "sh", "-c", "rm /root/big")
+		code, out = inContainer(drv, inst, "sh", "-c", "rm /var/tmp/big")
 		Expect(code).To(Equal(0), out)
 		Eventually(env.SandboxStatus(ns, "bounded"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
 	})
@@ -206,7 +252,7 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		inst := v1alpha1.InstanceName("ctr-changing")
 		Expect(k8s.Create(ctx, newClaim(ns, "held", "changing"))).To(Succeed())
 		Eventually(env.SandboxStatus(ns, "changing"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		code, out := inContainer(drv, inst, "sh", "-c", "echo kept > /root/state")
+		code, out := inContainer(drv, inst, "sh", "-c", "echo kept > /var/tmp/state")
 		Expect(code).To(Equal(0), out)
 
 		docs := filepath.Join(env.Dir, "docs-for-changing")
@@ -225,7 +271,7 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		Eventually(env.SandboxStatus(ns, "changing"), timeout).Should(And(
 			sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning),
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionRuntimeReady, metav1.ConditionTrue, v1alpha1.ReasonRunning))))
-		_, out = inContainer(drv, inst, "cat", "/workspace/docs/readme", "/root/state")
+		_, out = inContainer(drv, inst, "cat", "/workspace/docs/readme", "/var/tmp/state")
 		Expect(out).To(Equal("docs\nkept\n"))
 	})
 })
