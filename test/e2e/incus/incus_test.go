@@ -35,7 +35,7 @@ var (
 )
 
 var _ = Describe("Incus lifecycle", func() {
-	It("creates and starts on the first claim, runs commands as the host identity in /workspace, reuses the instance for a second claim, and stops without deleting it", func() {
+	It("creates and starts on the first claim, runs commands as the agent's own host identity in /workspace, reuses the instance for a second claim, and stops without deleting it", func() {
 		ns := env.NewNamespace()
 		sb := newSandbox(ns, "life")
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
