@@ -12,6 +12,7 @@ const (
 	DefaultMaxExecsPerClaim = 16
 	DefaultExecTimeout      = 30 * time.Minute
 	DefaultMaxBodyBytes     = 64 << 20
+	DefaultMaxUploads       = 16
 	DefaultAuthCacheTTL     = 10 * time.Second
 )
 
@@ -30,7 +31,11 @@ type Config struct {
 	// ExecTimeout ends a command (the process is killed) after this long.
 	ExecTimeout time.Duration
 	// MaxBodyBytes bounds a file upload; a larger one is refused with 413.
+	// Uploads stream to disk, so this bounds disk use, not memory.
 	MaxBodyBytes int64
+	// MaxUploads bounds the file uploads in progress at once on this
+	// controller; one more is refused with 429.
+	MaxUploads int
 	// AuthCacheTTL is how long TokenReview and SubjectAccessReview answers
 	// are kept; revoking access takes effect after at most this long.
 	AuthCacheTTL time.Duration
@@ -45,6 +50,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxExecsPerClaim, "api-max-execs-per-claim", DefaultMaxExecsPerClaim, "commands one SessionClaim may run at once through the API; more are refused with 429")
 	fs.DurationVar(&c.ExecTimeout, "api-exec-timeout", DefaultExecTimeout, "a command run through the API is killed after this long")
 	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", DefaultMaxBodyBytes, "largest file upload the API accepts, in bytes; a larger one is refused with 413")
+	fs.IntVar(&c.MaxUploads, "api-max-uploads", DefaultMaxUploads, "file uploads the API receives at once, across all claims; more are refused with 429")
 	fs.DurationVar(&c.AuthCacheTTL, "api-auth-cache-ttl", DefaultAuthCacheTTL, "how long TokenReview and SubjectAccessReview answers are cached")
 }
 
@@ -60,6 +66,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxUploads <= 0 {
+		c.MaxUploads = DefaultMaxUploads
 	}
 	if c.AuthCacheTTL <= 0 {
 		c.AuthCacheTTL = DefaultAuthCacheTTL

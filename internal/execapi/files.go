@@ -64,7 +64,7 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet, http.MethodHead:
 		err = s.readFile(w, r, root, rel)
 	case http.MethodPut:
-		err = s.writeFile(w, r, root, rel)
+		err = s.writeFile(w, r, root, rel, t.instance.Identity)
 	case http.MethodDelete:
 		err = removeFile(w, r, root, rel)
 	}
@@ -126,7 +126,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 
 // writeFile replaces a file atomically with the request body, or makes a
 // directory with ?directory=true.
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string) error {
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string, owner runtimes.Identity) error {
 	q := r.URL.Query()
 	if dir, _ := strconv.ParseBool(q.Get("directory")); dir {
 		if err := root.Mkdir(rel, true); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -146,21 +146,62 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.R
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return tooLarge(s.cfg.MaxBodyBytes)
 	}
-	// The write is atomic, so the whole body is held once; the limit
-	// bounds that.
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
+	if !s.uploads.tryAcquire() {
+		w.Header().Set("Retry-After", "1")
+		return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("%d uploads are in progress, the most this controller receives at once (--api-max-uploads); retry later", s.cfg.MaxUploads)}
+	}
+	defer s.uploads.release()
+	if err := receiveFile(root, rel, http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), perm, owner); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return tooLarge(s.cfg.MaxBodyBytes)
 		}
-		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("reading the request body: %v", err)}
-	}
-	if err := root.Write(rel, data, perm); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// receiveFile streams body into a temporary file beside rel, opened beneath
+// the root, and renames it into place once the body is complete: memory per
+// upload is one copy buffer whatever the size, and a failed or refused
+// upload leaves the old file as it was. A new file belongs to owner (the
+// agent's identity) when that is not root, given through the descriptor.
+func receiveFile(root *areas.Root, rel string, body io.Reader, perm os.FileMode, owner runtimes.Identity) error {
+	st, err := root.Stage(rel, perm, false)
+	if err != nil {
+		return err
+	}
+	defer st.Abort()
+	if owner.UID != 0 || owner.GID != 0 {
+		if err := st.Chown(int(owner.UID), int(owner.GID)); err != nil {
+			return err
+		}
+	}
+	src := &bodyReader{r: body}
+	if _, err := io.Copy(st, src); err != nil {
+		var mbe *http.MaxBytesError
+		if src.err == nil || errors.As(err, &mbe) {
+			return err
+		}
+		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("receiving %s: %v", rel, err)}
+	}
+	return st.Commit()
+}
+
+// bodyReader remembers a read error, so that a client that broke off its
+// body is told apart from a write that failed on the host.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
 }
 
 func tooLarge(limit int64) *apiError {

@@ -31,3 +31,25 @@ func (l *claimLimiter) release(key string) {
 		delete(l.running, key)
 	}
 }
+
+// refusalTooManyUploads is the refusal reason of an upload over MaxUploads.
+const refusalTooManyUploads = "TooManyUploads"
+
+// uploadSlots bounds the uploads in progress on the server. A request that
+// finds none free is refused at once rather than queued: a queue would hold
+// its connection and body open anyway.
+type uploadSlots chan struct{}
+
+func newUploadSlots(n int) uploadSlots { return make(uploadSlots, n) }
+
+// tryAcquire takes a slot; false means every slot is taken.
+func (s uploadSlots) tryAcquire() bool {
+	select {
+	case s <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s uploadSlots) release() { <-s }

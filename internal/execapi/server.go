@@ -48,6 +48,7 @@ type Server struct {
 	log     logr.Logger
 	metrics *metrics
 	execs   *claimLimiter
+	uploads uploadSlots
 	handler http.Handler
 
 	mu sync.Mutex
@@ -71,7 +72,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exec API: registering metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim)}
+	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads)}
 	s.handler = s.routes()
 	return s, nil
 }

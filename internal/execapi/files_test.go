@@ -1,0 +1,300 @@
+package execapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// pattern is an endless body that costs no memory: byte i is i mod 251.
+type pattern struct{ off int64 }
+
+func (p *pattern) Read(b []byte) (int, error) {
+	for i := range b {
+		b[i] = byte((p.off + int64(i)) % 251)
+	}
+	p.off += int64(len(b))
+	return len(b), nil
+}
+
+// gatedBody holds its first Read until open is closed, and says when it was
+// first read.
+type gatedBody struct {
+	r       io.Reader
+	started func()
+	open    <-chan struct{}
+	once    sync.Once
+}
+
+func (g *gatedBody) Read(b []byte) (int, error) {
+	g.once.Do(func() {
+		g.started()
+		<-g.open
+	})
+	return g.r.Read(b)
+}
+
+func (f *fixture) put(ctx context.Context, p string, body io.Reader, length int64) (int, string) {
+	f.t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/"+p, body)
+	if err != nil {
+		f.t.Error(err)
+		return 0, ""
+	}
+	req.ContentLength = length
+	req.Header.Set("Authorization", "Bearer alice-token")
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, string(b)
+}
+
+func (f *fixture) workspace() string { return filepath.Join(f.areas, f.agent, "workspace") }
+
+// TestUploadsStreamWithBoundedHeap: 24 uploads of 60 MiB, all in flight at
+// once, must not grow the heap by more than 64 MiB (read whole, they grew it
+// by about 3 GiB).
+func TestUploadsStreamWithBoundedHeap(t *testing.T) {
+	const (
+		uploads = 24
+		size    = 60 << 20
+		bound   = 64 << 20
+	)
+	f := newFixture(t, Config{MaxBodyBytes: 64 << 20, MaxUploads: uploads})
+	// Warm up: the first request builds the TLS session, the client and the
+	// server's per-connection state; measure from there.
+	if code, msg := f.put(context.Background(), "workspace/warm", strings.NewReader("x"), 1); code != http.StatusNoContent {
+		t.Fatalf("warm-up upload: %d %s", code, msg)
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapInuse
+
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			for cur := ms.HeapInuse; cur > peak.Load(); {
+				peak.Store(cur)
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+
+	// Every body waits at its first read until all have started, so all 24
+	// are in flight together.
+	var started sync.WaitGroup
+	started.Add(uploads)
+	open := make(chan struct{})
+	go func() {
+		started.Wait()
+		close(open)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	codes := make([]int, uploads)
+	msgs := make([]string, uploads)
+	for i := range uploads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := &gatedBody{r: io.LimitReader(&pattern{}, size), started: started.Done, open: open}
+			codes[i], msgs[i] = f.put(ctx, fmt.Sprintf("workspace/up-%02d", i), body, size)
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+
+	for i, c := range codes {
+		if c != http.StatusNoContent {
+			t.Errorf("upload %d: %d %s", i, c, msgs[i])
+		}
+	}
+	growth := int64(peak.Load()) - int64(base)
+	t.Logf("heap in use: %d MiB before, peak %d MiB, growth %d MiB for %d uploads of %d MiB", base>>20, peak.Load()>>20, growth>>20, uploads, size>>20)
+	if growth > bound {
+		t.Errorf("heap grew by %d MiB during %d concurrent uploads of %d MiB; the bound is %d MiB", growth>>20, uploads, size>>20, bound>>20)
+	}
+	for i := range uploads {
+		fi, err := os.Stat(filepath.Join(f.workspace(), fmt.Sprintf("up-%02d", i)))
+		if err != nil || fi.Size() != size {
+			t.Fatalf("upload %d landed as %v, %v", i, fi, err)
+		}
+	}
+	got, err := os.Open(filepath.Join(f.workspace(), "up-07"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	h1, h2 := sha256.New(), sha256.New()
+	io.Copy(h1, got)
+	io.Copy(h2, io.LimitReader(&pattern{}, size))
+	if string(h1.Sum(nil)) != string(h2.Sum(nil)) {
+		t.Fatal("an uploaded file does not hold what was sent")
+	}
+	assertNoUploadTemps(t, f.workspace())
+}
+
+func assertNoUploadTemps(t *testing.T, dir string) {
+	t.Helper()
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && strings.Contains(d.Name(), ".areas-write-") {
+			t.Errorf("a temporary upload file was left behind: %s", p)
+		}
+		return nil
+	})
+}
+
+func TestUploadSizeLimit(t *testing.T) {
+	const limit = 1 << 20
+	cases := []struct {
+		name string
+		// length is the Content-Length sent; -1 is a chunked body.
+		length, sent int64
+		code         int
+	}{
+		{"declared length over the limit", limit + 1, limit + 1, http.StatusRequestEntityTooLarge},
+		{"chunked body over the limit", -1, 4 * limit, http.StatusRequestEntityTooLarge},
+		{"chunked body at the limit", -1, limit, http.StatusNoContent},
+		{"declared length at the limit", limit, limit, http.StatusNoContent},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, Config{MaxBodyBytes: limit})
+			old := []byte("the file before")
+			if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(f.workspace(), "target"), old, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			before := f.refusals(refusalBodyTooLarge)
+			code, msg := f.put(context.Background(), "workspace/target", io.LimitReader(&pattern{}, c.sent), c.length)
+			if code != c.code {
+				t.Fatalf("got %d %s, want %d", code, msg, c.code)
+			}
+			b, _ := os.ReadFile(filepath.Join(f.workspace(), "target"))
+			if c.code == http.StatusRequestEntityTooLarge {
+				if !strings.Contains(msg, "larger than the 1048576-byte limit of one upload") {
+					t.Errorf("message %q does not name the limit", msg)
+				}
+				if string(b) != string(old) {
+					t.Errorf("a refused upload changed the file: %d bytes", len(b))
+				}
+				if got := f.refusals(refusalBodyTooLarge); got != before+1 {
+					t.Errorf("refusals{reason=%s}: got %v, want %v", refusalBodyTooLarge, got, before+1)
+				}
+			} else if int64(len(b)) != c.sent {
+				t.Errorf("the file holds %d bytes, want %d", len(b), c.sent)
+			}
+			assertNoUploadTemps(t, f.workspace())
+		})
+	}
+}
+
+func TestUploadConcurrencyLimit(t *testing.T) {
+	f := newFixture(t, Config{MaxUploads: 1})
+	pr, pw := io.Pipe()
+	// Runs before the server closes, which waits for this upload's body.
+	t.Cleanup(func() { pw.Close() })
+	first := make(chan int, 1)
+	go func() {
+		code, _ := f.put(context.Background(), "workspace/slow", pr, -1)
+		first <- code
+	}()
+	if _, err := pw.Write([]byte("part of the body")); err != nil {
+		t.Fatal(err)
+	}
+	// The first upload holds the only slot once its temporary file exists.
+	deadline := time.Now().Add(30 * time.Second)
+	for !hasUploadTemp(f.workspace()) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first upload never started writing")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := f.refusals(refusalTooManyUploads)
+	code, msg := f.put(context.Background(), "workspace/second", strings.NewReader("x"), 1)
+	if code != http.StatusTooManyRequests || !strings.Contains(msg, "1 uploads are in progress, the most this controller receives at once (--api-max-uploads)") {
+		t.Fatalf("second upload: got %d %s, want 429 naming the limit", code, msg)
+	}
+	if got := f.refusals(refusalTooManyUploads); got != before+1 {
+		t.Errorf("refusals{reason=%s}: got %v, want %v", refusalTooManyUploads, got, before+1)
+	}
+	if _, err := os.Stat(filepath.Join(f.workspace(), "second")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the refused upload wrote its file: %v", err)
+	}
+	pw.Close()
+	if code := <-first; code != http.StatusNoContent {
+		t.Fatalf("first upload: %d", code)
+	}
+	// The slot is free again.
+	if code, msg := f.put(context.Background(), "workspace/third", strings.NewReader("x"), 1); code != http.StatusNoContent {
+		t.Fatalf("upload after the first finished: %d %s", code, msg)
+	}
+}
+
+func hasUploadTemp(dir string) bool {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), ".areas-write-") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestUploadBelongsToTheAgent(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (giving a file to another user)", "run the tests as root, as CI does")
+	}
+	dir := t.TempDir()
+	root, err := areas.OpenRoot("/workspace", dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveFile(root, "mine", strings.NewReader("agent data"), 0o600, runtimes.Identity{UID: 2000000001, GID: 2000000002}); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(dir, "mine"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 2000000001 || st.Gid != 2000000002 || st.Mode&0o777 != 0o600 {
+		t.Fatalf("uploaded file: owner %d:%d mode %o, want 2000000001:2000000002 0600", st.Uid, st.Gid, st.Mode&0o777)
+	}
+}
