@@ -687,9 +687,12 @@ func (r *Runtime) treeLock(name string) *sync.Mutex {
 	return l
 }
 
-// ensureTree builds in's mount tree when rebuild is set or the tree is not
-// what it should be (missing after a reboot, or a mount point moved by the
-// agent).
+// ensureTree builds in's mount tree again when rebuild is set (a new
+// configuration) or the tree is not what it should be: missing after a
+// reboot, or a mount point moved along with a directory the agent renamed.
+// A moved mount that cannot be put back because the agent left a link on
+// its destination's path stays where the agent moved it, inside the
+// workspace, so the agent can still run the commands that repair it.
 func (r *Runtime) ensureTree(in runtimes.Instance, rebuild bool) error {
 	if r.trees == "" {
 		return nil
@@ -701,7 +704,11 @@ func (r *Runtime) ensureTree(in runtimes.Instance, rebuild bool) error {
 	if !rebuild && t.Verify() == nil {
 		return nil
 	}
-	return t.Build()
+	err := t.Replace()
+	if err != nil && !rebuild && t.VerifyAreas() == nil {
+		return nil
+	}
+	return err
 }
 
 func (r *Runtime) removeTree(name string) {

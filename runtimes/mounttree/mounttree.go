@@ -195,30 +195,11 @@ func mkdirBeneath(root int, rel string, owner uint32) (int, error) {
 // point; the mount moves with it, and Verify then fails so the tree is
 // built again.
 func (t Tree) Verify() error {
-	var root int = -1
-	defer func() {
-		if root >= 0 {
-			unix.Close(root)
-		}
-	}()
-	for _, a := range t.Areas {
-		fd, err := unix.Open(t.Path(a.Name), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("opening mount tree %s: %w", t.Path(a.Name), err)
-		}
-		if err := sameDir(fd, a.Source); err != nil {
-			unix.Close(fd)
-			return fmt.Errorf("mount tree %s: %w", t.Path(a.Name), err)
-		}
-		if a.Name == t.Workspace {
-			root = fd
-		} else {
-			unix.Close(fd)
-		}
+	root, err := t.verifyAreas()
+	if err != nil {
+		return err
 	}
-	if root < 0 {
-		return fmt.Errorf("mount tree %s has no area %q", t.Dir, t.Workspace)
-	}
+	defer unix.Close(root)
 	for _, b := range t.Binds {
 		fd, err := unix.Openat2(root, b.Rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveNoLinks})
 		if err != nil {
@@ -229,6 +210,72 @@ func (t Tree) Verify() error {
 		if err != nil {
 			return fmt.Errorf("mount point /workspace/%s: %w", b.Rel, err)
 		}
+	}
+	return nil
+}
+
+// VerifyAreas reports whether every area is still bound in the tree. The
+// custom mounts may have moved with directories the agent renamed; they
+// are still the right sources, somewhere inside the workspace.
+func (t Tree) VerifyAreas() error {
+	root, err := t.verifyAreas()
+	if err == nil {
+		unix.Close(root)
+	}
+	return err
+}
+
+// verifyAreas checks the areas and returns a descriptor of the workspace's.
+func (t Tree) verifyAreas() (int, error) {
+	root := -1
+	defer func() {
+		if root >= 0 {
+			unix.Close(root)
+		}
+	}()
+	fail := func(err error) (int, error) {
+		if root >= 0 {
+			unix.Close(root)
+		}
+		return -1, err
+	}
+	for _, a := range t.Areas {
+		fd, err := unix.Open(t.Path(a.Name), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(fmt.Errorf("opening mount tree %s: %w", t.Path(a.Name), err))
+		}
+		if err := sameDir(fd, a.Source); err != nil {
+			unix.Close(fd)
+			return fail(fmt.Errorf("mount tree %s: %w", t.Path(a.Name), err))
+		}
+		if a.Name == t.Workspace && root < 0 {
+			root = fd
+		} else {
+			unix.Close(fd)
+		}
+	}
+	if root < 0 {
+		return -1, fmt.Errorf("mount tree %s has no area %q", t.Dir, t.Workspace)
+	}
+	return root, nil
+}
+
+// Replace builds a fresh tree beside the current one and swaps it in only
+// once it is complete: when building fails (the agent put a link on a
+// destination's path), the current tree stays as it was.
+func (t Tree) Replace() error {
+	next := t
+	next.Dir = t.Dir + ".next"
+	if err := next.Build(); err != nil {
+		return err
+	}
+	if err := Remove(t.Dir); err != nil {
+		_ = Remove(next.Dir)
+		return err
+	}
+	if err := os.Rename(next.Dir, t.Dir); err != nil {
+		_ = Remove(next.Dir)
+		return fmt.Errorf("putting mount tree %s in place: %w", t.Dir, err)
 	}
 	return nil
 }
