@@ -23,6 +23,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -33,6 +34,7 @@ import (
 
 type flags struct {
 	areasRoot, stateDir, nodeName, backends string
+	agentIDs                                string
 	sandboxWorkers, claimWorkers            int
 	containerdAddress, containerdNamespace  string
 	containerdFIFODir                       string
@@ -48,6 +50,7 @@ type flags struct {
 func main() {
 	var f flags
 	flag.StringVar(&f.areasRoot, "areas-root", "/var/lib/sandbox-controller/areas", "host directory holding one directory of areas per agent (<areas-root>/<agent>/{workspace,memories,blocks,skills,tasks}); never deleted by the controller")
+	flag.StringVar(&f.agentIDs, "agent-ids", areas.DefaultIDRange.String(), "FIRST:COUNT host user and group ids agents are given, one per agent (recorded as the owner of <areas-root>/<agent>); agent commands never run as host root, so the range may not include 0")
 	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
 	flag.IntVar(&f.sandboxWorkers, "sandbox-workers", 4, "Sandboxes reconciled at once (a Sandbox is never reconciled twice at once)")
 	flag.IntVar(&f.claimWorkers, "claim-workers", 16, "SessionClaims reconciled at once; bursts of claims bind this many at a time")
@@ -156,7 +159,15 @@ Ctrl-C stops the controller and the control plane.
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	home, _ := os.UserHomeDir()
-	host := runtimes.Options{AreasRoot: areasRoot, Home: home}
+	idRange, err := areas.ParseIDRange(f.agentIDs)
+	if err != nil {
+		return fmt.Errorf("--agent-ids: %w", err)
+	}
+	ids, err := areas.NewIdentities(areasRoot, idRange)
+	if err != nil {
+		return fmt.Errorf("--agent-ids: %w", err)
+	}
+	host := runtimes.Options{AreasRoot: areasRoot, Home: home, Identities: ids}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Runtimes:       rts,
 		Host:           host,
