@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -63,6 +64,9 @@ func TestCopyAndListThroughContainedAccess(t *testing.T) {
 	}
 }
 
+// changeLinePattern is one file change as diff prints it.
+var changeLinePattern = regexp.MustCompile(`^[AMD] file +0[0-7]{3} sha256:[0-9a-f]{64} [^ ]+$`)
+
 func TestDiffAndApplyAnOverlayMount(t *testing.T) {
 	needBwrap(t)
 	if os.Geteuid() != 0 {
@@ -76,19 +80,57 @@ func TestDiffAndApplyAnOverlayMount(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "a.txt"), []byte("orig\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The agent runs as its own unprivileged id: it may change the source
+	// in its overlay only where the source's modes let it.
+	if err := os.Chmod(src, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(src, "a.txt"), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	cfg := writeConfig(t, dir, "[[mounts]]\nsource = \""+src+"\"\ntarget = \"project\"\nmode = \"overlay\"\n[bwrap]\nbinaries = [\"sh\"]\n")
 	flags := []string{"--config", cfg, "--agent", "ov", "--areas-root", filepath.Join(dir, "areas")}
-	if code, _, stderr := sandboxctl(t, "", append(append([]string{"run"}, flags...), "--", "sh", "-c", "echo new > project/a.txt; echo b > project/b.txt")...); code != 0 {
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"run"}, flags...), "--", "sh", "-ec", "echo new > project/a.txt; echo b > project/b.txt")...); code != 0 {
 		t.Fatalf("run: exit %d, %s", code, stderr)
 	}
 	if b, _ := os.ReadFile(filepath.Join(src, "a.txt")); string(b) != "orig\n" {
 		t.Fatalf("the source changed before apply: %q", b)
 	}
 	code, out, stderr := sandboxctl(t, "", append(append([]string{"diff"}, flags...), "project")...)
-	if code != 0 || out != "M a.txt\nA b.txt\n" {
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if code != 0 || len(lines) != 3 || !changeLinePattern.MatchString(lines[0]) || !strings.HasPrefix(lines[0], "M ") || !strings.HasSuffix(lines[0], " a.txt") ||
+		!changeLinePattern.MatchString(lines[1]) || !strings.HasPrefix(lines[1], "A ") || !strings.HasPrefix(lines[2], "digest sha256:") {
 		t.Fatalf("diff: exit %d stdout %q stderr %q", code, out, stderr)
 	}
-	if code, _, stderr := sandboxctl(t, "", append(append([]string{"apply"}, flags...), "project")...); code != 0 {
+	reviewed := strings.TrimPrefix(lines[2], "digest ")
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"apply"}, flags...), "project")...); code != exitUsage || !strings.Contains(stderr, "--digest is required") {
+		t.Fatalf("apply without a digest: exit %d, %s", code, stderr)
+	}
+
+	// The sandbox changes its upper layer after the review: apply refuses
+	// and writes nothing.
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"run"}, flags...), "--", "sh", "-ec", "echo evil > project/a.txt")...); code != 0 {
+		t.Fatalf("run: exit %d, %s", code, stderr)
+	}
+	code, _, stderr = sandboxctl(t, "", append(append([]string{"apply"}, flags...), "--digest", reviewed, "project")...)
+	if code != exitFailed || !strings.Contains(stderr, "differ from the reviewed ones") {
+		t.Fatalf("apply after a change: exit %d, %s", code, stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(src, "a.txt")); string(b) != "orig\n" {
+		t.Fatalf("a refused apply wrote a.txt: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(src, "b.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a refused apply wrote b.txt: %v", err)
+	}
+
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"run"}, flags...), "--", "sh", "-ec", "echo new > project/a.txt")...); code != 0 {
+		t.Fatalf("run: exit %d, %s", code, stderr)
+	}
+	code, out, stderr = sandboxctl(t, "", append(append([]string{"diff"}, flags...), "project")...)
+	if code != 0 || !strings.Contains(out, "digest "+reviewed) {
+		t.Fatalf("the same changes must give the same digest: exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"apply"}, flags...), "--digest", reviewed, "project")...); code != 0 {
 		t.Fatalf("apply: exit %d, %s", code, stderr)
 	}
 	if b, _ := os.ReadFile(filepath.Join(src, "a.txt")); string(b) != "new\n" {

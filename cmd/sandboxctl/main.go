@@ -46,7 +46,7 @@ Usage:
   sandboxctl cp      [-n NS] [--server URL] [--api-ca-file F] SRC DST   (one side CLAIM:/path)
   sandboxctl exec    [-n NS] [-i] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
   sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
-  sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] TARGET
+  sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] --digest D TARGET
 
 run      runs one command in the sandbox and exits with its exit code; its
          stdin, stdout and stderr are the command's. A refused command runs
@@ -70,8 +70,10 @@ exec     runs a command in a SessionClaim's sandbox through the controller's
          exec API, with the kubeconfig's credentials (also installed as
          the kubectl plugin: kubectl sandbox exec CLAIM -- git status).
 diff     lists what the sandbox changed in an overlay mount (mode =
-         "overlay"): A added, M changed, D deleted, relative to the mount.
-apply    writes those changes to the mount's host source.
+         "overlay"): A added, M changed, D deleted, with each file's mode
+         and SHA-256, relative to the mount, and a digest of the whole set.
+apply    writes those changes to the mount's host source, only if they still
+         have the digest given with --digest; otherwise it changes nothing.
 
 The configuration file is optional: a missing file means the bwrap backend
 with no mounts and no allowed binaries. Agent areas live in

@@ -83,13 +83,20 @@ func TestOverlayKeepsTheSourceUntilApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Apply(lower); err == nil || !strings.Contains(err.Error(), "link.txt") {
+	withLink, err := l.Diff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Apply(lower, overlay.Digest(withLink)); err == nil || !strings.Contains(err.Error(), "link.txt") {
 		t.Fatalf("Apply with a symbolic link among the changes: want an error naming it, got %v", err)
 	}
 	if err := os.Remove(filepath.Join(l.Merged, "link.txt")); err != nil {
 		t.Fatal(err)
 	}
-	applied, err := l.Apply(lower)
+	if changes, err = l.Diff(); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := l.Apply(lower, overlay.Digest(changes))
 	if err != nil {
 		t.Fatal(err)
 	}
