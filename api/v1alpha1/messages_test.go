@@ -21,7 +21,7 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 		v1alpha1.MsgEnvName: true, v1alpha1.MsgAgentLabel: true, v1alpha1.MsgAgentImmutable: true,
 		v1alpha1.MsgBackendImmutable: true, v1alpha1.MsgIncusRequired: true, v1alpha1.MsgContainerdRequired: true,
 		v1alpha1.MsgSandboxNameImmut: true, v1alpha1.MsgWorktreeImmutable: true, v1alpha1.MsgWorktreeRepository: true,
-		v1alpha1.MsgWorktreeName: true,
+		v1alpha1.MsgWorktreeName: true, v1alpha1.MsgWorktreeNameRef: true, v1alpha1.MsgWorktreeRef: true,
 	}
 	// MsgMountSizePositive is a Go rule only: a CEL rule on a quantity
 	// cannot bound the string it parses, and the API server refuses its

@@ -35,7 +35,11 @@ type WorktreeSpec struct {
 
 	// Ref is the branch or commit to check out. With createBranch, the new
 	// branch starts here; empty means the repository's HEAD.
+	// It follows git's ref name rules and never starts with '-': host git
+	// is given it, and a ref that reads as an option would change what
+	// git does (CheckWorktreeRef says the same in Go).
 	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:XValidation:rule=`self == '' || (!self.startsWith('-') && !self.startsWith('/') && !self.endsWith('/') && !self.endsWith('.') && self != '@' && !self.contains('..') && !self.contains('//') && !self.contains('@{') && !self.contains('\\') && !self.matches('[[:cntrl:] ~^:?*[]') && !self.split('/').exists(p, p.startsWith('.') || p.endsWith('.lock')))`,message="worktree ref follows git's ref name rules (git check-ref-format) and does not start with '-', so no '..', '//', '@{', blanks, control characters, colon, backslash or any of ~ ^ ? * [; no part starting with '.' or ending in '.lock'; not starting or ending with '/', not ending with '.', not '@'"
 	// +optional
 	Ref string `json:"ref,omitempty"`
 
@@ -43,6 +47,7 @@ type WorktreeSpec struct {
 	// branch). Defaults to the claim's name.
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9][A-Za-z0-9._-]*$')",message="worktree name contains only letters, digits, '.', '_' and '-' and starts with a letter or digit"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('..') && !self.endsWith('.') && !self.endsWith('.lock')",message="worktree name is a git branch name, so no '..' and not ending in '.' or '.lock'"
 	// +optional
 	Name string `json:"name,omitempty"`
 

@@ -34,6 +34,8 @@ const (
 	MsgWorktreeImmutable  = "worktree is immutable: create a new SessionClaim for another worktree"
 	MsgWorktreeRepository = "worktree repository is a relative path below /workspace/ without '.', '..' or empty segments"
 	MsgWorktreeName       = "worktree name contains only letters, digits, '.', '_' and '-' and starts with a letter or digit"
+	MsgWorktreeNameRef    = "worktree name is a git branch name, so no '..' and not ending in '.' or '.lock'"
+	MsgWorktreeRef        = "worktree ref follows git's ref name rules (git check-ref-format) and does not start with '-', so no '..', '//', '@{', blanks, control characters, colon, backslash or any of ~ ^ ? * [; no part starting with '.' or ending in '.lock'; not starting or ending with '/', not ending with '.', not '@'"
 )
 
 // ShellMetacharacters are the characters a binary name (and the command of
@@ -132,7 +134,39 @@ func ValidateWorktree(w *WorktreeSpec) field.ErrorList {
 	if w.Name != "" && (len(w.Name) > 63 || !worktreeNamePattern.MatchString(w.Name)) {
 		errs = append(errs, field.Invalid(p.Child("name"), w.Name, MsgWorktreeName))
 	}
+	if w.Name != "" && CheckWorktreeRef(w.Name) != "" {
+		errs = append(errs, field.Invalid(p.Child("name"), w.Name, MsgWorktreeNameRef))
+	}
+	if msg := CheckWorktreeRef(w.Ref); w.Ref != "" && msg != "" {
+		errs = append(errs, field.Invalid(p.Child("ref"), w.Ref, msg))
+	}
 	return errs
+}
+
+// CheckWorktreeRef returns the rule a worktree ref (or name, which becomes
+// a branch) breaks, or "". The rules are git check-ref-format's with
+// --allow-onelevel, and nothing may start with '-': host git is given this
+// string, and one that reads as an option (--checkout) would change what it
+// does. The CEL rule on WorktreeSpec.Ref says the same.
+func CheckWorktreeRef(ref string) string {
+	switch {
+	case ref == "", ref == "@",
+		strings.HasPrefix(ref, "-"), strings.HasPrefix(ref, "/"),
+		strings.HasSuffix(ref, "/"), strings.HasSuffix(ref, "."),
+		strings.Contains(ref, ".."), strings.Contains(ref, "//"), strings.Contains(ref, "@{"):
+		return MsgWorktreeRef
+	}
+	for _, r := range ref {
+		if r < 0x20 || r == 0x7f || strings.ContainsRune(" ~^:?*[\\", r) {
+			return MsgWorktreeRef
+		}
+	}
+	for _, part := range strings.Split(ref, "/") {
+		if strings.HasPrefix(part, ".") || strings.HasSuffix(part, ".lock") {
+			return MsgWorktreeRef
+		}
+	}
+	return ""
 }
 
 // CheckAgent returns the rule an agent slug breaks, or "".
