@@ -101,6 +101,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	if !onNode(sb, r.NodeName) {
 		return ctrl.Result{}, nil
 	}
+	r.reportUndecodable(ctx, sb)
 	if !controllerutil.ContainsFinalizer(sb, v1alpha1.Finalizer) && sb.DeletionTimestamp.IsZero() {
 		controllerutil.AddFinalizer(sb, v1alpha1.Finalizer)
 		return requeueOnConflict(r.Update(ctx, sb))

@@ -1,14 +1,18 @@
 package v1alpha1_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
@@ -162,6 +166,174 @@ var _ = Describe("Sandbox admission", func() {
 		err := k8s.Update(ctx, c)
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring(v1alpha1.MsgSandboxNameImmut))
+	})
+
+	// Issue 15: what Go would fail to decode or misread, and names that
+	// read differently from what they are. celMsg is what kubectl shows;
+	// goMsg what the controller (InvalidSpec) and sandbox.toml say, the same
+	// words unless the Go type cannot hold the value as written.
+	DescribeTable("refuses loose input with a message naming the field and the rule",
+		func(mut func(*v1alpha1.SandboxSpec), celMsg, goMsg string) {
+			err := k8s.Create(ctx, sandbox(mut))
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(celMsg))
+			spec := sandbox(mut).Spec
+			Expect(v1alpha1.ValidateSandboxSpec(&spec).ToAggregate().Error()).To(ContainSubstring(goMsg))
+		},
+		Entry("mount source ~/ climbing out of the home directory", func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = []v1alpha1.Mount{mount("~/../../etc", "etc", "ro")}
+		}, v1alpha1.MsgMountSourceDots, v1alpha1.MsgMountSourceDots),
+		Entry("mount source absolute with a .. segment", func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = []v1alpha1.Mount{mount("/srv/app/../../etc", "etc", "ro")}
+		}, v1alpha1.MsgMountSourceDots, v1alpha1.MsgMountSourceDots),
+		Entry("mount source with a right-to-left override", func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = []v1alpha1.Mount{mount("/srv/\u202eppa", "app", "ro")}
+		}, v1alpha1.MsgMountSourceChars, v1alpha1.MsgMountSourceChars),
+		Entry("mount source with a NUL", func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = []v1alpha1.Mount{mount("/srv/a\x00b", "app", "ro")}
+		}, v1alpha1.MsgMountSourceChars, v1alpha1.MsgMountSourceChars),
+		Entry("mount target with a zero-width space", func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = []v1alpha1.Mount{mount("/srv/app", "app\u200b", "ro")}
+		}, v1alpha1.MsgMountTargetChars, v1alpha1.MsgMountTargetChars),
+		Entry("mount target with a newline", func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = []v1alpha1.Mount{mount("/srv/app", "a\nb", "ro")}
+		}, v1alpha1.MsgMountTargetChars, v1alpha1.MsgMountTargetChars),
+		Entry("mount target with a line separator", func(s *v1alpha1.SandboxSpec) {
+			s.Mounts = []v1alpha1.Mount{mount("/srv/app", "a\u2028b", "ro")}
+		}, v1alpha1.MsgMountTargetChars, v1alpha1.MsgMountTargetChars),
+		Entry("binary starting with '-' (an option)", func(s *v1alpha1.SandboxSpec) {
+			s.Binaries = []v1alpha1.BinaryName{"-rf"}
+		}, v1alpha1.MsgBinaryPortable, v1alpha1.MsgBinaryPortable),
+		Entry("binary starting with '.'", func(s *v1alpha1.SandboxSpec) {
+			s.Binaries = []v1alpha1.BinaryName{".hidden"}
+		}, v1alpha1.MsgBinaryPortable, v1alpha1.MsgBinaryPortable),
+		Entry("binary with a NUL", func(s *v1alpha1.SandboxSpec) {
+			s.Binaries = []v1alpha1.BinaryName{"git\x00"}
+		}, v1alpha1.MsgBinaryPortable, v1alpha1.MsgBinaryPortable),
+		Entry("binary with a zero-width joiner", func(s *v1alpha1.SandboxSpec) {
+			s.Binaries = []v1alpha1.BinaryName{"gi\u200dt"}
+		}, v1alpha1.MsgBinaryPortable, v1alpha1.MsgBinaryPortable),
+		Entry("binary with a right-to-left override", func(s *v1alpha1.SandboxSpec) {
+			s.Binaries = []v1alpha1.BinaryName{"\u202etig"}
+		}, v1alpha1.MsgBinaryPortable, v1alpha1.MsgBinaryPortable),
+		Entry("binary with a letter outside ASCII", func(s *v1alpha1.SandboxSpec) {
+			s.Binaries = []v1alpha1.BinaryName{"g\u00eft"}
+		}, v1alpha1.MsgBinaryPortable, v1alpha1.MsgBinaryPortable),
+		Entry("agent with a zero-width space", func(s *v1alpha1.SandboxSpec) {
+			s.Agent = "alice\u200b"
+		}, v1alpha1.MsgAgentLabel, v1alpha1.MsgAgentLabel),
+		Entry("idleTimeout zero", func(s *v1alpha1.SandboxSpec) {
+			s.IdleTimeout = &metav1.Duration{}
+		}, v1alpha1.MsgIdleTimeoutRange, v1alpha1.MsgIdleTimeoutRange),
+		Entry("idleTimeout negative", func(s *v1alpha1.SandboxSpec) {
+			s.IdleTimeout = &metav1.Duration{Duration: -5 * time.Minute}
+		}, v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutRange),
+		Entry("idleTimeout above 30 days", func(s *v1alpha1.SandboxSpec) {
+			s.IdleTimeout = &metav1.Duration{Duration: 721 * time.Hour}
+		}, v1alpha1.MsgIdleTimeoutRange, v1alpha1.MsgIdleTimeoutRange),
+		Entry("pidsLimit zero", func(s *v1alpha1.SandboxSpec) {
+			s.Backend = v1alpha1.BackendContainerd
+			s.Containerd = &v1alpha1.ContainerdSpec{Image: "busybox", PidsLimit: ptr.To[int64](0)}
+		}, v1alpha1.MsgPidsLimit, v1alpha1.MsgPidsLimit),
+		Entry("pidsLimit above the kernel's pid_max", func(s *v1alpha1.SandboxSpec) {
+			s.Backend = v1alpha1.BackendContainerd
+			s.Containerd = &v1alpha1.ContainerdSpec{Image: "busybox", PidsLimit: ptr.To[int64](v1alpha1.MaxPidsLimit + 1)}
+		}, v1alpha1.MsgPidsLimit, v1alpha1.MsgPidsLimit),
+		Entry("restartPolicy not one of its values", func(s *v1alpha1.SandboxSpec) {
+			s.RestartPolicy = "Sometimes"
+		}, `Unsupported value: "Sometimes"`, `Unsupported value: "Sometimes"`),
+	)
+
+	// Values the Go type cannot even hold go in as JSON; the controller
+	// decodes them field by field and says the same (decode.go).
+	DescribeTable("refuses an idleTimeout Go would fail to decode or misread",
+		func(value any, celMsg, goMsg string) {
+			seq++
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": v1alpha1.GroupVersion.String(), "kind": "Sandbox",
+				"metadata": map[string]any{"name": fmt.Sprintf("sb-raw-%d", seq), "namespace": "default"},
+				"spec":     map[string]any{"agent": fmt.Sprintf("agent-raw-%d", seq), "idleTimeout": value},
+			}}
+			err := k8s.Create(ctx, u)
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(celMsg))
+			raw, err := json.Marshal(u.Object["spec"])
+			Expect(err).NotTo(HaveOccurred())
+			var spec v1alpha1.SandboxSpec
+			Expect(json.Unmarshal(raw, &spec)).To(Succeed())
+			if goMsg == "" {
+				Expect(v1alpha1.ValidateSandboxSpec(&spec)).To(BeEmpty())
+				return
+			}
+			Expect(v1alpha1.ValidateSandboxSpec(&spec).ToAggregate().Error()).To(ContainSubstring(goMsg))
+		},
+		Entry("banana", "banana", v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutFormat),
+		Entry("-5m", "-5m", v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutRange),
+		Entry("99999999999h (overflows)", "99999999999h", v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutFormat),
+		Entry("999999h999999h999999h (too long, would overflow)", "999999h999999h999999h", v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutFormat),
+		Entry("5 minutes", "5 minutes", v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutFormat),
+		Entry("empty", "", v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutFormat),
+		// The CEL format is narrower than Go's syntax, so that duration()
+		// never fails; Go decodes the micro sign and the value is in range.
+		Entry("1\u00b5s (the micro sign)", "1\u00b5s", v1alpha1.MsgIdleTimeoutFormat, ""),
+		Entry("0", "0", v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutRange),
+		Entry("999999h (fits, above 30 days)", "999999h", v1alpha1.MsgIdleTimeoutRange, v1alpha1.MsgIdleTimeoutRange),
+	)
+
+	// The schema walk takes format date-time as metav1.Time's rule and
+	// bounds as int32's: the API server must enforce both on status too.
+	It("refuses a status time that is not a date-time and a count outside int32", func() {
+		sb := sandbox(nil)
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Sandbox"))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), u)).To(Succeed())
+		Expect(unstructured.SetNestedField(u.Object, "banana", "status", "idleSince")).To(Succeed())
+		err := k8s.Status().Update(ctx, u)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("status.idleSince"))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), u)).To(Succeed())
+		Expect(unstructured.SetNestedField(u.Object, int64(3000000000), "status", "claims")).To(Succeed())
+		err = k8s.Status().Update(ctx, u)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("status.claims"))
+	})
+
+	It("admits durations, binaries and sources at the edges of the rules", func() {
+		for _, d := range []string{"30s", "1h30m", "720h", "1.5h", "43200m", ".5h", "719h59m59.999999s"} {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": v1alpha1.GroupVersion.String(), "kind": "Sandbox",
+				"metadata": map[string]any{"generateName": "sb-edge-", "namespace": "default"},
+				"spec":     map[string]any{"agent": "agent-edge", "idleTimeout": d},
+			}}
+			Expect(k8s.Create(ctx, u)).To(Succeed(), "idleTimeout %q", d)
+		}
+		sb := sandbox(func(s *v1alpha1.SandboxSpec) {
+			s.Binaries = []v1alpha1.BinaryName{"g++", "python3.12", "x86_64-linux-gnu-gcc", "_helper"}
+			s.Mounts = []v1alpha1.Mount{mount("~/projects/..app", "app", "ro"), mount("/srv/caf\u00e9", "caf\u00e9 au lait", "ro")}
+		})
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(v1alpha1.ValidateSandboxSpec(&sb.Spec)).To(BeEmpty())
+	})
+
+	It("admits zero limits the API server cannot bound, and the controller and sandbox.toml refuse them", func() {
+		// A CEL rule on a quantity costs more than the API server allows
+		// (see MsgMountSizePositive); the runtimes would read zero as no
+		// limit, so the Go rules refuse it (InvalidSpec).
+		sb := sandbox(func(s *v1alpha1.SandboxSpec) {
+			s.Backend = v1alpha1.BackendContainerd
+			s.Containerd = &v1alpha1.ContainerdSpec{Image: "busybox",
+				MemoryLimit: ptr.To(resource.MustParse("0")), RootfsSizeLimit: ptr.To(resource.MustParse("-1Gi"))}
+		})
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		got := v1alpha1.ValidateSandboxSpec(&sb.Spec).ToAggregate().Error()
+		Expect(got).To(ContainSubstring("spec.containerd.memoryLimit: Invalid value: \"0\": " + v1alpha1.MsgMemoryPositive))
+		Expect(got).To(ContainSubstring("spec.containerd.rootfsSizeLimit: Invalid value: \"-1Gi\": " + v1alpha1.MsgRootfsPositive))
+		spec := sandbox(func(s *v1alpha1.SandboxSpec) {
+			s.Backend = v1alpha1.BackendIncus
+			s.Incus = &v1alpha1.IncusSpec{Image: "images:fedora/42", RootSizeLimit: ptr.To(resource.MustParse("0Gi"))}
+		}).Spec
+		Expect(v1alpha1.ValidateSandboxSpec(&spec).ToAggregate().Error()).To(ContainSubstring(v1alpha1.MsgRootPositive))
 	})
 
 	It("accepts sibling mount targets that share a name prefix", func() {

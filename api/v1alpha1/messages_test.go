@@ -23,6 +23,9 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 		v1alpha1.MsgSandboxNameImmut: true, v1alpha1.MsgWorktreeImmutable: true, v1alpha1.MsgWorktreeRepository: true,
 		v1alpha1.MsgWorktreeName: true, v1alpha1.MsgWorktreeNameRef: true, v1alpha1.MsgWorktreeRef: true,
 	}
+	for _, m := range decodeRuleMessages {
+		goMsgs[m] = true
+	}
 	// MsgMountSizePositive is a Go rule only: a CEL rule on a quantity
 	// cannot bound the string it parses, and the API server refuses its
 	// estimated cost. The controller refuses such a spec (InvalidSpec) and

@@ -40,6 +40,8 @@ type Mount struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=4096
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') || self.startsWith('~/')",message="mount sources must be absolute paths or begin with ~/"
+	// +kubebuilder:validation:XValidation:rule="!self.split('/').exists(s, s == '..')",message="mount sources must not contain '..' segments: a ~/ source stays inside the home directory"
+	// +kubebuilder:validation:XValidation:rule=`self.matches(r'^[^\p{C}\p{Zl}\p{Zp}]*$')`,message="mount sources contain only printable characters: no control, line-separator, bidirectional or zero-width characters"
 	Source string `json:"source"`
 
 	// Target is where the source appears, as a relative path below
@@ -51,6 +53,7 @@ type Mount struct {
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/')",message="mount targets are relative paths below /workspace/, not absolute paths"
 	// +kubebuilder:validation:XValidation:rule="!self.split('/').exists(s, s == '..' || s == '.')",message="mount targets must not contain '.' or '..' segments"
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') || !self.split('/').exists(s, s == '')",message="mount targets must not contain empty segments (no leading, trailing or doubled '/')"
+	// +kubebuilder:validation:XValidation:rule=`self.matches(r'^[^\p{C}\p{Zl}\p{Zp}]*$')`,message="mount targets contain only printable characters: no control, line-separator, bidirectional or zero-width characters"
 	Target string `json:"target"`
 
 	// Mode is ro (read-only), rw (read-write) or overlay (the source
@@ -76,6 +79,7 @@ type Mount struct {
 // +kubebuilder:validation:XValidation:rule="!self.matches('[[:space:]]')",message="binaries must not contain spaces; arguments are passed separately"
 // +kubebuilder:validation:XValidation:rule="!self.matches('[|&;<>()$`\\\\\\\\\"\\'*?\\\\[\\\\]{}#~!]')",message="binaries must not contain shell metacharacters; arguments are passed separately"
 // +kubebuilder:validation:XValidation:rule="!self.contains('/')",message="binaries are command names, not paths: they must not contain '/'"
+// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9_+][A-Za-z0-9._+-]*$')",message="binaries contain only letters, digits, '.', '_', '+' and '-' and do not start with '-' or '.'"
 type BinaryName string
 
 // EnvVarName is the name of an environment variable.
@@ -113,8 +117,9 @@ type ContainerdSpec struct {
 	// and counts against it.
 	// +optional
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
-	// PidsLimit caps the number of processes in the container.
-	// +kubebuilder:validation:Minimum=1
+	// PidsLimit caps the number of processes in the container, from 1 to
+	// 4194304 (the kernel's largest pid_max).
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 4194304",message="pidsLimit must be between 1 and 4194304 (the kernel's largest pid_max)"
 	// +optional
 	PidsLimit *int64 `json:"pidsLimit,omitempty"`
 	// RootfsSizeLimit is the size the container's writable layer may reach
@@ -216,8 +221,11 @@ type SandboxSpec struct {
 	Incus *IncusSpec `json:"incus,omitempty"`
 
 	// IdleTimeout is how long the instance keeps running after its last
-	// claim is released before it is stopped. Defaults to 5m.
+	// claim is released before it is stopped: a duration such as 30s, 5m or
+	// 1h30m, more than zero and at most 720h (30 days). Defaults to 5m.
 	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule=`self.size() <= 20 && self.matches(r'^(([0-9]{1,6}(\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h))+$')`,message="idleTimeout is a duration such as 30s, 5m or 1h30m: at most 20 characters, numbers of at most 6 digits each followed by a unit (ns, us, ms, s, m or h)"
+	// +kubebuilder:validation:XValidation:rule=`self.size() > 20 || !self.matches(r'^(([0-9]{1,6}(\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h))+$') || (duration(self) > duration('0s') && duration(self) <= duration('720h'))`,message="idleTimeout must be more than zero and at most 720h (30 days)"
 	// +optional
 	IdleTimeout *metav1.Duration `json:"idleTimeout,omitempty"`
 
@@ -232,14 +240,21 @@ type SandboxSpec struct {
 	// +kubebuilder:default=WhenIdle
 	// +optional
 	RestartPolicy RestartPolicy `json:"restartPolicy,omitempty"`
+
+	// undecoded are the fields Go could not decode (decode.go); they make
+	// the spec invalid and are written back as they were read.
+	undecoded []undecodedField `json:"-"`
 }
 
 // SandboxStatus is what the controller observed.
 type SandboxStatus struct {
 	// ObservedGeneration is the generation the status was computed from.
+	// +kubebuilder:validation:Minimum=0
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Claims counts the SessionClaims bound to this Sandbox and not being deleted.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	Claims int32 `json:"claims"`
 	// Instance is the runtime instance name, cireilclaw-{agent}.

@@ -92,6 +92,7 @@ type WorktreeStatus struct {
 // SessionClaimStatus is what the controller observed.
 type SessionClaimStatus struct {
 	// ObservedGeneration is the generation the status was computed from.
+	// +kubebuilder:validation:Minimum=0
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Instance is the runtime instance the session's commands run in.

@@ -119,6 +119,7 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 			errs = append(errs, field.Invalid(p.Child("env", "passthrough").Index(i), n, MsgEnvName))
 		}
 	}
+	errs = append(errs, validateInput(spec, p)...)
 	return errs
 }
 

@@ -200,6 +200,22 @@ func TestRulesAreTheAPIsRules(t *testing.T) {
 		{"containerd without its table", "backend = \"containerd\"\n",
 			func(s *v1alpha1.SandboxSpec) { s.Backend = v1alpha1.BackendContainerd },
 			v1alpha1.MsgContainerdRequired, ""},
+		{"~/ mount source climbing out of the home directory", "[[mounts]]\nsource = \"~/../../etc\"\ntarget = \"etc\"\n",
+			func(s *v1alpha1.SandboxSpec) {
+				s.Mounts = []v1alpha1.Mount{{Source: "~/../../etc", Target: "etc", Mode: "ro"}}
+			},
+			v1alpha1.MsgMountSourceDots, "2:1"},
+		{"mount target with a right-to-left override", "[[mounts]]\nsource = \"/a\"\ntarget = \"a\\u202Eb\"\n",
+			func(s *v1alpha1.SandboxSpec) {
+				s.Mounts = []v1alpha1.Mount{{Source: "/a", Target: "a\u202Eb", Mode: "ro"}}
+			},
+			v1alpha1.MsgMountTargetChars, "3:1"},
+		{"binary starting with '-'", "[bwrap]\nbinaries = [\"-rf\"]\n",
+			func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"-rf"} },
+			v1alpha1.MsgBinaryPortable, "2:1"},
+		{"binary with a zero-width space", "[bwrap]\nbinaries = [\"gi\\u200Bt\"]\n",
+			func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"gi\u200Bt"} },
+			v1alpha1.MsgBinaryPortable, "2:1"},
 	}
 	for _, c := range cases {
 		t.Run("rule/"+c.name, func(t *testing.T) {
