@@ -46,6 +46,9 @@ var _ = AfterSuite(func() {
 	if mgr != nil {
 		mgr.stop()
 	}
+	if env != nil {
+		Expect(bwrap.DetachTrees(filepath.Join(env.Dir, "state"))).To(Succeed())
+	}
 	env.Stop()
 })
 

@@ -143,8 +143,7 @@ func New(cfg Config) (*Runtime, error) {
 	if os.Geteuid() == 0 {
 		r.trees = cfg.TreesDir
 		if r.trees == "" {
-			sum := sha256.Sum256([]byte(filepath.Clean(cfg.StateDir)))
-			r.trees = filepath.Join(DefaultTreesDir, hex.EncodeToString(sum[:6]))
+			r.trees = defaultTrees(cfg.StateDir)
 		}
 		if err := mounttree.MakePrivate(filepath.Dir(r.trees)); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
@@ -674,6 +673,33 @@ func (r *Runtime) tree(in runtimes.Instance) mounttree.Tree {
 		}
 	}
 	return t
+}
+
+func defaultTrees(stateDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return filepath.Join(DefaultTreesDir, hex.EncodeToString(sum[:6]))
+}
+
+// DetachTrees detaches the mount trees of every instance a driver over
+// stateDir (with the default TreesDir) left, so that the areas can be
+// removed: an administrator retiring a node, or a test cleaning up. The
+// controller itself never calls it: a restarted controller adopts running
+// instances with their trees. Running commands keep their own copies.
+func DetachTrees(stateDir string) error {
+	dir := defaultTrees(stateDir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := mounttree.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return os.Remove(dir)
 }
 
 func (r *Runtime) treeLock(name string) *sync.Mutex {

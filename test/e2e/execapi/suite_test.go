@@ -82,6 +82,7 @@ var _ = AfterSuite(func() {
 		Expect(testEnv.Stop()).To(Succeed())
 	}
 	if env != nil {
+		Expect(bwrap.DetachTrees(filepath.Join(env.Dir, "bwrap"))).To(Succeed())
 		Expect(os.RemoveAll(env.Dir)).To(Succeed())
 	}
 })

@@ -3,10 +3,12 @@ package framework
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -19,6 +21,30 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
+
+// GiveToAgent hands dir to the agent's host identity (the owner of its
+// directory in the areas root, once the controller made it), as an
+// administrator gives an agent its project: the agent's commands and the
+// controller's host git both run as that identity, never as root. The
+// directories above dir, up to e.Dir, are opened for it to reach dir.
+func GiveToAgent(e *Env, dir, agent string) {
+	GinkgoHelper()
+	var fi os.FileInfo
+	Eventually(func() (err error) {
+		fi, err = os.Stat(filepath.Join(e.AreasRoot, agent))
+		return err
+	}, Timeout).Should(Succeed(), "the agent's directory records its identity")
+	st := fi.Sys().(*syscall.Stat_t)
+	Expect(filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(st.Uid), int(st.Gid))
+	})).To(Succeed())
+	for d := filepath.Dir(dir); strings.HasPrefix(d, e.Dir); d = filepath.Dir(d) {
+		Expect(os.Chmod(d, 0o755)).To(Succeed())
+	}
+}
 
 // WorktreeSuite is what the shared worktree specs need of a backend's suite.
 type WorktreeSuite struct {
@@ -98,6 +124,7 @@ func DescribeWorktrees(backend string, s WorktreeSuite) bool {
 			By("a claim without a worktree starts the sandbox")
 			Expect(e.Client.Create(ctx, claim("holder", false))).To(Succeed())
 			Eventually(e.SandboxStatus(ns, "gitty"), Timeout).Should(SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+			GiveToAgent(e, mountDir, agent)
 		})
 		AfterAll(func() {
 			if e == nil || ns == "" {
