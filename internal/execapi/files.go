@@ -229,7 +229,10 @@ func fileError(p string, err error) *apiError {
 	case errors.Is(err, fs.ErrNotExist):
 		return &apiError{code: http.StatusNotFound, msg: fmt.Sprintf("%s: %v", p, err)}
 	case errors.Is(err, areas.ErrInvalidPath), errors.Is(err, areas.ErrNoRoot),
-		errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY):
+		errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY),
+		// A name too long or a loop of links is the path the caller
+		// chose, not a fault of the server.
+		errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.ELOOP):
 		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s: %v", p, err)}
 	default:
 		return &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("%s: %v", p, err)}

@@ -88,6 +88,7 @@ func (a fakeAuthorizer) Authorize(_ context.Context, at authorizer.Attributes) (
 type fixture struct {
 	t       *testing.T
 	srv     *httptest.Server
+	api     *Server
 	rt      *fakeRuntime
 	reg     *prometheus.Registry
 	agent   string
@@ -154,6 +155,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.api = s
 	f.srv = httptest.NewTLSServer(s.Handler())
 	t.Cleanup(f.srv.Close)
 	return f
