@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -138,7 +139,40 @@ func bindGitDirs(ctx context.Context, cl *incusapi.Client, in runtimes.Instance,
 	if err := mountns.Eject(uint32(st.Pid), remove); err != nil {
 		return err
 	}
+	for _, b := range add {
+		if err := makeMountPoint(ctx, cl, in.Name, b.Target); err != nil {
+			return err
+		}
+	}
 	return mountns.Inject(uint32(st.Pid), in, add)
+}
+
+// makeMountPoint creates the missing directories of target inside the
+// running instance, as container root, through the file API. The
+// controller's own id (host root) is not mapped into the container, so it
+// cannot create them itself where the container's own file systems are
+// (its /tmp, an idmapped root): the kernel refuses an owner the file system
+// cannot represent (EOVERFLOW). Existing directories are left as they are.
+func makeMountPoint(ctx context.Context, cl *incusapi.Client, name, target string) error {
+	dir := "/"
+	missing := false
+	for _, part := range strings.Split(strings.Trim(path.Clean(target), "/"), "/") {
+		dir = path.Join(dir, part)
+		if !missing {
+			_, err := cl.StatFile(ctx, name, dir)
+			if err == nil {
+				continue
+			}
+			if !incusapi.IsNotFound(err) {
+				return fmt.Errorf("making the mount point %s: %w", target, err)
+			}
+			missing = true
+		}
+		if err := cl.MakeDir(ctx, name, dir, 0, 0, 0o755); err != nil {
+			return fmt.Errorf("making the mount point %s: %w", target, err)
+		}
+	}
+	return nil
 }
 
 func checkOwner(inst *incusapi.Instance, owner string) error {

@@ -142,6 +142,9 @@ var _ = Describe("Incus lifecycle", func() {
 		Expect(k8s.Create(ctx, newClaim(ns, "c", "mounts"))).To(Succeed())
 		Eventually(sandboxStatus(ns, "mounts"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		name := instanceOf(sb)
+		// The read-write mount is the agent's, as an administrator hands it
+		// a project; the read-only one stays root's, readable by anyone.
+		giveTo(sb, rw)
 
 		code, out := run(name, "cat /workspace/docs/readme")
 		Expect(code).To(Equal(0), out)
@@ -169,6 +172,7 @@ var _ = Describe("Incus lifecycle", func() {
 		Expect(k8s.Create(ctx, newClaim(ns, "c", "live"))).To(Succeed())
 		Eventually(sandboxStatus(ns, "live"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		name := instanceOf(sb)
+		giveTo(sb, extra)
 		created := inspect(name).CreatedAt
 		code, out := run(name, "cat /proc/1/stat")
 		Expect(code).To(Equal(0), out)
@@ -292,7 +296,7 @@ var _ = Describe("Incus failures", func() {
 		env.DeleteAndWait(sb)
 	})
 
-	It("says what a restricted project must permit: raw.idmap for the runtime's ids, then host-path disks", func() {
+	It("says what a restricted project must permit: raw.idmap for the agent's ids, then host-path disks", func() {
 		ns := env.NewNamespace()
 		project := "sbx-" + ns
 		createRestrictedProject(project)

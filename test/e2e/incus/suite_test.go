@@ -119,12 +119,18 @@ func instanceOf(sb *v1alpha1.Sandbox) string { return v1alpha1.InstanceName(sb.S
 
 // agentID is the host identity the controller gave the Sandbox's agent: the
 // owner of its directory under the areas root, which is the allocation's
-// record.
+// record (made at the first Ensure).
 func agentID(sb *v1alpha1.Sandbox) runtimes.Identity {
-	fi, err := os.Stat(filepath.Join(env.AreasRoot, sb.Spec.Agent))
-	ExpectWithOffset(1, err).NotTo(HaveOccurred())
-	st := fi.Sys().(*syscall.Stat_t)
-	ExpectWithOffset(1, st.Uid).NotTo(BeZero(), "the agent of %s was given host root", sb.Name)
+	// The directory is made first and given to the agent just after.
+	var st *syscall.Stat_t
+	EventuallyWithOffset(1, func() (uint32, error) {
+		fi, err := os.Stat(filepath.Join(env.AreasRoot, sb.Spec.Agent))
+		if err != nil {
+			return 0, err
+		}
+		st = fi.Sys().(*syscall.Stat_t)
+		return st.Uid, nil
+	}, timeout).ShouldNot(BeZero(), "the agent's directory records its identity, never host root")
 	return runtimes.Identity{UID: st.Uid, GID: st.Gid}
 }
 
