@@ -22,9 +22,9 @@ import (
 )
 
 // Exec runs one allowed command in the running container: argv through the
-// exec policy, the environment rebuilt by it, in /workspace as the
-// container's user. stdin, stdout and stderr are streamed; cancelling ctx
-// kills the command.
+// exec policy, the environment rebuilt by it, in /workspace as the agent's
+// own host identity (never root). stdin, stdout and stderr are streamed;
+// cancelling ctx kills the command.
 func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
 	const op = "running a command in"
 	if len(req.Env) > 0 {
