@@ -281,11 +281,30 @@ func (r *Runtime) restricted(op string, in runtimes.Instance, project string, er
 				"the project must permit them: incus project set %s restricted.devices.disk=allow restricted.devices.disk.paths=%s (daemon said: %v)",
 			project, project, strings.Join(hostPaths(in), ","), err)
 	case strings.Contains(msg, "idmap") && (strings.Contains(msg, "not allowed") || strings.Contains(msg, "subuid") || strings.Contains(msg, "subgid")):
-		return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
-			"the Incus server may not map the agent's host UID %d and GID %d into containers; "+
-				"root must be allowed to delegate the controller's agent id range: add it to root's entries in /etc/subuid and /etc/subgid, "+
-				"in pieces smaller than 65536 so Incus never takes it for the base map of its containers (hack/incus.sh does), and restart incusd (daemon said: %v)",
-			id.UID, id.GID, err)
+		return notDelegated(op, in, fmt.Sprintf("daemon said: %v", err))
+	}
+	return nil
+}
+
+// notDelegated says that the server may not map the agent's ids, and how an
+// administrator lets it.
+func notDelegated(op string, in runtimes.Instance, said string) error {
+	return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
+		"the Incus server may not map the agent's host UID %d and GID %d into containers; "+
+			"root must be allowed to delegate the controller's agent id range: add it to root's entries in /etc/subuid and /etc/subgid, "+
+			"in pieces smaller than 65536 so Incus never takes it for the base map of its containers (hack/incus.sh does), and restart incusd (%s)",
+		in.Identity.UID, in.Identity.GID, said)
+}
+
+// startRefusal reads why a start failed from the instance's LXC log: a
+// container whose raw.idmap names ids root may not delegate fails in
+// newuidmap or newgidmap, and the daemon's own answer says only that
+// forkstart exited. It is nil when the log says nothing known.
+func startRefusal(op string, in runtimes.Instance, log string) error {
+	for _, line := range strings.Split(log, "\n") {
+		if (strings.Contains(line, "newuidmap") || strings.Contains(line, "newgidmap")) && strings.Contains(line, "not allowed") {
+			return notDelegated(op, in, "LXC said: "+strings.TrimSpace(line))
+		}
 	}
 	return nil
 }

@@ -104,6 +104,11 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 
 	if !running {
 		if err := cl.SetState(ctx, in.Name, incusapi.InstanceStatePut{Action: "start"}); err != nil {
+			if log, lerr := cl.InstanceLog(ctx, in.Name, "lxc.log"); lerr == nil {
+				if re := startRefusal(op, in, string(log)); re != nil {
+					return runtimes.State{}, re
+				}
+			}
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
 		if inst.Config[KeyAccount] != accountMark(id) {

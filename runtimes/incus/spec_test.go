@@ -244,3 +244,31 @@ func TestCurrentProjectFromClientConfig(t *testing.T) {
 		})
 	}
 }
+
+func TestStartRefusalNamesTheDelegation(t *testing.T) {
+	in := runtimes.Instance{Name: "cireilclaw-a", Identity: runtimes.Identity{UID: 2000000005, GID: 2000000005}}
+	tests := []struct {
+		name, log string
+		refused   bool
+	}{
+		{"newuidmap refuses the agent's range", `lxc a 2026 ERROR    conf - ../src/lxc/conf.c:lxc_map_ids:3708 - newuidmap failed to write mapping "newuidmap: uid range [2000000005-2000000006) -> [2000000005-2000000006) not allowed": newuidmap 2093 0 1000000 1000000000 2000000005 2000000005 1
+lxc a 2026 ERROR    start - ../src/lxc/start.c:lxc_spawn:1788 - Failed to set up id mapping.`, true},
+		{"newgidmap refuses it", `ERROR conf - newgidmap failed to write mapping "newgidmap: gid range [2000000005-2000000006) -> [2000000005-2000000006) not allowed"`, true},
+		{"another failure", `ERROR start - Failed to spawn container "a"`, false},
+		{"no log", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := startRefusal("ensuring instance", in, tt.log)
+			if !tt.refused {
+				if err != nil {
+					t.Fatalf("refusal from an unrelated log: %v", err)
+				}
+				return
+			}
+			if runtimes.ReasonOf(err) != ReasonIdmapNotPermitted || !strings.Contains(err.Error(), "/etc/subuid") || !strings.Contains(err.Error(), "2000000005") {
+				t.Fatalf("got %v, want %s naming /etc/subuid and the agent's id", err, ReasonIdmapNotPermitted)
+			}
+		})
+	}
+}
