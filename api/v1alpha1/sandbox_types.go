@@ -115,6 +115,7 @@ type ContainerdSpec struct {
 	Image string `json:"image"`
 	// MemoryLimit caps the container's memory. The 64 MiB /tmp is a tmpfs
 	// and counts against it.
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="memoryLimit must be more than zero (leave it out for no limit)"
 	// +optional
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
 	// PidsLimit caps the number of processes in the container, from 1 to
@@ -124,6 +125,7 @@ type ContainerdSpec struct {
 	PidsLimit *int64 `json:"pidsLimit,omitempty"`
 	// RootfsSizeLimit is the size the container's writable layer may reach
 	// before OverlayHealthy turns False (reason UpperDirOverLimit).
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="rootfsSizeLimit must be more than zero (leave it out for no limit)"
 	// +optional
 	RootfsSizeLimit *resource.Quantity `json:"rootfsSizeLimit,omitempty"`
 }
@@ -148,6 +150,7 @@ type IncusSpec struct {
 	ShutdownOnExit *bool `json:"shutdownOnExit,omitempty"`
 	// RootSizeLimit is the size the instance's root volume may reach before
 	// OverlayHealthy turns False.
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="rootSizeLimit must be more than zero (leave it out for no limit)"
 	// +optional
 	RootSizeLimit *resource.Quantity `json:"rootSizeLimit,omitempty"`
 }

@@ -16,12 +16,11 @@ import (
 )
 
 // decodeRuleMessages are the CEL messages of validation_input.go; the
-// message test adds them to its set. MsgMemoryPositive, MsgRootfsPositive
-// and MsgRootPositive are Go rules only, like MsgMountSizePositive.
+// message test adds them to its set.
 var decodeRuleMessages = []string{
 	v1alpha1.MsgMountSourceDots, v1alpha1.MsgMountSourceChars, v1alpha1.MsgMountTargetChars,
 	v1alpha1.MsgBinaryPortable, v1alpha1.MsgIdleTimeoutFormat, v1alpha1.MsgIdleTimeoutRange,
-	v1alpha1.MsgPidsLimit,
+	v1alpha1.MsgPidsLimit, v1alpha1.MsgMemoryPositive, v1alpha1.MsgRootfsPositive, v1alpha1.MsgRootPositive,
 }
 
 // schemaNode is the part of an OpenAPI v3 schema the rules live in.
