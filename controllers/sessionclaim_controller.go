@@ -38,7 +38,7 @@ func (r *SessionClaimReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1alpha1.SessionClaim{}).
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf), builder.WithPredicates(sandboxChangesForClaims)).
 		Named("sessionclaim").
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.ClaimWorkers, 16)}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.ClaimWorkers, 16), ReconciliationTimeout: reconcileTimeout(r.ReconcileTimeout)}).
 		Complete(r)
 }
 

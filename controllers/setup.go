@@ -47,10 +47,28 @@ type Options struct {
 	// OrphanInterval is how often instances whose Sandbox is gone are
 	// looked for and deleted; zero means 5m.
 	OrphanInterval time.Duration
+	// GitTimeout bounds each host git call on a claim's repository; zero
+	// means worktree.DefaultGitTimeout (30s).
+	GitTimeout time.Duration
+	// ReconcileTimeout bounds one reconcile, so that nothing an agent
+	// plants can hold a worker for good; zero means DefaultReconcileTimeout.
+	ReconcileTimeout time.Duration
 	// SandboxWorkers and ClaimWorkers are how many Sandboxes and claims are
 	// reconciled at once (never one object twice at once); zero means 4
 	// and 16.
 	SandboxWorkers, ClaimWorkers int
+}
+
+// DefaultReconcileTimeout is the deadline of one reconcile: longer than a
+// host git call (30s) and an in-sandbox git command (2m) together, so
+// those fail with their own reasons and the status still gets written.
+const DefaultReconcileTimeout = 3 * time.Minute
+
+func reconcileTimeout(d time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return DefaultReconcileTimeout
 }
 
 func workers(n, def int) int {

@@ -65,7 +65,14 @@ func (r *SessionClaimReconciler) resolveRepo(c *v1alpha1.SessionClaim, sb *v1alp
 			return nil, fmt.Errorf("opening mount %s (%s): %w", m.Target, m.Source, err)
 		}
 		return &claimRepo{
-			repo:        worktree.Repo{Mount: root, Rel: strings.TrimPrefix(strings.TrimPrefix(want, m.Target), "/")},
+			repo: worktree.Repo{
+				Mount: root, Rel: strings.TrimPrefix(strings.TrimPrefix(want, m.Target), "/"),
+				// Host git runs as the agent: it can do to the repository no
+				// more than the agent can (zero means the package's fallback,
+				// never root).
+				As:         worktree.Identity{UID: in.Identity.UID, GID: in.Identity.GID},
+				GitTimeout: r.GitTimeout,
+			},
 			sandboxPath: want,
 			instance:    in,
 			rt:          rt,
@@ -86,8 +93,15 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		return ctrl.Result{}, nil
 	}
 	fail := func(err error) {
-		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, v1alpha1.ReasonWorktreeFailed, err.Error())
-		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonWorktreeFailed, "no worktree: "+err.Error())
+		// The worktree package's errors carry their own reason and words of
+		// the product's, never git's output.
+		reason := worktree.ReasonOf(err)
+		if reason == "" {
+			reason = v1alpha1.ReasonWorktreeFailed
+		}
+		msg := boundedMessage(err.Error())
+		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, reason, msg)
+		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, reason, "no worktree: "+msg)
 	}
 	cr, err := r.resolveRepo(c, sb)
 	if err != nil {
@@ -133,7 +147,8 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 	if !st.CheckedOut {
 		// Inside the sandbox, where the repository's own filters may run.
 		if _, stderr, err := r.git(ctx, cr, "-C", st.Path, "reset", "--hard", "--quiet"); err != nil {
-			fail(fmt.Errorf("checking out worktree %s inside the sandbox: %w: %s", st.Path, err, stderr))
+			logGitOutput(ctx, "checkout inside the sandbox failed", st.Path, err, stderr)
+			fail(fmt.Errorf("checking out worktree %s inside the sandbox: %w; the controller log has git's output", st.Path, err))
 			return ctrl.Result{}, err
 		}
 		st.CheckedOut = true
@@ -145,12 +160,37 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 	if h := worktree.Check(ctx, cr.repo, wt); h.Reason != worktree.ReasonHealthy {
 		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, h.Reason, h.Message)
 	} else if _, stderr, err := r.git(ctx, cr, "-C", st.Path, "rev-parse", "--verify", "HEAD"); err != nil {
+		logGitOutput(ctx, "probe inside the sandbox failed", st.Path, err, stderr)
 		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonProbeFailed,
-			fmt.Sprintf("git rev-parse inside the sandbox failed: %v: %s", err, strings.TrimSpace(stderr)))
+			boundedMessage(fmt.Sprintf("git rev-parse inside the sandbox failed: %v; the controller log has git's output", err)))
 	} else {
 		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, true, v1alpha1.ReasonHealthy, h.Message+"; git works inside the sandbox")
 	}
 	return ctrl.Result{RequeueAfter: r.healthInterval()}, nil
+}
+
+// maxGitLog bounds how much of git's output goes to the log.
+const maxGitLog = 4 << 10
+
+// logGitOutput logs what git printed, bounded: the agent decides what git
+// prints inside its sandbox, so it goes to the log and never into a
+// condition or an event.
+func logGitOutput(ctx context.Context, what, path string, err error, stderr string) {
+	if len(stderr) > maxGitLog {
+		stderr = stderr[:maxGitLog] + "…(truncated)"
+	}
+	log.FromContext(ctx).Info("worktree: "+what, "path", path, "error", err.Error(), "stderr", stderr)
+}
+
+// maxConditionMessage bounds a worktree condition's message: it may quote
+// paths and values from the agent's files.
+const maxConditionMessage = 1024
+
+func boundedMessage(s string) string {
+	if len(s) > maxConditionMessage {
+		return s[:maxConditionMessage] + "…"
+	}
+	return s
 }
 
 func describeRef(st *v1alpha1.WorktreeStatus) string {
@@ -191,7 +231,8 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 	if st.CheckedOut {
 		out, stderr, err := r.git(ctx, cr, "-C", st.Path, "status", "--porcelain", "--untracked-files=normal")
 		if err != nil {
-			keep(fmt.Sprintf("git status inside the sandbox failed: %v: %s", err, strings.TrimSpace(stderr)))
+			logGitOutput(ctx, "status inside the sandbox failed", st.Path, err, stderr)
+			keep(fmt.Sprintf("git status inside the sandbox failed: %v; the controller log has git's output", err))
 			return
 		}
 		dirty = strings.TrimSpace(out) != ""
@@ -219,8 +260,8 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 func (r *SessionClaimReconciler) git(ctx context.Context, cr *claimRepo, args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	var out, errb bytes.Buffer
-	st, err := cr.rt.Exec(ctx, cr.instance.Name, runtimes.ExecRequest{Argv: append([]string{"git"}, args...), Stdout: &out, Stderr: &errb})
+	out, errb := &cappedBuffer{max: maxGitStdout}, &cappedBuffer{max: maxGitLog}
+	st, err := cr.rt.Exec(ctx, cr.instance.Name, runtimes.ExecRequest{Argv: append([]string{"git"}, args...), Stdout: out, Stderr: errb})
 	if err != nil {
 		return out.String(), errb.String(), err
 	}
@@ -229,6 +270,26 @@ func (r *SessionClaimReconciler) git(ctx context.Context, cr *claimRepo, args ..
 	}
 	return out.String(), errb.String(), nil
 }
+
+// maxGitStdout bounds what the controller keeps of a git command's output
+// inside the sandbox: it only asks whether git status printed anything.
+const maxGitStdout = 64 << 10
+
+// cappedBuffer keeps the first max bytes written to it and drops the rest
+// while reporting them written, so the command runs to its end.
+type cappedBuffer struct {
+	max int
+	buf bytes.Buffer
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *cappedBuffer) String() string { return b.buf.String() }
 
 func (r *SessionClaimReconciler) healthInterval() time.Duration {
 	if r.HealthInterval > 0 {

@@ -2,8 +2,11 @@ package controllers_test
 
 import (
 	"bytes"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
@@ -28,6 +32,18 @@ func sandboxRun(agent string, argv ...string) (int, string, string) {
 	Expect(err).NotTo(HaveOccurred())
 	return st.Code, out.String(), errb.String()
 }
+
+// newRepo makes a repository with one commit on main at dir.
+func newRepo(dir string) {
+	GinkgoHelper()
+	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
+	framework.HostGit(dir, "init", "-q", "-b", "main")
+	Expect(os.WriteFile(filepath.Join(dir, "README"), []byte("hello\n"), 0o644)).To(Succeed())
+	framework.HostGit(dir, "add", "README")
+	framework.HostGit(dir, "commit", "-q", "-m", "first")
+}
+
+func giveToAgent(dir, agent string) { GinkgoHelper(); framework.GiveToAgent(env, dir, agent) }
 
 func claimWithWorktree(ns, name, sandbox, repo string) *v1alpha1.SessionClaim {
 	c := newClaim(ns, name, sandbox)
@@ -56,16 +72,13 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		ns = newNamespace()
 		mountDir = filepath.Join(env.Dir, "projects")
 		repo = filepath.Join(mountDir, "app")
-		Expect(os.MkdirAll(repo, 0o755)).To(Succeed())
-		framework.HostGit(repo, "init", "-q", "-b", "main")
-		Expect(os.WriteFile(filepath.Join(repo, "README"), []byte("hello\n"), 0o644)).To(Succeed())
-		framework.HostGit(repo, "add", "README")
-		framework.HostGit(repo, "commit", "-q", "-m", "first")
+		newRepo(repo)
 
 		sb := newSandbox(ns, "gitty", agent, time.Minute)
 		sb.Spec.Binaries = []v1alpha1.BinaryName{"git", "sh"}
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: mountDir, Target: "project", Mode: v1alpha1.MountReadWrite}}
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		giveToAgent(mountDir, agent)
 		Expect(k8s.Create(ctx, claimWithWorktree(ns, "s1", "gitty", "project/app"))).To(Succeed())
 		Eventually(claimStatus(ns, "s1"), timeout).Should(
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
@@ -119,6 +132,7 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		wtHost := filepath.Join(repo, ".worktrees", "rel")
 		Expect(os.WriteFile(filepath.Join(wtHost, ".git"), []byte("gitdir: ../../.git/worktrees/rel\n"), 0o644)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(repo, ".git", "worktrees", "rel", "gitdir"), []byte("../../../.worktrees/rel/.git\n"), 0o644)).To(Succeed())
+		giveToAgent(mountDir, agent)
 
 		c := newClaim(ns, "rel", "gitty")
 		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app", Ref: "rel"}
@@ -143,6 +157,109 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		Expect(framework.HostGit(repo, "log", "-1", "--format=%s", "rel")).To(Equal("through relative links"))
 		deleteAndWait(c)
 		Expect(wtHost).NotTo(BeADirectory(), "clean: removed")
+	})
+})
+
+// Issue 13's attacks on host git, through the controller: what an agent
+// plants in its repository's git directory is refused with a reason, leaks
+// nothing, and holds no worker.
+var _ = Describe("Host git on an agent's repository", Ordered, func() {
+	var ns, mountDir, repo, secret string
+	const agent = "hostile"
+
+	BeforeAll(func() {
+		testenv.Binary(GinkgoT(), "git", "install git (hack/install-deps.sh)")
+		ns = newNamespace()
+		mountDir = filepath.Join(env.Dir, ns, "projects")
+		repo = filepath.Join(mountDir, "app")
+		newRepo(repo)
+		// A root-only host file outside every mount, as /etc/shadow.
+		secretDir := filepath.Join(env.Dir, ns, "host")
+		Expect(os.MkdirAll(secretDir, 0o700)).To(Succeed())
+		secret = filepath.Join(secretDir, "shadow")
+		Expect(os.WriteFile(secret, []byte("root:TOPSECRET-5e1d:19000::::::\n"), 0o600)).To(Succeed())
+
+		sb := newSandbox(ns, "hostile", agent, time.Minute)
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"git", "sh"}
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: mountDir, Target: "project", Mode: v1alpha1.MountReadWrite}}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "holder", "hostile"))).To(Succeed())
+		giveToAgent(mountDir, agent)
+	})
+
+	It("refuses a repository whose config plants a smudge filter and whose alternates links to a root-only host file: nothing of that file shows, the claim says why", func() {
+		gitDir := filepath.Join(repo, ".git")
+		config, err := os.ReadFile(filepath.Join(gitDir, "config"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.WriteFile(filepath.Join(gitDir, "config"), append(config, []byte("[filter \"leak\"]\n\tsmudge = cat "+secret+"\n")...), 0o644)).To(Succeed())
+		Expect(os.MkdirAll(filepath.Join(gitDir, "info"), 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(gitDir, "info", "attributes"), []byte("* filter=leak\n"), 0o644)).To(Succeed())
+		Expect(os.Symlink(secret, filepath.Join(gitDir, "objects", "info", "alternates"))).To(Succeed())
+
+		c := claimWithWorktree(ns, "leak", "hostile", "project/app")
+		c.Spec.Worktree.Ref = "main"
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		var got v1alpha1.SessionClaim
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "leak"}, &got)).To(Succeed())
+			ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionWorktreeReady)
+			g.Expect(ready).NotTo(BeNil())
+			g.Expect(ready.Reason).To(Equal(worktree.ReasonUnsafeRepository))
+			g.Expect(ready.Message).To(ContainSubstring("alternates"))
+			for _, cond := range got.Status.Conditions {
+				g.Expect(cond.Message).NotTo(ContainSubstring("TOPSECRET"), cond.Type)
+				g.Expect(len(cond.Message)).To(BeNumerically("<=", 2048), cond.Type)
+			}
+		}, timeout).Should(Succeed())
+		Expect(filepath.WalkDir(mountDir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(string(b)).NotTo(ContainSubstring("TOPSECRET"), p)
+			return nil
+		})).To(Succeed())
+		code, out, _ := sandboxRun(agent, "sh", "-c", "cat /workspace/project/app/.worktrees/*/* 2>/dev/null; cat "+secret+" 2>/dev/null")
+		Expect(out).NotTo(ContainSubstring("TOPSECRET"), "exit %d", code)
+
+		deleteAndWait(&got)
+		Expect(os.Remove(filepath.Join(gitDir, "objects", "info", "alternates"))).To(Succeed())
+		Expect(os.Remove(filepath.Join(gitDir, "info", "attributes"))).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(gitDir, "config"), config, 0o644)).To(Succeed())
+	})
+
+	It("keeps reconciling other claims while more claims than there are claim workers are poisoned with FIFOs", func() {
+		// The suite's manager runs the default 16 claim workers.
+		const poisoned = 17
+		for i := range poisoned {
+			name := fmt.Sprintf("p%d", i)
+			framework.HostGit(repo, "worktree", "add", "-q", "--no-checkout", "-b", name, filepath.Join(repo, ".worktrees", name))
+		}
+		// Planted once all are added: git worktree add reads the other
+		// worktrees' HEADs, so the test's own git would block too.
+		for i := range poisoned {
+			head := filepath.Join(repo, ".git", "worktrees", fmt.Sprintf("p%d", i), "HEAD")
+			Expect(os.Remove(head)).To(Succeed())
+			Expect(syscall.Mkfifo(head, 0o644)).To(Succeed())
+		}
+		// Another repository of the same agent: host git refuses the
+		// poisoned one as a whole (worktree add reads every worktree's
+		// HEAD), but nothing there may hold this one up.
+		newRepo(filepath.Join(mountDir, "clean"))
+		giveToAgent(mountDir, agent)
+		for i := range poisoned {
+			c := claimWithWorktree(ns, fmt.Sprintf("p%d", i), "hostile", "project/app")
+			c.Spec.Worktree.CreateBranch = false
+			Expect(k8s.Create(ctx, c)).To(Succeed())
+		}
+		Expect(k8s.Create(ctx, claimWithWorktree(ns, "healthy", "hostile", "project/clean"))).To(Succeed())
+		Eventually(claimStatus(ns, "healthy"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)))
+		for i := range poisoned {
+			Eventually(claimStatus(ns, fmt.Sprintf("p%d", i)), timeout).Should(
+				HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionFalse, worktree.ReasonUnsafeRepository)))
+		}
 	})
 })
 

@@ -155,8 +155,12 @@ func TestFIFOsInTheGitDirectoryAreRefused(t *testing.T) {
 		{"worktrees/<name>/commondir", func(repo worktree.Repo, wt worktree.Worktree) string {
 			return filepath.Join(repo.GitCommonDir(), "worktrees", wt.Name, "commondir")
 		}},
-		{"HEAD", func(repo worktree.Repo, _ worktree.Worktree) string { return filepath.Join(repo.GitCommonDir(), "HEAD") }},
-		{"config", func(repo worktree.Repo, _ worktree.Worktree) string { return filepath.Join(repo.GitCommonDir(), "config") }},
+		{"HEAD", func(repo worktree.Repo, _ worktree.Worktree) string {
+			return filepath.Join(repo.GitCommonDir(), "HEAD")
+		}},
+		{"config", func(repo worktree.Repo, _ worktree.Worktree) string {
+			return filepath.Join(repo.GitCommonDir(), "config")
+		}},
 		{"the worktree's .git file", func(_ worktree.Repo, wt worktree.Worktree) string { return filepath.Join(wt.HostPath, ".git") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -231,7 +235,9 @@ func TestOversizedGitFilesAreRefusedWithinTheirLimit(t *testing.T) {
 		{"worktrees/<name>/locked", func(repo worktree.Repo, wt worktree.Worktree) string {
 			return filepath.Join(repo.GitCommonDir(), "worktrees", wt.Name, "locked")
 		}, func(repo worktree.Repo, wt worktree.Worktree) string { return worktree.Check(ctx, repo, wt).Message }},
-		{".git/config", func(repo worktree.Repo, _ worktree.Worktree) string { return filepath.Join(repo.GitCommonDir(), "config") },
+		{".git/config", func(repo worktree.Repo, _ worktree.Worktree) string {
+			return filepath.Join(repo.GitCommonDir(), "config")
+		},
 			func(repo worktree.Repo, _ worktree.Worktree) string {
 				_, err := worktree.Add(ctx, repo, worktree.Spec{Name: "other", CreateBranch: true})
 				if err == nil {

@@ -139,8 +139,29 @@ func checkGitDir(repo Repo) error {
 			return err
 		}
 	}
+	// git worktree add reads every worktree's HEAD (a branch may be checked
+	// out once only), so one poisoned worktree poisons the repository.
+	admins, err := repo.Mount.List(path.Join(gitDir, "worktrees"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return unsafeRepo("listing %s/.git/worktrees: %v", repo.HostPath(), err)
+	}
+	if len(admins) > maxWorktrees {
+		return unsafeRepo("%s/.git/worktrees has %d entries; the controller checks at most %d worktrees of a repository", repo.HostPath(), len(admins), maxWorktrees)
+	}
+	for _, a := range admins {
+		if a.Type != areas.TypeDir {
+			return unsafeRepo("%s/.git/worktrees/%s is a %s, not a directory", repo.HostPath(), a.Name, a.Type)
+		}
+		if err := checkAdminDir(repo, a.Name); err != nil {
+			return err
+		}
+	}
 	return nil
 }
+
+// maxWorktrees bounds how many worktrees of one repository the check
+// reads before host git runs.
+const maxWorktrees = 1024
 
 // checkAdminDir refuses a worktree's administrative directory
 // (.git/worktrees/<name>) holding anything but regular files and

@@ -154,10 +154,15 @@ func Add(ctx context.Context, repo Repo, spec Spec) (Worktree, error) {
 	}
 	if _, err := repo.Mount.Lstat(wt.Rel); err == nil {
 		// Already added. A lock or an unresolvable HEAD is the health
-		// check's to report; only broken links make it someone else's.
+		// check's to report; broken links make it someone else's, and a
+		// git directory host git must not read (or that held it up) is
+		// no worktree to check out inside the sandbox either, where git
+		// would read the same files.
 		switch h := Check(ctx, repo, wt); h.Reason {
 		case ReasonGitdirMissing, ReasonGitdirMismatch, ReasonWorktreePrunable:
 			return wt, fmt.Errorf("adding worktree %s: %s exists but is not a worktree of %s: %s", spec.Name, wt.HostPath, repo.HostPath(), h.Message)
+		case ReasonUnsafeRepository, ReasonGitTimedOut:
+			return wt, &Error{Reason: h.Reason, Message: fmt.Sprintf("adding worktree %s: %s", spec.Name, h.Message)}
 		}
 		if full, err := describe(ctx, repo, wt); err == nil {
 			return full, nil

@@ -60,7 +60,8 @@ type WorktreeSuite struct {
 // trimmed output.
 func HostGit(dir string, args ...string) string {
 	GinkgoHelper()
-	cmd := exec.Command("git", append([]string{"-C", dir}, args...)...)
+	// The repositories belong to the agents (GiveToAgent), not to root.
+	cmd := exec.Command("git", append([]string{"-c", "safe.directory=*", "-C", dir}, args...)...)
 	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=host", "GIT_AUTHOR_EMAIL=host@example.com", "GIT_COMMITTER_NAME=host", "GIT_COMMITTER_EMAIL=host@example.com")
 	out, err := cmd.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "git %v: %s", args, out)
@@ -173,6 +174,9 @@ func DescribeWorktrees(backend string, s WorktreeSuite) bool {
 		It("leaves the repository's other worktrees alone when git gc runs inside", func() {
 			other := filepath.Join(e.Dir, ns, "elsewhere", "other-wt")
 			HostGit(repo, "worktree", "add", "-q", "-b", "other", other)
+			// Added by root on the host: the agent's git inside must lock
+			// its refs as it would for a worktree the agent added.
+			GiveToAgent(e, repo, agent)
 			admin := filepath.Join(repo, ".git", "worktrees", "other-wt")
 			entries, err := os.ReadDir(admin)
 			Expect(err).NotTo(HaveOccurred())
@@ -196,6 +200,10 @@ func DescribeWorktrees(backend string, s WorktreeSuite) bool {
 			c := NewClaim(ns, "first", "gitty-cold")
 			c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app", CreateBranch: true}
 			Expect(e.Client.Create(ctx, c)).To(Succeed())
+			// Another agent: the project is handed to it for this spec
+			// and back afterwards.
+			GiveToAgent(e, mountDir, agent+"-cold")
+			DeferCleanup(func() { GiveToAgent(e, mountDir, agent) })
 			Eventually(e.ClaimStatus(ns, "first"), Timeout).Should(And(
 				HaveField("Conditions", HaveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)),
 				HaveField("Conditions", HaveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)),
