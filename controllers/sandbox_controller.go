@@ -54,7 +54,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// that one goes.
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sameAgent)).
 		Named("sandbox").
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.SandboxWorkers, 4)}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.SandboxWorkers, 4), ReconciliationTimeout: sandboxReconcileTimeout(r.SandboxReconcileTimeout)}).
 		Complete(r)
 }
 

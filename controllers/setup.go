@@ -50,9 +50,13 @@ type Options struct {
 	// GitTimeout bounds each host git call on a claim's repository; zero
 	// means worktree.DefaultGitTimeout (30s).
 	GitTimeout time.Duration
-	// ReconcileTimeout bounds one reconcile, so that nothing an agent
-	// plants can hold a worker for good; zero means DefaultReconcileTimeout.
+	// ReconcileTimeout bounds one claim reconcile, so that nothing an
+	// agent plants can hold a worker for good; zero means
+	// DefaultReconcileTimeout.
 	ReconcileTimeout time.Duration
+	// SandboxReconcileTimeout bounds one Sandbox reconcile, runtime calls
+	// included; zero means DefaultSandboxReconcileTimeout.
+	SandboxReconcileTimeout time.Duration
 	// SandboxWorkers and ClaimWorkers are how many Sandboxes and claims are
 	// reconciled at once (never one object twice at once); zero means 4
 	// and 16.
@@ -69,6 +73,19 @@ func reconcileTimeout(d time.Duration) time.Duration {
 		return d
 	}
 	return DefaultReconcileTimeout
+}
+
+// DefaultSandboxReconcileTimeout is the deadline of one Sandbox reconcile.
+// It is longer than a claim's: a first Ensure may pull an image or create
+// an Incus container, which takes minutes on a cold host, and a deadline
+// that cut it short every time would never let it finish.
+const DefaultSandboxReconcileTimeout = 10 * time.Minute
+
+func sandboxReconcileTimeout(d time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return DefaultSandboxReconcileTimeout
 }
 
 func workers(n, def int) int {
