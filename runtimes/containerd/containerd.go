@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -73,6 +74,11 @@ type Config struct {
 	// root; empty means /proc. The controller must share containerd's view
 	// of the host's file system for overlay health to mean anything.
 	ProcDir string
+	// TreesDir holds the instances' mount trees (trees.go), which runc
+	// binds the areas from: the controller must share containerd's mount
+	// namespace. Empty means DefaultTreesDir named after Address and
+	// Namespace.
+	TreesDir string
 }
 
 // Runtime is the containerd driver.
@@ -81,6 +87,11 @@ type Runtime struct {
 
 	mu     sync.Mutex
 	client *containerd.Client
+
+	// treesMu serialises building and removing mount trees; treesPrivate
+	// says TreesDir has been made a private mount.
+	treesMu      sync.Mutex
+	treesPrivate bool
 }
 
 var _ runtimes.Runtime = (*Runtime)(nil)
@@ -114,6 +125,12 @@ func New(_ context.Context, cfg Config) (*Runtime, error) {
 	}
 	if cfg.ProcDir == "" {
 		cfg.ProcDir = "/proc"
+	}
+	if cfg.TreesDir == "" {
+		cfg.TreesDir = defaultTrees(cfg.Address, cfg.Namespace)
+	}
+	if !filepath.IsAbs(cfg.TreesDir) {
+		return nil, fmt.Errorf("containerd driver: mount tree directory %q must be an absolute path", cfg.TreesDir)
 	}
 	return &Runtime{cfg: cfg}, nil
 }

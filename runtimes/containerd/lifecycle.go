@@ -121,6 +121,11 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	}
 
 	if !running {
+		// The areas come from a tree built now, for this configuration,
+		// with every mount at its destination (trees.go).
+		if err := r.buildTree(in); err != nil {
+			return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
+		}
 		if task, err = r.start(ctx, c, cont, task, in, !created); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
@@ -303,8 +308,9 @@ func (r *Runtime) restoreSnapshot(ctx context.Context, c *containerd.Client, con
 	return cont.Update(ctx, containerd.UpdateContainerOpts(containerd.WithNewSnapshot(info.SnapshotKey, img)))
 }
 
-// Stop kills the task, waits for it to exit and deletes it. The container
-// and its snapshot stay, so the next start finds its root as it was.
+// Stop kills the task, waits for it to exit and deletes it, then removes
+// its mount trees. The container and its snapshot stay, so the next start
+// finds its root as it was.
 func (r *Runtime) Stop(ctx context.Context, name string) error {
 	const op = "stopping container"
 	ctx, c, err := r.connect(ctx, op, name)
@@ -327,6 +333,11 @@ func (r *Runtime) Stop(ctx context.Context, name string) error {
 			return r.fail(op, name, err)
 		}
 	}
+	// The trees go before the overlays: a tree holds a clone of each
+	// merged view, and the next start mounts the overlay afresh.
+	if err := r.removeTrees(name); err != nil {
+		return r.fail(op, name, err)
+	}
 	if info, err := cont.Info(ctx, containerd.WithoutRefreshedMetadata); err == nil {
 		unmountOverlays(info)
 	}
@@ -342,8 +353,9 @@ func unmountOverlays(info containers.Container) {
 	}
 }
 
-// Delete removes the task, the container and its snapshot. It refuses a
-// container the controller did not make; the host areas are never touched.
+// Delete removes the task, the container, its snapshot and its mount
+// trees. It refuses a container the controller did not make; the host
+// areas are never touched.
 func (r *Runtime) Delete(ctx context.Context, name string) error {
 	const op = "deleting container"
 	ctx, c, err := r.connect(ctx, op, name)
@@ -352,6 +364,10 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 	}
 	cont, err := c.LoadContainer(ctx, name)
 	if errdefs.IsNotFound(err) {
+		// Trees a start left before its container went are ours alone.
+		if err := r.removeTrees(name); err != nil {
+			return r.fail(op, name, err)
+		}
 		return nil
 	}
 	if err != nil {
@@ -369,6 +385,9 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 		return r.fail(op, name, err)
 	}
 	if err := r.remove(ctx, cont, task); err != nil {
+		return r.fail(op, name, err)
+	}
+	if err := r.removeTrees(name); err != nil {
 		return r.fail(op, name, err)
 	}
 	unmountOverlays(info)

@@ -101,7 +101,7 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 		// spec lists (runc sets them after switching user): list none.
 		oci.WithCapabilities(nil),
 		oci.WithAmbientCapabilities(nil),
-		oci.WithMounts(Mounts(in)),
+		oci.WithMounts(Mounts(in, func(target string) string { return r.AreaSource(in.Name, target) })),
 	}
 	if l := memoryLimit(in); l > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(l)))
@@ -133,28 +133,27 @@ func agentUser(in runtimes.Instance) (specs.User, error) {
 }
 
 // Mounts are the container's mounts beyond containerd's defaults: /tmp,
-// then the standard areas, then the custom mounts below /workspace
-// (Describe sorts them, so a parent is mounted before anything inside it),
-// and udev's database read-only when devices are exposed. The git
-// directories of worktrees are not among them: they are bound after the
-// task starts, from handles (runtimes/mountns).
-func Mounts(in runtimes.Instance) []specs.Mount {
+// then each standard area in one recursive bind from areaSource(target),
+// its mount tree (trees.go), which holds the custom mounts beneath the
+// workspace already, and udev's database read-only when devices are
+// exposed. No bind lands inside an area: runc would resolve such a
+// destination through directories the agent writes. The binds are
+// rprivate, so detaching a host tree never reaches a running container's
+// copy. The git directories of worktrees are not among them: they are
+// bound after the task starts, from handles (runtimes/mountns).
+func Mounts(in runtimes.Instance, areaSource func(target string) string) []specs.Mount {
 	out := []specs.Mount{{
 		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 		Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", TmpSize)},
 	}}
-	for _, b := range append(append([]runtimes.Bind{}, in.Areas...), in.Mounts...) {
-		if b.GitDir {
-			// Bound after the task starts, from a handle (runtimes/mountns).
-			continue
-		}
+	for _, b := range in.Areas {
 		mode := "rw"
 		if b.ReadOnly {
 			mode = "ro"
 		}
 		out = append(out, specs.Mount{
-			Destination: b.Target, Type: "bind", Source: b.Source,
-			Options: []string{"rbind", "nosuid", "nodev", mode},
+			Destination: b.Target, Type: "bind", Source: areaSource(b.Target),
+			Options: []string{"rbind", "rprivate", "nosuid", "nodev", mode},
 		})
 	}
 	if in.Devices.USB || in.Devices.All {

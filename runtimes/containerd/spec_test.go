@@ -109,32 +109,50 @@ func TestDiffAgainstAnUnreadableRecordRestarts(t *testing.T) {
 	}
 }
 
+// Every area comes from its mount tree in one recursive bind; no bind
+// lands inside an area, where runc would resolve the destination through
+// the agent's directories.
 func TestMounts(t *testing.T) {
 	in := describe(t, nil)
-	got := Mounts(in)
+	got := Mounts(in, func(target string) string { return "/trees/x/current" + target })
 	var dests []string
 	for _, m := range got {
 		dests = append(dests, m.Destination)
 	}
-	want := []string{"/tmp", "/workspace", "/memories", "/blocks", "/skills", "/tasks", "/workspace/project"}
+	want := []string{"/tmp", "/workspace", "/memories", "/blocks", "/skills", "/tasks"}
 	if !slices.Equal(dests, want) {
 		t.Fatalf("mount destinations = %q, want %q", dests, want)
 	}
 	for _, m := range got {
 		switch m.Destination {
 		case "/blocks":
-			if !slices.Contains(m.Options, "ro") || m.Source != "/areas/alice/blocks" {
-				t.Errorf("/blocks = %+v, want a read-only bind of /areas/alice/blocks", m)
+			if !slices.Contains(m.Options, "ro") || m.Source != "/trees/x/current/blocks" {
+				t.Errorf("/blocks = %+v, want a read-only bind of its tree /trees/x/current/blocks", m)
 			}
-		case "/workspace/project", "/workspace":
-			if !slices.Contains(m.Options, "rw") || m.Type != "bind" {
-				t.Errorf("%s = %+v, want a read-write bind", m.Destination, m)
+		case "/workspace":
+			if !slices.Contains(m.Options, "rw") || !slices.Contains(m.Options, "rbind") || !slices.Contains(m.Options, "rprivate") ||
+				m.Type != "bind" || m.Source != "/trees/x/current/workspace" {
+				t.Errorf("%s = %+v, want a recursive private read-write bind of its tree", m.Destination, m)
 			}
 		case "/tmp":
 			if m.Type != "tmpfs" || !slices.Contains(m.Options, "size=67108864") {
 				t.Errorf("/tmp = %+v, want a 64 MiB tmpfs", m)
 			}
 		}
+	}
+}
+
+// The custom mounts are in the workspace's tree, beneath it, and the git
+// directory binds are not (they are bound into the running task).
+func TestTreeHoldsTheCustomMountsBeneathTheWorkspace(t *testing.T) {
+	in := describe(t, nil)
+	in.Mounts = append(in.Mounts, runtimes.Bind{Source: "/projects/app/.git", Target: "/workspace/project/.git", GitDir: true})
+	tr := tree(in)
+	if tr.Workspace != "workspace" || len(tr.Areas) != len(in.Areas) {
+		t.Fatalf("tree = %+v, want every area with the workspace named", tr)
+	}
+	if len(tr.Binds) != 1 || tr.Binds[0].Rel != "project" || tr.Owner != in.Identity.UID {
+		t.Fatalf("tree binds = %+v, want only project, owned by the agent", tr.Binds)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -44,7 +45,7 @@ func Inject(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
 		if err != nil {
 			continue
 		}
-		err = injectBind(pid, dir, b)
+		err = injectBind(pid, dir, b, in.Identity.UID)
 		dir.Close()
 		if err != nil {
 			return fmt.Errorf("binding %s at %s inside the container: %w", b.Source, b.Target, err)
@@ -53,7 +54,7 @@ func Inject(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
 	return nil
 }
 
-func injectBind(pid uint32, dir *os.File, b runtimes.Bind) error {
+func injectBind(pid uint32, dir *os.File, b runtimes.Bind, owner uint32) error {
 	tree, err := unix.OpenTree(int(dir.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
 		return fmt.Errorf("cloning %s: %w", b.Source, err)
@@ -68,12 +69,64 @@ func injectBind(pid uint32, dir *os.File, b runtimes.Bind) error {
 		return fmt.Errorf("setting mount options: %w", err)
 	}
 	return inMountNamespace(pid, func() error {
-		// Inside the container: its root, its directories.
-		if err := os.MkdirAll(b.Target, 0o755); err != nil {
+		// Inside the container: its root, its directories, which the
+		// agent writes. The target is made and opened without following
+		// a link, and the clone attached to that descriptor.
+		dest, err := openTarget(b.Target, true, owner)
+		if err != nil {
 			return err
 		}
-		return unix.MoveMount(tree, "", unix.AT_FDCWD, b.Target, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		defer unix.Close(dest)
+		return unix.MoveMount(tree, "", dest, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
 	})
+}
+
+// ErrLinkInPath reports a target whose path inside the container holds a
+// symbolic link or something other than a directory: the agent put it
+// there, and it is not followed.
+var ErrLinkInPath = errors.New("a component is a symbolic link or not a directory (placed there from inside the sandbox?); it is not followed")
+
+// resolveNoLinks refuses every symbolic link and any escape from the root.
+const resolveNoLinks = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// openTarget opens the directory target, an absolute path in the mount
+// namespace the calling thread is in, one component at a time beneath its
+// root, never following a link; with create, a missing component is made
+// (owned by owner when it is not 0). An O_PATH descriptor is returned.
+func openTarget(target string, create bool, owner uint32) (int, error) {
+	cur, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening the container's root: %w", err)
+	}
+	for _, c := range strings.Split(strings.Trim(filepath.Clean(target), "/"), "/") {
+		if c == "" || c == "." || c == ".." {
+			unix.Close(cur)
+			return -1, fmt.Errorf("target %s: component %q is not allowed", target, c)
+		}
+		if create {
+			if err := unix.Mkdirat(cur, c, 0o755); err == nil {
+				if owner != 0 {
+					if err := unix.Fchownat(cur, c, int(owner), int(owner), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+						unix.Close(cur)
+						return -1, fmt.Errorf("target %s: giving %s to the agent: %w", target, c, err)
+					}
+				}
+			} else if !errors.Is(err, unix.EEXIST) {
+				unix.Close(cur)
+				return -1, fmt.Errorf("target %s: creating %s: %w", target, c, err)
+			}
+		}
+		next, err := unix.Openat2(cur, c, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveNoLinks})
+		unix.Close(cur)
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV) {
+			return -1, fmt.Errorf("target %s: %s: %w", target, c, ErrLinkInPath)
+		}
+		if err != nil {
+			return -1, fmt.Errorf("target %s: opening %s: %w", target, c, err)
+		}
+		cur = next
+	}
+	return cur, nil
 }
 
 // Eject unmounts each target inside the mount namespace of pid; one
@@ -87,12 +140,30 @@ func Eject(pid uint32, binds []runtimes.Bind) error {
 		if !mounted {
 			continue
 		}
-		err = inMountNamespace(pid, func() error { return unix.Unmount(b.Target, unix.MNT_DETACH) })
+		err = inMountNamespace(pid, func() error { return unmountTarget(b.Target) })
 		if err != nil {
 			return fmt.Errorf("unbinding %s inside the container: %w", b.Target, err)
 		}
 	}
 	return nil
+}
+
+// unmountTarget detaches the mount at target, reached without following a
+// link: an agent that swapped a directory on its path for a link would
+// otherwise have the controller unmount whatever the link leads to (a
+// mount that hides part of /proc, say). The thread's working directory is
+// moved to the target's parent, opened beneath the root; the last
+// component is unmounted relative to it, not followed.
+func unmountTarget(target string) error {
+	parent, err := openTarget(filepath.Dir(target), false, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(parent)
+	if err := unix.Fchdir(parent); err != nil {
+		return fmt.Errorf("target %s: entering its directory: %w", target, err)
+	}
+	return unix.Unmount(filepath.Base(target), unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 }
 
 // inMountNamespace runs fn on a thread of its own that has joined the

@@ -1,6 +1,7 @@
 package mountns
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -94,4 +95,68 @@ func TestInjectAndEjectInAnotherMountNamespace(t *testing.T) {
 	if now, _ := os.Readlink("/proc/self/ns/mnt"); now != controllerMountNS {
 		t.Fatalf("the main thread is left in mount namespace %s, not the process's own %s", now, controllerMountNS)
 	}
+}
+
+// The agent replaces a directory on a git directory's target path with a
+// link: the bind is refused rather than landing where the link leads, and
+// an unbind through a link leaves the mount the link leads to alone.
+func TestTargetsAreNeverReachedThroughLinks(t *testing.T) {
+	pid := otherMountNamespace(t)
+	projects := t.TempDir()
+	gitDir := filepath.Join(projects, "app", ".git")
+	if err := os.MkdirAll(gitDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	in := runtimes.Instance{Mounts: []runtimes.Bind{{Source: projects, Target: "/workspace/project"}}}
+	base := t.TempDir()
+	elsewhere := filepath.Join(base, "elsewhere")
+	if err := os.MkdirAll(elsewhere, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("a link on the target's path is refused", func(t *testing.T) {
+		if err := os.Symlink(elsewhere, filepath.Join(base, "linked")); err != nil {
+			t.Fatal(err)
+		}
+		bind := runtimes.Bind{Source: gitDir, Target: filepath.Join(base, "linked", ".git"), GitDir: true}
+		err := Inject(pid, in, []runtimes.Bind{bind})
+		if !errors.Is(err, ErrLinkInPath) {
+			t.Fatalf("Inject through a link = %v, want ErrLinkInPath", err)
+		}
+		if ok, _ := MountedIn(pid, filepath.Join(elsewhere, ".git")); ok {
+			t.Fatal("the bind landed where the link leads")
+		}
+		if _, err := os.Lstat(filepath.Join(elsewhere, ".git")); err == nil {
+			t.Fatal("a directory was made where the link leads")
+		}
+	})
+
+	t.Run("an unbind through a link is refused", func(t *testing.T) {
+		real := filepath.Join(base, "real")
+		bind := runtimes.Bind{Source: gitDir, Target: filepath.Join(real, ".git"), GitDir: true}
+		if err := Inject(pid, in, []runtimes.Bind{bind}); err != nil {
+			t.Fatal(err)
+		}
+		moved := filepath.Join(base, "moved")
+		if err := os.Rename(real, moved); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(moved, real); err != nil {
+			t.Fatal(err)
+		}
+		// The mount went with its directory; the target's path is a link
+		// to it now.
+		if ok, _ := MountedIn(pid, filepath.Join(moved, ".git")); !ok {
+			t.Fatal("the mount did not move with its directory")
+		}
+		// Eject checks the target is mounted first; the agent swaps the
+		// link in between. The unbind itself is what must not follow it.
+		err := inMountNamespace(pid, func() error { return unmountTarget(bind.Target) })
+		if !errors.Is(err, ErrLinkInPath) {
+			t.Fatalf("unbinding through a link = %v, want ErrLinkInPath", err)
+		}
+		if ok, _ := MountedIn(pid, filepath.Join(moved, ".git")); !ok {
+			t.Fatal("the unbind followed the link and detached the mount it leads to")
+		}
+	})
 }
