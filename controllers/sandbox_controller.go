@@ -264,9 +264,18 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 	sb := s.sb
 	now := r.Now()
 	var res ctrl.Result
-	if s.state.Overlay != nil {
-		// Overlay health changes without any event we could watch.
+	if s.state.Overlay != nil || (s.state.Running && hasCustomMounts(s.instance)) {
+		// Overlay health and mount sources change without any event we
+		// could watch.
 		res.RequeueAfter = r.healthInterval()
+	}
+	// A command binds every mount source, so an instance whose source is
+	// gone is not Ready whatever the runtime says. Only checked while the
+	// instance is wanted or running: a stopped Sandbox without claims
+	// needs nothing from its sources yet.
+	var mountErr error
+	if s.live > 0 || s.state.Running {
+		mountErr = runtimes.CheckMountSources(s.instance)
 	}
 	defer r.reportOverlay(s)
 	defer func() {
@@ -280,6 +289,9 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 	switch {
 	case s.live > 0:
 		sb.Status.IdleSince = nil
+		if mountErr != nil {
+			return r.mountSourceMissing(ctx, s, mountErr, res), nil
+		}
 		if err := r.ensure(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -300,6 +312,9 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 
 	case sb.Spec.KeepRunning:
 		sb.Status.IdleSince = nil
+		if mountErr != nil {
+			return r.mountSourceMissing(ctx, s, mountErr, res), nil
+		}
 		if err := r.ensure(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -310,8 +325,12 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 		return res, nil
 	}
 
-	if err := r.ensure(ctx, s); err != nil {
-		return ctrl.Result{}, err
+	// Idle: the stop still comes on time when a mount source is gone;
+	// only applying a changed spec waits for the source.
+	if mountErr == nil {
+		if err := r.ensure(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if s.state.RestartRequired != "" {
 		// Nothing holds the instance, so a change it cannot take live is
@@ -330,13 +349,48 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 	}
 	stopAt := sb.Status.IdleSince.Add(idleTimeout(sb))
 	if now.Before(stopAt) {
-		r.ready(s, true, v1alpha1.ReasonIdle, fmt.Sprintf("no claims: instance %s stops at %s unless a SessionClaim binds", s.instance.Name, stopAt.UTC().Format(time.RFC3339)))
+		if mountErr != nil {
+			res = r.mountSourceMissing(ctx, s, mountErr, res)
+		} else {
+			r.ready(s, true, v1alpha1.ReasonIdle, fmt.Sprintf("no claims: instance %s stops at %s unless a SessionClaim binds", s.instance.Name, stopAt.UTC().Format(time.RFC3339)))
+		}
 		if wait := stopAt.Sub(now); res.RequeueAfter == 0 || wait < res.RequeueAfter {
 			res.RequeueAfter = wait
 		}
 		return res, nil
 	}
 	return res, r.stopIdle(ctx, s, fmt.Sprintf("%s without claims", idleTimeout(sb)))
+}
+
+// mountSourceMissing reports a mount source that keeps commands from
+// running and checks again soon: nothing announces that a host directory
+// came back, and Ready must return without anyone touching the Sandbox.
+func (r *SandboxReconciler) mountSourceMissing(ctx context.Context, s *sandboxScope, err error, res ctrl.Result) ctrl.Result {
+	msg := err.Error()
+	if c := findCondition(s.sb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != v1alpha1.ReasonMountSourceMissing {
+		r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonMountSourceMissing, msg)
+		log.FromContext(ctx).Info("mount source missing; the Sandbox is not Ready until it is back", "problem", msg)
+	}
+	r.notReady(s, v1alpha1.ReasonMountSourceMissing, msg)
+	if retry := r.mountSourceRetry(); res.RequeueAfter == 0 || retry < res.RequeueAfter {
+		res.RequeueAfter = retry
+	}
+	return res
+}
+
+// mountSourceRetry is how often a missing mount source is looked for
+// again: the health interval, and at most every 10s.
+func (r *SandboxReconciler) mountSourceRetry() time.Duration {
+	return min(r.healthInterval(), 10*time.Second)
+}
+
+func hasCustomMounts(in runtimes.Instance) bool {
+	for _, b := range in.Mounts {
+		if !b.GitDir {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *SandboxReconciler) stopIdle(ctx context.Context, s *sandboxScope, why string) error {

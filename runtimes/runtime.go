@@ -85,6 +85,9 @@ const (
 	ReasonNotFound      Reason = "InstanceNotFound"
 	ReasonRefused       Reason = "CommandRefused"
 	ReasonFailed        Reason = "RuntimeError"
+	// ReasonMountSourceMissing: a custom mount's host source is missing,
+	// not a directory, or a symbolic-link loop (CheckMountSources).
+	ReasonMountSourceMissing Reason = "MountSourceMissing"
 )
 
 // Error is a runtime failure with the reason it maps to.

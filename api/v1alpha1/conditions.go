@@ -62,6 +62,11 @@ const (
 	// ReasonHostDisksNotPermitted: the Incus project does not permit the
 	// host directories the areas and mounts need.
 	ReasonHostDisksNotPermitted = "HostDisksNotPermitted"
+	// ReasonMountSourceMissing: a custom mount's host source does not
+	// exist, is not a directory, or is a symbolic-link loop; the message
+	// names the mount, the path and the problem. Commands could not run, so
+	// the Sandbox and its claims are not Ready until the source is back.
+	ReasonMountSourceMissing = "MountSourceMissing"
 
 	// ReasonWorktreeCreated: the worktree exists and is checked out.
 	ReasonWorktreeCreated = "WorktreeCreated"
