@@ -229,6 +229,11 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonUnavailable, "ensuring", in.Name,
 			"bubblewrap (%s) is not installed or not on PATH: install the bubblewrap package", r.bwrap)
 	}
+	// Every command binds the mount sources: one a bind cannot use would
+	// leave an instance recorded as running that takes no command.
+	if err := runtimes.CheckMountSources(in); err != nil {
+		return runtimes.State{}, err
+	}
 	rec, err := r.load(in.Name)
 	if err != nil {
 		return runtimes.State{}, err

@@ -31,6 +31,11 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonRefused, op, in.Name, "%w", err)
 	}
+	// Say which mount source a bind cannot use before the runtime fails
+	// on it in its own words.
+	if err := runtimes.CheckMountSources(in); err != nil {
+		return runtimes.State{}, err
+	}
 	if err := in.LayoutAreas(); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
