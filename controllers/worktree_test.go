@@ -270,7 +270,8 @@ var _ = Describe("Overlay mounts", func() {
 		Expect(os.MkdirAll(src, 0o755)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(src, "main.go"), []byte("package main\n"), 0o644)).To(Succeed())
 		sb := newSandbox(ns, "ovl", ns+"-ovl", time.Minute)
-		sb.Spec.Binaries = []v1alpha1.BinaryName{"sh"}
+		// The sandbox finds only the commands it allows.
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"sh", "head", "rm"}
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
 		Expect(k8s.Create(ctx, newClaim(ns, "c", "ovl"))).To(Succeed())
