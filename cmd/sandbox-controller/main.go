@@ -183,7 +183,7 @@ Ctrl-C stops the controller and the control plane.
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)
 		}
-		auth, err := execapi.DelegatingAuth(kube, f.api.ClientCAFile, f.api.AuthCacheTTL)
+		auth, err := execapi.DelegatingAuth(kube, f.api)
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)
 		}

@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/util/exec"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
 )
 
 // refusedPrefix starts the message of a command the policy refused; the
@@ -31,6 +33,7 @@ const refusedPrefix = "command refused"
 type clusterFlags struct {
 	kubeconfig, context, namespace string
 	server, caFile                 string
+	audience, tokenFile            string
 	insecure                       bool
 }
 
@@ -42,10 +45,15 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
 	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default the kubeconfig's CA)")
 	fs.BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "do not verify the exec API's serving certificate (testing only)")
+	fs.StringVar(&f.audience, "api-audience", execapi.DefaultAudience, "the audience the exec API accepts tokens for (its --api-audience)")
+	fs.StringVar(&f.tokenFile, "api-token-file", "", "a bearer token issued for --api-audience (e.g. from your identity provider) to send instead of the kubeconfig's credentials")
 }
 
-// apiConfig builds the client configuration for the claim's exec API: the
-// kubeconfig's credentials, aimed at the endpoint the claim publishes.
+// apiConfig builds the client configuration for the claim's exec API, aimed
+// at the endpoint the claim publishes. It never forwards a credential the
+// API server accepts as its own: a client certificate is sent as it is, a
+// service account token is exchanged for one bound to the exec API's
+// audience (exectoken.ForExecAPI).
 func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Config, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = f.kubeconfig
@@ -69,7 +77,10 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 	if !strings.Contains(server, "://") {
 		server = "https://" + server
 	}
-	api := rest.CopyConfig(cfg)
+	api, err := exectoken.ForExecAPI(ctx, cfg, f.audience, f.tokenFile)
+	if err != nil {
+		return nil, "", err
+	}
 	api.Host, api.APIPath = server, ""
 	switch {
 	case f.insecure:

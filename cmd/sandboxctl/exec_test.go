@@ -68,6 +68,9 @@ func execClusterWithAreas(t *testing.T) (string, string) {
 		&v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "s1"}, Spec: v1alpha1.SessionClaimSpec{SandboxName: "ada"}, Status: v1alpha1.SessionClaimStatus{Conditions: bound}},
 	).WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SessionClaim{}).Build()
 	authn := bearertoken.New(authenticator.TokenFunc(func(_ context.Context, tok string) (*authenticator.Response, bool, error) {
+		if tok == kubeconfigToken {
+			t.Errorf("the exec API was sent the kubeconfig's token, which the API server accepts")
+		}
 		if tok != "agent-token" {
 			return nil, false, errors.New("unknown token")
 		}
@@ -103,16 +106,29 @@ clusters:
   cluster: {server: %q, insecure-skip-tls-verify: true}
 users:
 - name: u
-  user: {token: agent-token}
+  user: {token: %s}
 contexts:
 - name: c
   context: {cluster: c, user: u, namespace: team}
 current-context: c
-`, srv.URL)), 0o600)
+`, srv.URL, kubeconfigToken)), 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(kc), "exec-token"), []byte("agent-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	return kc, areasRoot
+}
+
+// kubeconfigToken is the kubeconfig's own token: it reads the claim from
+// the API server and must never reach the exec API.
+const kubeconfigToken = "kubeconfig-token"
+
+// execFlags point sandboxctl at kc and at the token for the exec API
+// written beside it.
+func execFlags(kc string) []string {
+	return []string{"--kubeconfig", kc, "--insecure-skip-tls-verify", "--api-token-file", filepath.Join(filepath.Dir(kc), "exec-token")}
 }
 
 func TestExecThroughTheAPI(t *testing.T) {
@@ -130,11 +146,12 @@ func TestExecThroughTheAPI(t *testing.T) {
 		{"refused command exits 126", []string{"s1", "--", "rm", "-rf", "/"}, "", exitRefused, "", "command refused"},
 		{"unknown claim", []string{"-n", "elsewhere", "s1", "--", "echo"}, "", exitFailed, "", "reading SessionClaim elsewhere/s1"},
 		{"no command", []string{"s1", "--"}, "", exitUsage, "", "a command after -- is required"},
+		{"a kubeconfig token is never forwarded", []string{"--api-token-file=", "s1", "--", "echo"}, "", exitFailed, "", "the exec API accepts only tokens issued for audience \"sandbox.cireilclaw.dev/exec\""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb strings.Builder
-			code := execCommand(append([]string{"--kubeconfig", kc, "--insecure-skip-tls-verify"}, tc.args...), strings.NewReader(tc.stdin), &out, &errb)
+			code := execCommand(append(execFlags(kc), tc.args...), strings.NewReader(tc.stdin), &out, &errb)
 			stdout, errs := out.String(), errb.String()
 			if code != tc.code || stdout != tc.out || !strings.Contains(errs, tc.errs) {
 				t.Fatalf("got exit %d stdout %q stderr %q; want exit %d stdout %q stderr containing %q", code, stdout, errs, tc.code, tc.out, tc.errs)
@@ -150,7 +167,7 @@ func TestCopyThroughTheAPI(t *testing.T) {
 	if err := os.WriteFile(local, []byte("from the host\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	flags := []string{"--kubeconfig", kc, "--insecure-skip-tls-verify"}
+	flags := execFlags(kc)
 	for _, tc := range []struct {
 		name     string
 		args     []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -37,25 +38,28 @@ type Auth struct {
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // DelegatingAuth authenticates the way the kubelet does: bearer tokens by
-// TokenReview and client certificates against clientCAFile (skipped when
+// TokenReview and client certificates against c.ClientCAFile (skipped when
 // empty), and authorises every request by SubjectAccessReview, both through
 // the API server behind kube. Anonymous requests are not authenticated.
-func DelegatingAuth(kube kubernetes.Interface, clientCAFile string, cacheTTL time.Duration) (Auth, error) {
-	if cacheTTL <= 0 {
-		cacheTTL = DefaultAuthCacheTTL
-	}
+// Every TokenReview names c.Audience (the server puts it on each request),
+// so only tokens issued for the exec API pass.
+func DelegatingAuth(kube kubernetes.Interface, c Config) (Auth, error) {
+	c = c.withDefaults()
 	backoff := &wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
 	var a Auth
 	authn := authenticatorfactory.DelegatingAuthenticatorConfig{
 		TokenAccessReviewClient:  kube.AuthenticationV1(),
 		TokenAccessReviewTimeout: 10 * time.Second,
 		WebhookRetryBackoff:      backoff,
-		CacheTTL:                 cacheTTL,
+		CacheTTL:                 c.AuthCacheTTL,
+		// Used only when a review answers without audiences: the request's
+		// audience (c.Audience) must then be among these.
+		APIAudiences: authenticator.Audiences{c.Audience},
 	}
-	if clientCAFile != "" {
-		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("client-ca", clientCAFile)
+	if c.ClientCAFile != "" {
+		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("client-ca", c.ClientCAFile)
 		if err != nil {
-			return Auth{}, fmt.Errorf("loading the client CA bundle %s: %w", clientCAFile, err)
+			return Auth{}, fmt.Errorf("loading the client CA bundle %s: %w", c.ClientCAFile, err)
 		}
 		authn.ClientCertificateCAContentProvider = ca
 		a.run = func(ctx context.Context) { ca.Run(ctx, 1) }
@@ -66,8 +70,8 @@ func DelegatingAuth(kube kubernetes.Interface, clientCAFile string, cacheTTL tim
 	}
 	authz := authorizerfactory.DelegatingAuthorizerConfig{
 		SubjectAccessReviewClient: kube.AuthorizationV1(),
-		AllowCacheTTL:             cacheTTL,
-		DenyCacheTTL:              cacheTTL,
+		AllowCacheTTL:             c.AuthCacheTTL,
+		DenyCacheTTL:              c.AuthCacheTTL,
 		WebhookRetryBackoff:       backoff,
 	}
 	if a.Authorizer, err = authz.New(); err != nil {
@@ -76,18 +80,43 @@ func DelegatingAuth(kube kubernetes.Interface, clientCAFile string, cacheTTL tim
 	return a, nil
 }
 
-// authenticate returns the caller, or answers 401 and returns nil.
+// authenticate returns the caller, or answers 401 and returns nil. The
+// request carries the exec API's audience into the TokenReview: without
+// it the API server reviews a token for its own audiences, and any token
+// that works against the API server (a service account's, a user's
+// kubeconfig token) would work here, where each node's controller sees it.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) user.Info {
+	r = r.WithContext(authenticator.WithAudiences(r.Context(), authenticator.Audiences{s.cfg.Audience}))
 	resp, ok, err := s.auth.Authenticator.AuthenticateRequest(r)
-	if err != nil || !ok || resp.User == nil || resp.User.GetName() == "" {
-		msg := "no credentials: send a bearer token or a client certificate; anonymous requests are refused"
-		if err != nil {
-			msg = "authentication failed: " + err.Error()
-		}
-		s.refuse(w, r, nil, &apiError{code: http.StatusUnauthorized, refusal: refusalUnauthenticated, msg: msg})
-		return nil
+	if err == nil && ok && resp.User != nil && resp.User.GetName() != "" {
+		return resp.User
 	}
-	return resp.User
+	msg := "no credentials: send a bearer token issued for audience " + s.cfg.Audience + " or a client certificate; anonymous requests are refused"
+	if hasBearerToken(r) {
+		msg = fmt.Sprintf("bearer token refused: the exec API accepts only tokens issued for audience %q, and a plain service account token or a kubeconfig's token is not one. "+
+			"Get one with `kubectl create token SERVICE_ACCOUNT --audience %s` (kubectl sandbox does this for a service account kubeconfig), "+
+			"mount a projected service account token with that audience, or use a client certificate",
+			s.cfg.Audience, s.cfg.Audience)
+	}
+	if err != nil {
+		msg += " (authentication failed: " + err.Error() + ")"
+	}
+	s.refuse(w, r, nil, &apiError{code: http.StatusUnauthorized, refusal: refusalUnauthenticated, msg: msg})
+	return nil
+}
+
+// hasBearerToken reports whether the request sends a bearer token, in the
+// Authorization header or, for a browser-style WebSocket, as a subprotocol.
+func hasBearerToken(r *http.Request) bool {
+	if strings.HasPrefix(strings.ToLower(r.Header.Get("Authorization")), "bearer ") {
+		return true
+	}
+	for _, p := range r.Header.Values("Sec-WebSocket-Protocol") {
+		if strings.Contains(p, "base64url.bearer.authorization.k8s.io.") {
+			return true
+		}
+	}
+	return false
 }
 
 // authorize checks verb on sessionclaims/<sub> for the claim and answers

@@ -14,6 +14,10 @@ const (
 	DefaultMaxBodyBytes     = 64 << 20
 	DefaultMaxUploads       = 16
 	DefaultAuthCacheTTL     = 10 * time.Second
+	// DefaultAudience is the audience a bearer token must be issued for.
+	// A token the API server accepts as its own is refused, so a token a
+	// node's controller sees cannot be replayed against the API server.
+	DefaultAudience = "sandbox.cireilclaw.dev/exec"
 )
 
 // Config is what the manager's flags set.
@@ -39,6 +43,9 @@ type Config struct {
 	// AuthCacheTTL is how long TokenReview and SubjectAccessReview answers
 	// are kept; revoking access takes effect after at most this long.
 	AuthCacheTTL time.Duration
+	// Audience is the only audience a bearer token is accepted for: every
+	// TokenReview asks the API server whether the token was issued for it.
+	Audience string
 }
 
 // BindFlags registers the flags of the exec API with their defaults.
@@ -52,6 +59,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", DefaultMaxBodyBytes, "largest file upload the API accepts, in bytes; a larger one is refused with 413")
 	fs.IntVar(&c.MaxUploads, "api-max-uploads", DefaultMaxUploads, "file uploads the API receives at once, across all claims; more are refused with 429")
 	fs.DurationVar(&c.AuthCacheTTL, "api-auth-cache-ttl", DefaultAuthCacheTTL, "how long TokenReview and SubjectAccessReview answers are cached")
+	fs.StringVar(&c.Audience, "api-audience", DefaultAudience, "the audience a bearer token must be issued for (TokenRequest or an IdP); tokens for the API server itself are refused")
 }
 
 // Enabled reports whether the API is to be served.
@@ -72,6 +80,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AuthCacheTTL <= 0 {
 		c.AuthCacheTTL = DefaultAuthCacheTTL
+	}
+	if c.Audience == "" {
+		c.Audience = DefaultAudience
 	}
 	return c
 }

@@ -23,7 +23,9 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/util/exec"
@@ -31,6 +33,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
 	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
@@ -105,6 +109,8 @@ var _ = Describe("the exec and file API", Ordered, func() {
 	var (
 		ns, roDir, outside string
 		alice, bob, agent  *rest.Config
+		// plainToken is the agent's token for the API server itself.
+		plainToken string
 	)
 	const claim = "s1"
 
@@ -150,9 +156,24 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			Expect(err).NotTo(HaveOccurred())
 			*cfg = apiConfig(u.Config())
 		}
-		tok, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+		tok, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+			Audiences: []string{execapi.DefaultAudience}, ExpirationSeconds: ptr.To[int64](600),
+		}}, metav1.CreateOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		agent = apiConfig(&rest.Config{BearerToken: tok.Status.Token})
+		tok, err = kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		plainToken = tok.Status.Token
+		By("letting the agent service account request its own tokens, as kubectl sandbox does")
+		Expect(env.Client.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "own-token"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, ResourceNames: []string{"agent"}, Verbs: []string{"create"}}},
+		})).To(Succeed())
+		Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "own-token"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "own-token"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "agent"}},
+		})).To(Succeed())
 
 		By("making a Sandbox with a read-only mount and a claim, and waiting until it is Ready")
 		sb := &v1alpha1.Sandbox{
@@ -196,6 +217,49 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			res := execIn(ctx, agent, ns, claim, nil, nil, "sh", "-c", "echo agent")
 			Expect(res.err).NotTo(HaveOccurred())
 			Expect(res.stdout).To(Equal("agent\n"))
+		})
+
+		It("refuses a token issued for the API server with 401, saying how to get one", func() {
+			plain := apiConfig(&rest.Config{BearerToken: plainToken})
+			res := execIn(ctx, plain, ns, claim, nil, nil, "sh", "-c", "echo no")
+			Expect(res.err).To(MatchError(ContainSubstring(`the exec API accepts only tokens issued for audience "` + execapi.DefaultAudience + `"`)))
+			Expect(res.err).To(MatchError(ContainSubstring("kubectl create token SERVICE_ACCOUNT --audience " + execapi.DefaultAudience)))
+			code, msg := fileRequest(plain, "GET", ns, claim, "workspace", nil)
+			Expect(code).To(Equal(http.StatusUnauthorized), msg)
+
+			By("while the API server itself still takes the token")
+			sa := kubernetes.NewForConfigOrDie(&rest.Config{Host: env.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData}, BearerToken: plainToken})
+			_, err := sa.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+			Expect(err).NotTo(HaveOccurred())
+		})
+
+		It("refuses an exec API token at the API server", func() {
+			sa := kubernetes.NewForConfigOrDie(&rest.Config{Host: env.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData}, BearerToken: agent.BearerToken})
+			_, err := sa.CoreV1().ServiceAccounts(ns).Get(ctx, "agent", metav1.GetOptions{})
+			Expect(apierrors.IsUnauthorized(err)).To(BeTrue(), "the API server answered %v", err)
+		})
+
+		It("gives kubectl sandbox, with a service account kubeconfig, a token for the exec API only", func() {
+			kubeconfig := &rest.Config{Host: env.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData}, BearerToken: plainToken}
+			cfg, err := exectoken.ForExecAPI(ctx, kubeconfig, execapi.DefaultAudience, "")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(cfg.BearerToken).NotTo(BeEmpty())
+			Expect(cfg.BearerToken).NotTo(Equal(plainToken))
+			res := execIn(ctx, apiConfig(cfg), ns, claim, nil, nil, "sh", "-c", "echo exchanged")
+			Expect(res.err).NotTo(HaveOccurred())
+			Expect(res.stdout).To(Equal("exchanged\n"))
+
+			By("and keeps a client certificate as it is, sending no token")
+			u, err := testEnv.AddUser(envtest.User{Name: "alice", Groups: []string{"developers"}}, nil)
+			Expect(err).NotTo(HaveOccurred())
+			withToken := u.Config()
+			withToken.BearerToken = plainToken
+			cfg, err = exectoken.ForExecAPI(ctx, withToken, execapi.DefaultAudience, "")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(cfg.BearerToken).To(BeEmpty())
+			res = execIn(ctx, apiConfig(cfg), ns, claim, nil, nil, "sh", "-c", "echo certificate")
+			Expect(res.err).NotTo(HaveOccurred())
+			Expect(res.stdout).To(Equal("certificate\n"))
 		})
 
 		It("answers 403 to a user without sessionclaims/exec", func() {

@@ -129,7 +129,7 @@ func startAPI() {
 func serveAPI(reader client.Reader, ttl time.Duration, done chan<- error) (string, context.CancelFunc) {
 	certFile, keyFile := filepath.Join(env.Dir, "tls.crt"), filepath.Join(env.Dir, "tls.key")
 	cfg := execapi.Config{BindAddress: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCAFile(), AuthCacheTTL: ttl}
-	auth, err := execapi.DelegatingAuth(kube, cfg.ClientCAFile, cfg.AuthCacheTTL)
+	auth, err := execapi.DelegatingAuth(kube, cfg)
 	Expect(err).NotTo(HaveOccurred())
 	srv, err := execapi.New(cfg, execapi.Options{
 		Reader:     reader,
