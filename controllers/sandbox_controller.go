@@ -16,9 +16,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
@@ -42,7 +44,17 @@ type SandboxReconciler struct {
 
 // SetupWithManager watches Sandboxes and, through the claim index, the
 // SessionClaims that count towards them.
+//
+// Failed reconciles are retried within seconds (retryLimiter), and a
+// runtimeProbe re-queues Sandboxes that report RuntimeUnavailable as soon
+// as their runtime answers again.
 func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	retries := newRetryLimiter()
+	recovered := make(chan event.GenericEvent)
+	probe := &runtimeProbe{reader: mgr.GetClient(), runtimes: r.Runtimes, node: r.NodeName, interval: runtimeProbeInterval, out: recovered}
+	if err := mgr.Add(probe); err != nil {
+		return fmt.Errorf("adding the runtime probe: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Sandbox{}).
 		Watches(&v1alpha1.SessionClaim{}, handler.EnqueueRequestsFromMapFunc(
@@ -53,9 +65,14 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A Sandbox that loses the agent name to another one must hear when
 		// that one goes.
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sameAgent)).
+		WatchesRawSource(source.Channel(recovered, &handler.EnqueueRequestForObject{})).
 		Named("sandbox").
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.SandboxWorkers, 4), ReconciliationTimeout: sandboxReconcileTimeout(r.SandboxReconcileTimeout)}).
-		Complete(r)
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: workers(r.SandboxWorkers, 4),
+			ReconciliationTimeout:   sandboxReconcileTimeout(r.SandboxReconcileTimeout),
+			RateLimiter:             retries,
+		}).
+		Complete(withRetries(retries, r))
 }
 
 func (r *SandboxReconciler) sameAgent(ctx context.Context, o client.Object) []reconcile.Request {

@@ -34,12 +34,17 @@ type SessionClaimReconciler struct {
 // SetupWithManager watches SessionClaims and the Sandboxes they name, so a
 // claim created before its Sandbox binds as soon as the Sandbox appears.
 func (r *SessionClaimReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	retries := newRetryLimiter()
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.SessionClaim{}).
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf), builder.WithPredicates(sandboxChangesForClaims)).
 		Named("sessionclaim").
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers(r.ClaimWorkers, 16), ReconciliationTimeout: reconcileTimeout(r.ReconcileTimeout)}).
-		Complete(r)
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: workers(r.ClaimWorkers, 16),
+			ReconciliationTimeout:   reconcileTimeout(r.ReconcileTimeout),
+			RateLimiter:             retries,
+		}).
+		Complete(withRetries(retries, r))
 }
 
 func (r *SessionClaimReconciler) claimsOf(ctx context.Context, o client.Object) []reconcile.Request {

@@ -1,0 +1,174 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+func TestRetryLimiterCapsByFailure(t *testing.T) {
+	unreachable := &url.Error{Op: "Patch", URL: "https://127.0.0.1:6443", Err: &net.OpError{Op: "dial", Err: errors.New("connection refused")}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		cap  time.Duration
+	}{
+		{"runtime unavailable retries within seconds", runtimes.Errorf(runtimes.ReasonUnavailable, "inspecting", "cireilclaw-a", "containerd is unreachable"), fastRetryCap},
+		{"API server unreachable retries within seconds", fmt.Errorf("writing status: %w", unreachable), fastRetryCap},
+		{"API server unavailable retries within seconds", apierrors.NewServiceUnavailable("etcd leader changed"), fastRetryCap},
+		{"deadline retries within seconds", context.DeadlineExceeded, fastRetryCap},
+		{"image not found backs off to a minute", runtimes.Errorf(runtimes.ReasonImageNotFound, "ensuring", "cireilclaw-a", "no image x"), slowRetryCap},
+		{"runtime error backs off to a minute", fmt.Errorf("ensuring: %w", runtimes.Errorf(runtimes.ReasonFailed, "ensuring", "cireilclaw-a", "refused")), slowRetryCap},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newRetryLimiter()
+			req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "a"}}
+			var last time.Duration
+			for i := range 40 {
+				l.note(req, tc.err)
+				d := l.When(req)
+				if i == 0 && d != retryBase {
+					t.Fatalf("first retry after %s, want %s", d, retryBase)
+				}
+				if d < last || d > tc.cap {
+					t.Fatalf("retry %d after %s (previous %s), want growing up to %s", i, d, last, tc.cap)
+				}
+				last = d
+			}
+			if last != tc.cap {
+				t.Fatalf("retries settle at %s, want %s", last, tc.cap)
+			}
+			if l.NumRequeues(req) != 40 {
+				t.Fatalf("NumRequeues %d, want 40", l.NumRequeues(req))
+			}
+			l.Forget(req)
+			if d := l.When(req); d != retryBase {
+				t.Fatalf("after Forget the first retry comes after %s, want %s", d, retryBase)
+			}
+		})
+	}
+}
+
+func TestWithRetriesTurnsExpectedRacesIntoRetries(t *testing.T) {
+	gr := schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "sessionclaims"}
+	conflict := apierrors.NewConflict(gr, "c", errors.New("the object has been modified"))
+	notFound := apierrors.NewNotFound(gr, "c")
+	for _, tc := range []struct {
+		name    string
+		err     error
+		wantErr bool
+		after   time.Duration
+	}{
+		{"conflict is retried at once without an error", fmt.Errorf("adding the finalizer: %w", conflict), false, conflictRetry},
+		{"conflict joined with a status write is retried without an error", errors.Join(fmt.Errorf("writing status: %w", conflict)), false, conflictRetry},
+		{"not found after a delete is retried without an error", fmt.Errorf("updating claim: %w", notFound), false, time.Second},
+		{"other errors stay errors", errors.New("disk on fire"), true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newRetryLimiter()
+			r := withRetries(l, reconcile.Func(func(context.Context, reconcile.Request) (ctrl.Result, error) { return ctrl.Result{}, tc.err }))
+			res, err := r.Reconcile(context.Background(), reconcile.Request{})
+			if (err != nil) != tc.wantErr || res.RequeueAfter != tc.after {
+				t.Fatalf("got %+v, %v; want requeue after %s, error %v", res, err, tc.after, tc.wantErr)
+			}
+		})
+	}
+}
+
+// downRuntime answers List only while up.
+type downRuntime struct {
+	runtimes.Runtime
+	up    atomic.Bool
+	lists atomic.Int32
+}
+
+func (d *downRuntime) List(context.Context) ([]runtimes.State, error) {
+	d.lists.Add(1)
+	if !d.up.Load() {
+		return nil, runtimes.Errorf(runtimes.ReasonUnavailable, "listing", "", "daemon is down")
+	}
+	return nil, nil
+}
+
+func TestRuntimeProbeRequeuesUnavailableSandboxesOncePerRecovery(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	sandbox := func(name string, reason string, node string) *v1alpha1.Sandbox {
+		sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+			Spec: v1alpha1.SandboxSpec{Agent: name, NodeName: node}}
+		setCondition(&sb.Status.Conditions, 1, v1alpha1.ConditionRuntimeReady, false, reason, "m")
+		return sb
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		sandbox("waiting", v1alpha1.ReasonRuntimeUnavailable, ""),
+		sandbox("also-waiting", v1alpha1.ReasonRuntimeUnavailable, ""),
+		sandbox("broken-spec", v1alpha1.ReasonInvalidSpec, ""),
+		sandbox("other-node", v1alpha1.ReasonRuntimeUnavailable, "elsewhere"),
+	).Build()
+	rt := &downRuntime{}
+	out := make(chan event.GenericEvent, 16)
+	p := &runtimeProbe{reader: c, runtimes: map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: rt},
+		interval: time.Second, out: out, sent: map[types.NamespacedName]bool{}}
+	ctx := context.Background()
+	sent := func() []string {
+		var names []string
+		for {
+			select {
+			case ev := <-out:
+				names = append(names, ev.Object.GetName())
+			default:
+				return names
+			}
+		}
+	}
+
+	p.probe(ctx)
+	if got := sent(); len(got) != 0 || rt.lists.Load() != 1 {
+		t.Fatalf("runtime down: sent %v after %d probes, want nothing after 1", got, rt.lists.Load())
+	}
+	rt.up.Store(true)
+	p.probe(ctx)
+	if got := sent(); len(got) != 2 {
+		t.Fatalf("runtime back: sent %v, want the two Sandboxes of this node that wait for it", got)
+	}
+	p.probe(ctx)
+	if got := sent(); len(got) != 0 {
+		t.Fatalf("still up: sent %v again, want nothing (the back-off takes over)", got)
+	}
+	rt.up.Store(false)
+	p.probe(ctx)
+	rt.up.Store(true)
+	p.probe(ctx)
+	if got := sent(); len(got) != 2 {
+		t.Fatalf("second recovery: sent %v, want both again", got)
+	}
+
+	// Nothing waits: the runtime is not called at all.
+	idle := fake.NewClientBuilder().WithScheme(scheme).WithObjects(sandbox("fine", v1alpha1.ReasonRunning, "")).Build()
+	p.reader = idle
+	rt.lists.Store(0)
+	p.probe(ctx)
+	if rt.lists.Load() != 0 {
+		t.Fatalf("no Sandbox waits, yet the runtime was probed %d times", rt.lists.Load())
+	}
+}
