@@ -235,7 +235,8 @@ while True:
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var swappers sync.WaitGroup
-	for i := range 2 {
+	// One swapper: a second only takes the CPU the command starts need.
+	for i := range 1 {
 		swappers.Add(1)
 		go func() {
 			defer swappers.Done()

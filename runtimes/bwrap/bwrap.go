@@ -35,6 +35,10 @@ import (
 // like the mounts in them.
 const DefaultTreesDir = "/run/sandbox-controller/trees"
 
+// OutputDrain is how long a command's output may keep arriving after the
+// command exited, from something it left behind, before it is cut off.
+const OutputDrain = 5 * time.Second
+
 // TmpSize is the size of the fresh /tmp every command gets (64 MiB).
 const TmpSize = 64 << 20
 
@@ -254,7 +258,7 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	if err := runtimes.MountOverlays(prev, in); err != nil {
 		return runtimes.State{}, err
 	}
-	if err := r.ensureTree(in, rec.ConfigHash != in.ConfigHash); err != nil {
+	if err := r.ensureInstanceTree(in, rec.ConfigHash != in.ConfigHash); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, "ensuring", in.Name, "%w", err)
 	}
 	if rec.Running && rec.ConfigHash == in.ConfigHash {
@@ -391,6 +395,10 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
 	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// A process that outlives the command and keeps its output open must
+	// not hold the caller: once the command has exited, its output gets
+	// OutputDrain to arrive and is then closed.
+	cmd.WaitDelay = OutputDrain
 
 	r.track(name, cmd)
 	defer r.untrack(name, cmd)
@@ -399,6 +407,8 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	switch {
 	case err == nil:
 		return runtimes.ExitStatus{Code: 0}, nil
+	case errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil:
+		return runtimes.ExitStatus{Code: cmd.ProcessState.ExitCode()}, nil
 	case errors.As(err, &exitErr):
 		code := exitErr.ExitCode()
 		if code < 0 {
@@ -667,7 +677,7 @@ func within(p, dir string) bool {
 // tree is the mount tree of in: its areas, with the custom mounts beneath
 // the workspace.
 func (r *Runtime) tree(in runtimes.Instance) mounttree.Tree {
-	t := mounttree.Tree{Dir: filepath.Join(r.trees, in.Name), Workspace: "workspace", Owner: in.Identity.UID}
+	t := mounttree.Tree{Workspace: "workspace", Owner: in.Identity.UID}
 	for _, a := range in.Areas {
 		name := strings.TrimPrefix(a.Target, "/")
 		t.Areas = append(t.Areas, mounttree.Area{Name: name, Source: a.Source, ReadOnly: a.ReadOnly})
@@ -700,7 +710,7 @@ func DetachTrees(stateDir string) error {
 		return err
 	}
 	for _, e := range entries {
-		if err := mounttree.Remove(filepath.Join(dir, e.Name())); err != nil {
+		if err := (mounttree.Generations{Dir: filepath.Join(dir, e.Name())}).Remove(); err != nil {
 			return err
 		}
 	}
@@ -718,28 +728,44 @@ func (r *Runtime) treeLock(name string) *sync.Mutex {
 	return l
 }
 
-// ensureTree builds in's mount tree again when rebuild is set (a new
-// configuration) or the tree is not what it should be: missing after a
-// reboot, or a mount point moved along with a directory the agent renamed.
-// A moved mount that cannot be put back because the agent left a link on
-// its destination's path stays where the agent moved it, inside the
-// workspace, so the agent can still run the commands that repair it.
-func (r *Runtime) ensureTree(in runtimes.Instance, rebuild bool) error {
-	if r.trees == "" {
-		return nil
-	}
+// ensureTree returns the directory of in's current mount tree, building a
+// new generation when rebuild is set (a new configuration) or the current
+// tree is not what it should be: missing after a reboot, or a mount point
+// moved along with a directory the agent renamed. A moved mount that
+// cannot be put back because the agent left a link on its destination's
+// path stays where the agent moved it, inside the workspace, so the agent
+// can still run the commands that repair it.
+func (r *Runtime) ensureTree(in runtimes.Instance, rebuild bool) (string, error) {
 	l := r.treeLock(in.Name)
 	l.Lock()
 	defer l.Unlock()
+	g := r.generations(in.Name)
 	t := r.tree(in)
-	if !rebuild && t.Verify() == nil {
+	cur, ok := g.Current()
+	t.Dir = cur
+	if ok && !rebuild && t.Verify() == nil {
+		return cur, nil
+	}
+	if ok && !rebuild && t.Blocked() && t.VerifyAreas() == nil {
+		return cur, nil
+	}
+	dir, err := g.Build(t)
+	if err != nil && ok && !rebuild && t.VerifyAreas() == nil {
+		return cur, nil
+	}
+	return dir, err
+}
+
+func (r *Runtime) ensureInstanceTree(in runtimes.Instance, rebuild bool) error {
+	if r.trees == "" {
 		return nil
 	}
-	err := t.Replace()
-	if err != nil && !rebuild && t.VerifyAreas() == nil {
-		return nil
-	}
+	_, err := r.ensureTree(in, rebuild)
 	return err
+}
+
+func (r *Runtime) generations(name string) mounttree.Generations {
+	return mounttree.Generations{Dir: filepath.Join(r.trees, name)}
 }
 
 func (r *Runtime) removeTree(name string) {
@@ -749,10 +775,10 @@ func (r *Runtime) removeTree(name string) {
 	l := r.treeLock(name)
 	l.Lock()
 	defer l.Unlock()
-	_ = mounttree.Remove(filepath.Join(r.trees, name))
+	_ = r.generations(name).Remove()
 }
 
-// treeAreas checks the instance's mount tree (building it again when it is
+// treeAreas checks the instance's mount tree (building a new one when it is
 // not what it should be) and records in c the areas to bind from it.
 // bubblewrap resolves a bind's source by path, even one given as a
 // descriptor, so every source here is a path below the tree directory,
@@ -761,10 +787,12 @@ func (r *Runtime) treeAreas(in runtimes.Instance, c *Command) error {
 	if r.trees == "" {
 		return nil
 	}
-	if err := r.ensureTree(in, false); err != nil {
+	dir, err := r.ensureTree(in, false)
+	if err != nil {
 		return err
 	}
 	t := r.tree(in)
+	t.Dir = dir
 	for _, a := range t.Areas {
 		c.Areas = append(c.Areas, runtimes.Bind{Source: t.Path(a.Name), Target: "/" + a.Name, ReadOnly: a.ReadOnly})
 	}

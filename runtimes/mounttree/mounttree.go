@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -214,6 +215,28 @@ func (t Tree) Verify() error {
 	return nil
 }
 
+// Blocked reports whether a custom mount's destination path holds a link or
+// something other than a directory, which Build would refuse: a new tree
+// cannot be built until the agent clears it.
+func (t Tree) Blocked() bool {
+	root, err := unix.Open(t.Path(t.Workspace), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(root)
+	for _, b := range t.Binds {
+		fd, err := unix.Openat2(root, b.Rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveNoLinks})
+		if err == nil {
+			unix.Close(fd)
+			continue
+		}
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV) {
+			return true
+		}
+	}
+	return false
+}
+
 // VerifyAreas reports whether every area is still bound in the tree. The
 // custom mounts may have moved with directories the agent renamed; they
 // are still the right sources, somewhere inside the workspace.
@@ -260,22 +283,83 @@ func (t Tree) verifyAreas() (int, error) {
 	return root, nil
 }
 
-// Replace builds a fresh tree beside the current one and swaps it in only
-// once it is complete: when building fails (the agent put a link on a
-// destination's path), the current tree stays as it was.
-func (t Tree) Replace() error {
-	next := t
-	next.Dir = t.Dir + ".next"
-	if err := next.Build(); err != nil {
-		return err
+// Generations are one sandbox's trees below Dir, numbered. A new tree is
+// built beside the one in use and becomes current only once complete; the
+// one before it stays mounted, because a command may be starting from it
+// (bubblewrap binds by path, a moment after the controller chose the
+// path), and older ones are removed.
+type Generations struct {
+	Dir string
+}
+
+// Current is the newest complete tree's directory, if there is one.
+func (g Generations) Current() (string, bool) {
+	n, ok := g.newest()
+	if !ok {
+		return "", false
 	}
-	if err := Remove(t.Dir); err != nil {
-		_ = Remove(next.Dir)
-		return err
+	return g.path(n), true
+}
+
+func (g Generations) path(n int) string { return filepath.Join(g.Dir, strconv.Itoa(n)) }
+
+// newest is the highest generation with a complete tree; a directory left
+// by a build that failed halfway has been removed by Build.
+func (g Generations) newest() (int, bool) {
+	entries, err := os.ReadDir(g.Dir)
+	if err != nil {
+		return 0, false
 	}
-	if err := os.Rename(next.Dir, t.Dir); err != nil {
-		_ = Remove(next.Dir)
-		return fmt.Errorf("putting mount tree %s in place: %w", t.Dir, err)
+	best, found := 0, false
+	for _, e := range entries {
+		if n, err := strconv.Atoi(e.Name()); err == nil && n >= 0 && (!found || n > best) {
+			best, found = n, true
+		}
+	}
+	return best, found
+}
+
+// Build builds t as the next generation and returns its directory. When
+// the build fails, the current tree stays current.
+func (g Generations) Build(t Tree) (string, error) {
+	if err := os.MkdirAll(g.Dir, 0o711); err != nil {
+		return "", fmt.Errorf("creating mount tree directory %s: %w", g.Dir, err)
+	}
+	n, ok := g.newest()
+	if ok {
+		n++
+	}
+	t.Dir = g.path(n)
+	if err := t.Build(); err != nil {
+		return "", err
+	}
+	entries, _ := os.ReadDir(g.Dir)
+	for _, e := range entries {
+		if old, err := strconv.Atoi(e.Name()); err != nil || old < n-1 {
+			if err := Remove(filepath.Join(g.Dir, e.Name())); err != nil {
+				return "", err
+			}
+		}
+	}
+	return t.Dir, nil
+}
+
+// Remove detaches and removes every generation.
+func (g Generations) Remove() error {
+	entries, err := os.ReadDir(g.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing mount trees %s: %w", g.Dir, err)
+	}
+	for _, e := range entries {
+		if err := Remove(filepath.Join(g.Dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	if err := unix.Rmdir(g.Dir); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("removing mount tree directory %s: %w", g.Dir, err)
 	}
 	return nil
 }
