@@ -232,35 +232,6 @@ func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool,
 	return false, nil
 }
 
-// checkNameConflict gives the instance name to the oldest Sandbox of the
-// agent on this node; the others wait and say why.
-func (r *SandboxReconciler) checkNameConflict(ctx context.Context, s *sandboxScope) (bool, error) {
-	var list v1alpha1.SandboxList
-	if err := r.List(ctx, &list, client.MatchingFields{indexSandboxAgent: s.sb.Spec.Agent}); err != nil {
-		return false, fmt.Errorf("listing Sandboxes of agent %s: %w", s.sb.Spec.Agent, err)
-	}
-	for i := range list.Items {
-		o := &list.Items[i]
-		if o.UID == s.sb.UID || !onNode(o, r.NodeName) || !o.DeletionTimestamp.IsZero() {
-			continue
-		}
-		if older(o, s.sb) {
-			msg := fmt.Sprintf("Sandbox %s/%s already uses agent %q, so the instance name %s", o.Namespace, o.Name, s.sb.Spec.Agent, s.instance.Name)
-			r.notReady(s, v1alpha1.ReasonNameConflict, msg)
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-func older(a, b *v1alpha1.Sandbox) bool {
-	ta, tb := a.CreationTimestamp.Time, b.CreationTimestamp.Time
-	if !ta.Equal(tb) {
-		return ta.Before(tb)
-	}
-	return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
-}
-
 func (r *SandboxReconciler) inspect(ctx context.Context, s *sandboxScope) (bool, error) {
 	st, err := s.rt.Inspect(ctx, s.instance.Name)
 	if err != nil {

@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -166,26 +167,75 @@ var _ = Describe("Sandbox deletion", func() {
 })
 
 var _ = Describe("Name conflicts", func() {
-	It("gives the agent to the older Sandbox and hands it over when that one goes", func() {
-		ns1, ns2 := newNamespace(), newNamespace()
-		Expect(k8s.Create(ctx, newSandbox(ns1, "first", "shared-agent", time.Minute))).To(Succeed())
-		Eventually(sandboxStatus(ns1, "first"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+	// conditionWith matches a condition of the given type, status and
+	// reason whose message contains want.
+	conditionWith := func(typ string, status metav1.ConditionStatus, reason, want string) OmegaMatcher {
+		return ContainElement(And(
+			HaveField("Type", typ), HaveField("Status", status), HaveField("Reason", reason), HaveField("Message", ContainSubstring(want))))
+	}
+
+	It("never gives one namespace's agent to another: the newer Sandbox's claim is not Bound, and stays unbound after the older one goes", func() {
+		nsA, nsB := newNamespace(), newNamespace()
+		const agent = "tenant-alice"
+		inst := v1alpha1.InstanceName(agent)
+		Expect(k8s.Create(ctx, newSandbox(nsA, "alice", agent, time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(nsA, "a", "alice"))).To(Succeed())
+		Eventually(sandboxStatus(nsA, "alice"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		work := filepath.Join(areasRoot, agent, "workspace", "plan.txt")
+		Expect(os.WriteFile(work, []byte("namespace a's plan"), 0o644)).To(Succeed())
+
 		// Creation timestamps have whole-second resolution.
 		time.Sleep(1100 * time.Millisecond)
-		Expect(k8s.Create(ctx, newSandbox(ns2, "second", "shared-agent", time.Minute))).To(Succeed())
-		Expect(k8s.Create(ctx, newClaim(ns1, "a", "first"))).To(Succeed())
-		Expect(k8s.Create(ctx, newClaim(ns2, "b", "second"))).To(Succeed())
+		Expect(k8s.Create(ctx, newSandbox(nsB, "alice", agent, time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(nsB, "b", "alice"))).To(Succeed())
 
-		Eventually(sandboxStatus(ns1, "first"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		Eventually(sandboxStatus(ns2, "second"), timeout).Should(sandboxIs(1, metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+		By("refusing b's claim with the reason, naming a's Sandbox")
+		taken := fmt.Sprintf("Sandbox %s/alice already uses agent %q", nsA, agent)
+		Eventually(claimStatus(nsB, "b"), timeout).Should(HaveField("Conditions", And(
+			conditionWith(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, taken),
+			conditionWith(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, taken))))
+		Eventually(sandboxStatus(nsB, "alice"), timeout).Should(HaveField("Conditions",
+			conditionWith(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, taken)))
+		Expect(claimStatus(nsB, "b")()).To(HaveField("Instance", BeEmpty()))
+
+		By("keeping the agent's areas a's after a's Sandbox is gone")
+		var first v1alpha1.Sandbox
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: nsA, Name: "alice"}, &first)).To(Succeed())
+		deleteAndWait(&first)
+		belongs := fmt.Sprintf("the areas of agent %q on this node belong to namespace %q", agent, nsA)
+		Eventually(claimStatus(nsB, "b"), timeout).Should(HaveField("Conditions",
+			conditionWith(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, belongs)))
+		Eventually(sandboxStatus(nsB, "alice"), timeout).Should(HaveField("Conditions",
+			conditionWith(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, belongs)))
+		st, err := mgr.rt.Inspect(ctx, inst)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Exists).To(BeFalse(), "namespace b's Sandbox got the instance: %+v", st)
+		Expect(os.ReadFile(work)).To(Equal([]byte("namespace a's plan")))
+	})
+
+	It("hands the agent over to the next Sandbox of the same namespace when the older one goes", func() {
+		ns := newNamespace()
+		const agent = "handed-over"
+		Expect(k8s.Create(ctx, newSandbox(ns, "first", agent, time.Minute))).To(Succeed())
+		Eventually(sandboxStatus(ns, "first"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		// Creation timestamps have whole-second resolution.
+		time.Sleep(1100 * time.Millisecond)
+		Expect(k8s.Create(ctx, newSandbox(ns, "second", agent, time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "a", "first"))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "b", "second"))).To(Succeed())
+
+		Eventually(sandboxStatus(ns, "first"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Eventually(sandboxStatus(ns, "second"), timeout).Should(sandboxIs(1, metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+		Eventually(claimStatus(ns, "b"), timeout).Should(HaveField("Conditions", haveCondition(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonNameConflict)))
 
 		var first v1alpha1.Sandbox
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns1, Name: "first"}, &first)).To(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "first"}, &first)).To(Succeed())
 		deleteAndWait(&first)
-		Eventually(sandboxStatus(ns2, "second"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		st, err := mgr.rt.Inspect(ctx, v1alpha1.InstanceName("shared-agent"))
+		Eventually(sandboxStatus(ns, "second"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Eventually(claimStatus(ns, "b"), timeout).Should(HaveField("Conditions", haveCondition(v1alpha1.ConditionBound, metav1.ConditionTrue, v1alpha1.ReasonBound)))
+		st, err := mgr.rt.Inspect(ctx, v1alpha1.InstanceName(agent))
 		Expect(err).NotTo(HaveOccurred())
-		Expect(st.Owner).To(Equal(ns2 + "/second"))
+		Expect(st.Owner).To(Equal(ns + "/second"))
 	})
 })
 

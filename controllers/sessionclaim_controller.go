@@ -100,6 +100,19 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxDeleting, msg)
 		return ctrl.Result{}, patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status)
 	}
+	// A Sandbox that does not own its agent has nothing to bind to: the
+	// instance and the areas are another Sandbox's, maybe another namespace's.
+	conflict, err := agentConflict(ctx, r.Client, r.Host.AreasRoot, sb)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if conflict != "" {
+		msg := fmt.Sprintf("Sandbox %q does not own its agent: %s", sb.Name, conflict)
+		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonNameConflict, msg)
+		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonNameConflict, msg)
+		claim.Status.Instance, claim.Status.Endpoint = "", ""
+		return ctrl.Result{}, patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status)
+	}
 
 	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	claim.Status.Endpoint = r.Endpoint

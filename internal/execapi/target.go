@@ -2,6 +2,7 @@ package execapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -10,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/tenancy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -52,6 +54,9 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 	if sb.Spec.NodeName != s.opts.NodeName {
 		return nil, &apiError{code: http.StatusMisdirectedRequest, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q; this controller serves node %q: use the endpoint in the claim's status", ns, sb.Name, sb.Spec.NodeName, s.opts.NodeName)}
 	}
+	if e := s.checkOwner(ns, name, &sb); e != nil {
+		return nil, e
+	}
 	if ready {
 		if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != "True" {
 			why := "no Ready condition yet"
@@ -71,6 +76,27 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 		return nil, &apiError{code: http.StatusConflict, msg: err.Error()}
 	}
 	return &target{claim: &claim, sandbox: &sb, instance: in, runtime: rt}, nil
+}
+
+// checkOwner refuses a claim whose Sandbox does not own its agent. The
+// claim's Bound condition says so already; this holds even when a status
+// lags, and the file endpoints, which do not wait for Ready, depend on it:
+// the areas of an agent on this node belong to one namespace (tenancy.Bind),
+// and a Sandbox of another namespace naming the same agent never reaches them.
+func (s *Server) checkOwner(ns, claim string, sb *v1alpha1.Sandbox) *apiError {
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonNameConflict {
+		return notReady("Sandbox %s/%s of SessionClaim %s does not own its agent %q: %s", ns, sb.Name, claim, sb.Spec.Agent, c.Message)
+	}
+	var conflict *tenancy.ConflictError
+	switch err := tenancy.Bind(s.opts.Host.AreasRoot, sb.Spec.Agent, ns); {
+	case errors.As(err, &conflict):
+		return notReady("Sandbox %s/%s of SessionClaim %s does not own its agent %q: %v", ns, sb.Name, claim, sb.Spec.Agent, conflict)
+	case err != nil:
+		// The error names host paths; the caller gets none.
+		s.log.Error(err, "checking which namespace an agent belongs to", "agent", sb.Spec.Agent, "sandbox", ns+"/"+sb.Name)
+		return &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("checking which namespace agent %q belongs to failed; the controller's log says why", sb.Spec.Agent)}
+	}
+	return nil
 }
 
 func notReady(format string, args ...any) *apiError {

@@ -395,6 +395,77 @@ var _ = Describe("the exec and file API", Ordered, func() {
 	})
 })
 
+var _ = Describe("namespaces never share an agent", func() {
+	It("refuses exec and files on a Sandbox whose agent another namespace owns, with 409, and leaves that namespace's data alone", func() {
+		nsA, nsB := env.NewNamespace(), env.NewNamespace()
+		agentName := "shared-" + nsA
+		By("giving mallory exec and files in namespace b only")
+		Expect(env.Client.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsB, Name: "sandbox-user"},
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"create"}},
+				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update"}},
+			},
+		})).To(Succeed())
+		Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: nsB, Name: "sandbox-user"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "sandbox-user"},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "mallory"}},
+		})).To(Succeed())
+		u, err := testEnv.AddUser(envtest.User{Name: "mallory"}, nil)
+		Expect(err).NotTo(HaveOccurred())
+		mallory := apiConfig(u.Config())
+
+		sandbox := func(ns string) *v1alpha1.Sandbox {
+			return &v1alpha1.Sandbox{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "alice"},
+				Spec:       v1alpha1.SandboxSpec{Agent: agentName, Binaries: []v1alpha1.BinaryName{"sh", "cat"}},
+			}
+		}
+		Expect(env.Client.Create(ctx, sandbox(nsA))).To(Succeed())
+		Expect(env.Client.Create(ctx, framework.NewClaim(nsA, "a", "alice"))).To(Succeed())
+		Eventually(env.ClaimStatus(nsA, "a"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+		plan := filepath.Join(env.AreasRoot, agentName, "workspace", "plan.txt")
+		Expect(os.WriteFile(plan, []byte("namespace a's plan"), 0o644)).To(Succeed())
+
+		// Creation timestamps have whole-second resolution.
+		time.Sleep(1100 * time.Millisecond)
+		Expect(env.Client.Create(ctx, sandbox(nsB))).To(Succeed())
+		Expect(env.Client.Create(ctx, framework.NewClaim(nsB, "b", "alice"))).To(Succeed())
+		Eventually(env.ClaimStatus(nsB, "b"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonNameConflict)))
+
+		want := fmt.Sprintf("Sandbox %s/alice already uses agent %q", nsA, agentName)
+		res := execIn(ctx, mallory, nsB, "b", nil, nil, "cat", "/workspace/plan.txt")
+		Expect(res.err).To(MatchError(ContainSubstring(want)))
+		Expect(res.stdout).To(BeEmpty())
+		for _, m := range []string{"GET", "PUT", "DELETE"} {
+			code, msg := fileRequest(mallory, m, nsB, "b", "workspace/plan.txt", strings.NewReader("overwritten"))
+			Expect(code).To(Equal(http.StatusConflict), "%s: %s", m, msg)
+			Expect(msg).To(ContainSubstring(want))
+			Expect(msg).NotTo(ContainSubstring("namespace a's plan"))
+		}
+		By("answering the exec upgrade itself with 409")
+		hc, err := rest.HTTPClientFor(mallory)
+		Expect(err).NotTo(HaveOccurred())
+		req, err := http.NewRequest("GET", fmt.Sprintf("%s/api/v1alpha1/namespaces/%s/sessionclaims/b/exec?command=cat&stdout=true", apiHost, nsB), nil)
+		Expect(err).NotTo(HaveOccurred())
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		req.Header.Set("Sec-WebSocket-Protocol", "v5.channel.k8s.io")
+		resp, err := hc.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		Expect(resp.StatusCode).To(Equal(http.StatusConflict), string(body))
+		var st metav1.Status
+		Expect(json.Unmarshal(body, &st)).To(Succeed())
+		Expect(st.Message).To(ContainSubstring(want))
+		Expect(os.ReadFile(plan)).To(BeEquivalentTo("namespace a's plan"))
+	})
+})
+
 // lockedBuffer is a buffer safe to read while client-go still writes to it.
 type lockedBuffer struct {
 	mu  sync.Mutex
