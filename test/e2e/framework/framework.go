@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -120,6 +121,7 @@ func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts c
 	m, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme:  e.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache:   cache.Options{NewInformer: controllers.NewInformer},
 		// Suites restart the manager in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
