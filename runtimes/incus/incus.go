@@ -298,12 +298,20 @@ func notDelegated(op string, in runtimes.Instance, said string) error {
 
 // startRefusal reads why a start failed from the instance's LXC log: a
 // container whose raw.idmap names ids root may not delegate fails in
-// newuidmap or newgidmap, and the daemon's own answer says only that
+// newuidmap or newgidmap; a disk device whose destination's path inside
+// the container holds a symbolic link (the agent replaced a directory of
+// /workspace/<target>) is refused by LXC, which opens each component
+// without following links. The daemon's own answer says only that
 // forkstart exited. It is nil when the log says nothing known.
 func startRefusal(op string, in runtimes.Instance, log string) error {
 	for _, line := range strings.Split(log, "\n") {
 		if (strings.Contains(line, "newuidmap") || strings.Contains(line, "newgidmap")) && strings.Contains(line, "not allowed") {
 			return notDelegated(op, in, "LXC said: "+strings.TrimSpace(line))
+		}
+		if strings.Contains(line, "was a symbolic link") {
+			return runtimes.Errorf(runtimes.ReasonFailed, op, in.Name,
+				"a mount destination's path inside the container is a symbolic link (placed there from inside the sandbox?); it is not followed, "+
+					"and the instance cannot start until it is removed from the host side (LXC said: %s)", strings.TrimSpace(line))
 		}
 	}
 	return nil

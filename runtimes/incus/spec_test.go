@@ -245,6 +245,18 @@ func TestCurrentProjectFromClientConfig(t *testing.T) {
 	}
 }
 
+// LXC refuses a disk device whose destination's path holds a link; the
+// start's failure says so instead of "forkstart exited".
+func TestStartRefusalNamesALinkedMountDestination(t *testing.T) {
+	in := runtimes.Instance{Name: "cireilclaw-a"}
+	log := `lxc a 2026 ERROR    utils - ../src/lxc/utils.c:open_without_symlink:1084 - Too many levels of symbolic links - src in /usr/lib/x86_64-linux-gnu/lxc/rootfs/workspace/src/app was a symbolic link!
+lxc a 2026 ERROR    conf - ../src/lxc/conf.c:mount_entry:2446 - Too many levels of symbolic links - Failed to mount "/var/lib/incus/devices/a/disk.app" on "/usr/lib/x86_64-linux-gnu/lxc/rootfs/workspace/src/app"`
+	err := startRefusal("ensuring instance", in, log)
+	if err == nil || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), "workspace/src/app") {
+		t.Fatalf("got %v, want a refusal naming the link and the destination", err)
+	}
+}
+
 func TestStartRefusalNamesTheDelegation(t *testing.T) {
 	in := runtimes.Instance{Name: "cireilclaw-a", Identity: runtimes.Identity{UID: 2000000005, GID: 2000000005}}
 	tests := []struct {

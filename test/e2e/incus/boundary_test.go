@@ -1,0 +1,106 @@
+package incus_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+var _ = Describe("Incus mount destinations against the agent", func() {
+	// The attack of issue 12 on this backend: the agent turns the path of
+	// the first custom mount's destination into links (src -> stage,
+	// stage/app -> a host directory holding the second mount's source) and
+	// plants a link to / in the first mount's source. At the next start
+	// LXC opens each component of a disk device's destination beneath the
+	// container's root without following links (open_without_symlink), so
+	// the start is refused; the driver says why.
+	It("refuses to start with a link on a custom mount's destination path and binds nothing where it leads", func() {
+		ns := env.NewNamespace()
+		hostDir := filepath.Join(env.Dir, ns+"-host")
+		secret := filepath.Join(hostDir, "secret")
+		appSrc := filepath.Join(hostDir, "app")
+		toolsParent := filepath.Join(hostDir, "tools-parent")
+		toolsSrc := filepath.Join(toolsParent, "tools")
+		for _, dir := range []string{appSrc, toolsSrc} {
+			Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
+		}
+		Expect(os.WriteFile(secret, []byte("HOST-SECRET\n"), 0o600)).To(Succeed())
+		sb := newSandbox(ns, "linked")
+		sb.Spec.Binaries = append(sb.Spec.Binaries, "mv", "ln", "mkdir", "rm", "ls")
+		sb.Spec.Mounts = []v1alpha1.Mount{
+			{Source: appSrc, Target: "src/app", Mode: v1alpha1.MountReadWrite},
+			{Source: toolsSrc, Target: "tools", Mode: v1alpha1.MountReadWrite},
+		}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(sb) })
+		Expect(k8s.Create(ctx, newClaim(ns, "c1", "linked"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "linked"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		name := instanceOf(sb)
+		giveTo(sb, appSrc)
+		giveTo(sb, toolsSrc)
+
+		code, out := run(name, fmt.Sprintf(`set -e; mv /workspace/src /workspace/src.moved; mkdir -p /workspace/stage; `+
+			`ln -s %[1]s /workspace/stage/app; ln -sfn stage /workspace/src; ln -s / /workspace/src.moved/app/tools`, toolsParent))
+		Expect(code).To(Equal(0), out)
+		noEscape := func() {
+			GinkgoHelper()
+			_, out := run(name, fmt.Sprintf(`cat /workspace/tools%[1]s %[1]s /workspace/src/app/tools%[1]s; echo owned > /workspace/tools%[2]s/planted`, secret, hostDir))
+			Expect(out).NotTo(ContainSubstring("HOST-SECRET"))
+			Expect(filepath.Join(hostDir, "planted")).NotTo(BeAnExistingFile())
+			Expect(isMountPoint(toolsParent)).To(BeFalse(), "a bind landed on the host where a link pointed")
+			Expect(isMountPoint(toolsSrc)).To(BeFalse(), "a bind landed on the host where a link pointed")
+		}
+		By("commands in the running instance see nothing of the host")
+		noEscape()
+
+		By("the next start is refused, naming the link")
+		env.DeleteAndWait(newClaim(ns, "c1", "linked"))
+		Eventually(sandboxStatus(ns, "linked"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		Expect(k8s.Create(ctx, newClaim(ns, "c2", "linked"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "linked"), timeout).Should(HaveField("Conditions",
+			ContainElement(HaveField("Message", ContainSubstring("symbolic link")))))
+		Expect(inspect(name).Running).To(BeFalse())
+		Expect(isMountPoint(toolsParent)).To(BeFalse())
+		Expect(filepath.Join(hostDir, "planted")).NotTo(BeAnExistingFile())
+
+		By("repaired from the host, the instance starts with every mount at its destination")
+		ws := areaPath(sb, "workspace")
+		Expect(os.Remove(filepath.Join(ws, "src"))).To(Succeed())
+		Expect(os.RemoveAll(filepath.Join(ws, "stage"))).To(Succeed())
+		Expect(os.Rename(filepath.Join(ws, "src.moved"), filepath.Join(ws, "src"))).To(Succeed())
+		Expect(os.Remove(filepath.Join(appSrc, "tools"))).To(Succeed())
+		nudge(sb)
+		Eventually(sandboxStatus(ns, "linked"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		// Right after a start Incus may not have the init's pid for an exec yet.
+		Eventually(func() (int, error) {
+			var b strings.Builder
+			st, err := rt().Exec(ctx, name, runtimes.ExecRequest{Argv: []string{"sh", "-c", `echo ok > /workspace/src/app/back && echo ok > /workspace/tools/back`}, Stdout: &b, Stderr: &b})
+			return st.Code, err
+		}, timeout).Should(Equal(0))
+		Expect(os.ReadFile(filepath.Join(appSrc, "back"))).To(Equal([]byte("ok\n")))
+		Expect(os.ReadFile(filepath.Join(toolsSrc, "back"))).To(Equal([]byte("ok\n")))
+		noEscape()
+	})
+})
+
+// isMountPoint says whether p is a mount point in this process's mount
+// namespace: its mount is not its parent's.
+func isMountPoint(p string) bool {
+	var st, parent unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err != nil {
+		return false
+	}
+	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(p), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &parent); err != nil {
+		return false
+	}
+	return st.Mnt_id != parent.Mnt_id
+}
