@@ -43,3 +43,12 @@ func (r *Root) Mkdir(rel string, parents bool) error {
 }
 
 func (r *Root) Remove(rel string, recursive bool) error { return r.unsupported("removing", rel) }
+
+// Remove removes the file or directory at a sandbox path.
+func (v *View) Remove(sandboxPath string, recursive bool) error {
+	root, rel, err := v.Resolve(sandboxPath)
+	if err != nil {
+		return err
+	}
+	return root.Remove(rel, recursive)
+}

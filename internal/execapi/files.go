@@ -66,7 +66,7 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	case http.MethodPut:
 		err = s.writeFile(w, r, root, rel, t.instance.Identity)
 	case http.MethodDelete:
-		err = removeFile(w, r, root, rel)
+		err = removeFile(w, r, v, sandboxPath)
 	}
 	if err != nil {
 		var aerr *apiError
@@ -208,10 +208,12 @@ func tooLarge(limit int64) *apiError {
 	return &apiError{code: http.StatusRequestEntityTooLarge, refusal: refusalBodyTooLarge, msg: fmt.Sprintf("the body is larger than the %d-byte limit of one upload", limit)}
 }
 
-// removeFile deletes a file, or a directory tree with ?recursive=true.
-func removeFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string) error {
+// removeFile deletes a file, or a directory tree with ?recursive=true. A
+// directory that is or holds the mount point of a custom mount is refused
+// (409), whatever links its path goes through.
+func removeFile(w http.ResponseWriter, r *http.Request, v *areas.View, sandboxPath string) error {
 	recursive, _ := strconv.ParseBool(r.URL.Query().Get("recursive"))
-	if err := root.Remove(rel, recursive); err != nil {
+	if err := v.Remove(sandboxPath, recursive); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -224,6 +226,12 @@ func fileError(p string, err error) *apiError {
 	switch {
 	case errors.Is(err, areas.ErrEscape):
 		return &apiError{code: http.StatusForbidden, refusal: refusalEscape, msg: err.Error()}
+	case errors.Is(err, areas.ErrMountPoint):
+		return &apiError{code: http.StatusConflict, refusal: refusalMountPoint, msg: err.Error()}
+	case errors.Is(err, syscall.EBUSY):
+		// A mount point the agent moved elsewhere in its workspace: the
+		// kernel refuses to remove it in the controller's namespace.
+		return &apiError{code: http.StatusConflict, refusal: refusalMountPoint, msg: fmt.Sprintf("%s: it is or holds a mount point of the sandbox: %v", p, err)}
 	case errors.Is(err, areas.ErrReadOnly):
 		return &apiError{code: http.StatusForbidden, refusal: refusalReadOnly, msg: fmt.Sprintf("%s: %v", p, err)}
 	case errors.Is(err, fs.ErrNotExist):

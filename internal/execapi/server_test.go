@@ -407,6 +407,33 @@ func TestFiles(t *testing.T) {
 		}
 	})
 
+	t.Run("mount points are not removable, whatever links lead there", func(t *testing.T) {
+		ws := filepath.Join(f.areas, f.agent, "workspace")
+		// The mount point of workspace/docs, as the driver's mount tree
+		// leaves it in the area, and what an agent adds: l -> .
+		if err := os.MkdirAll(filepath.Join(ws, "docs"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(".", filepath.Join(ws, "l")); err != nil {
+			t.Fatal(err)
+		}
+		before := f.refusals(refusalMountPoint)
+		code, got := f.do("DELETE", "alice-token", "workspace/l/docs?recursive=true", nil)
+		if code != 409 || !strings.Contains(got, "/workspace/docs") {
+			t.Fatalf("removing a mount point through a link: got %d %q, want 409 naming /workspace/docs", code, got)
+		}
+		code, got = f.do("DELETE", "alice-token", "workspace/l?recursive=true", nil)
+		if code != 204 {
+			t.Fatalf("removing the link itself: got %d %q, want 204", code, got)
+		}
+		if _, err := os.Stat(filepath.Join(ws, "docs")); err != nil {
+			t.Fatalf("removing the link removed its target: %v", err)
+		}
+		if got := f.refusals(refusalMountPoint); got != before+1 {
+			t.Errorf("mount point refusals: got %v, want %v", got, before+1)
+		}
+	})
+
 	t.Run("listing is JSON entries", func(t *testing.T) {
 		code, got := f.do("GET", "alice-token", "workspace/docs", nil)
 		var entries []map[string]any

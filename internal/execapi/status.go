@@ -16,6 +16,7 @@ const (
 	refusalCommandRefused  = "CommandRefused"
 	refusalEscape          = "PathEscape"
 	refusalReadOnly        = "ReadOnly"
+	refusalMountPoint      = "MountPoint"
 	refusalNotReady        = "NotReady"
 	refusalTooManyExecs    = "TooManyExecs"
 	refusalBodyTooLarge    = "BodyTooLarge"
