@@ -67,6 +67,10 @@ const (
 	// names the mount, the path and the problem. Commands could not run, so
 	// the Sandbox and its claims are not Ready until the source is back.
 	ReasonMountSourceMissing = "MountSourceMissing"
+	// ReasonClassForbids: the Sandbox's SandboxClass does not allow
+	// something it asks for; the message names the field and the class's
+	// rule. Nothing is started and no area is created.
+	ReasonClassForbids = "ClassForbids"
 
 	// ReasonWorktreeCreated: the worktree exists and is checked out.
 	ReasonWorktreeCreated = "WorktreeCreated"

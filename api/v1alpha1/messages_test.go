@@ -22,6 +22,8 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 		v1alpha1.MsgBackendImmutable: true, v1alpha1.MsgIncusRequired: true, v1alpha1.MsgContainerdRequired: true,
 		v1alpha1.MsgSandboxNameImmut: true, v1alpha1.MsgWorktreeImmutable: true, v1alpha1.MsgWorktreeRepository: true,
 		v1alpha1.MsgWorktreeName: true, v1alpha1.MsgWorktreeNameRef: true, v1alpha1.MsgWorktreeRef: true,
+		v1alpha1.MsgClassRoot: true, v1alpha1.MsgClassAgentIDs: true, v1alpha1.MsgClassMemoryMax: true,
+		v1alpha1.MsgClassPidsMax: true, v1alpha1.MsgClassRootfsMax: true, v1alpha1.MsgClassRootMax: true,
 	}
 	for _, m := range decodeRuleMessages {
 		goMsgs[m] = true
@@ -31,8 +33,8 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 	// estimated cost. The controller refuses such a spec (InvalidSpec) and
 	// so does the sandbox.toml loader.
 	files, err := filepath.Glob("../../config/crd/bases/*.yaml")
-	if err != nil || len(files) != 2 {
-		t.Fatalf("expected the two generated CRDs in config/crd/bases, found %v (%v)", files, err)
+	if err != nil || len(files) != 3 {
+		t.Fatalf("expected the three generated CRDs in config/crd/bases, found %v (%v)", files, err)
 	}
 	msgLine := regexp.MustCompile(`(?m)^\s*- message: (.*(?:\n\s{6,}[^-\s:][^:]*$)*)`)
 	space := regexp.MustCompile(`\s+`)

@@ -187,6 +187,14 @@ type SandboxSpec struct {
 	// +optional
 	Backend Backend `json:"backend,omitempty"`
 
+	// ClassName names the SandboxClass that says what this Sandbox may use
+	// (host directories, devices, images, backends, agent ids, limits).
+	// Empty: the class marked default, if any. Without any SandboxClass in
+	// the cluster, no class applies.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ClassName string `json:"className,omitempty"`
+
 	// NodeName is the node whose controller runs this sandbox. A controller
 	// started with --node-name reconciles only the Sandboxes naming its node;
 	// one started without it reconciles only Sandboxes without a node name.

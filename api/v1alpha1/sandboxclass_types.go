@@ -1,0 +1,162 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DefaultClassLabel marks the SandboxClass that applies to Sandboxes
+// without spec.className, with the value "true". It is a label rather than
+// StorageClass's annotation because the admission policy selects classes by
+// label (paramRef.selector).
+const DefaultClassLabel = "sandboxclass.sandbox.cireilclaw.dev/is-default-class"
+
+// The messages of the SandboxClass's own schema rules.
+const (
+	MsgClassRoot      = "allowedMountSourceRoots are absolute directories without '.', '..', empty segments or a trailing '/' ('/' alone allows every directory)"
+	MsgClassAgentIDs  = "agentIDs is FIRST:COUNT, two decimal numbers"
+	MsgClassMemoryMax = "defaultLimits.memoryLimit must not be above maxLimits.memoryLimit"
+	MsgClassPidsMax   = "defaultLimits.pidsLimit must not be above maxLimits.pidsLimit"
+	MsgClassRootfsMax = "defaultLimits.rootfsSizeLimit must not be above maxLimits.rootfsSizeLimit"
+	MsgClassRootMax   = "defaultLimits.rootSizeLimit must not be above maxLimits.rootSizeLimit"
+)
+
+// ClassDevices says which device options of a Sandbox a class allows.
+type ClassDevices struct {
+	// USB allows spec.devices.usb.
+	// +optional
+	USB bool `json:"usb,omitempty"`
+	// All allows spec.devices.all, the host /dev: a Sandbox with it can
+	// reach every device of the node.
+	// +optional
+	All bool `json:"all,omitempty"`
+}
+
+// ClassImages lists the images a class allows per backend. An entry is an
+// exact image reference, or ends in '*' and then allows every reference
+// beginning with what comes before it ("registry.example.com/team-a/*";
+// "*" alone allows any image). An empty list allows no image, so the
+// backend cannot be used.
+type ClassImages struct {
+	// Containerd are the images spec.containerd.image may name.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +listType=set
+	// +optional
+	Containerd []string `json:"containerd,omitempty"`
+	// Incus are the images spec.incus.image may name.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +listType=set
+	// +optional
+	Incus []string `json:"incus,omitempty"`
+}
+
+// ClassLimits are resource limits of the containerd and incus backends.
+type ClassLimits struct {
+	// MemoryLimit bounds spec.containerd.memoryLimit.
+	// +optional
+	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
+	// PidsLimit bounds spec.containerd.pidsLimit.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4194304
+	// +optional
+	PidsLimit *int64 `json:"pidsLimit,omitempty"`
+	// RootfsSizeLimit bounds spec.containerd.rootfsSizeLimit.
+	// +optional
+	RootfsSizeLimit *resource.Quantity `json:"rootfsSizeLimit,omitempty"`
+	// RootSizeLimit bounds spec.incus.rootSizeLimit.
+	// +optional
+	RootSizeLimit *resource.Quantity `json:"rootSizeLimit,omitempty"`
+}
+
+// SandboxClassSpec is what the Sandboxes of a class may ask for. A class
+// allows only what it lists: an empty list allows nothing.
+// +kubebuilder:validation:XValidation:rule="!has(self.defaultLimits) || !has(self.maxLimits) || !has(self.defaultLimits.memoryLimit) || !has(self.maxLimits.memoryLimit) || !quantity(string(self.defaultLimits.memoryLimit)).isGreaterThan(quantity(string(self.maxLimits.memoryLimit)))",message="defaultLimits.memoryLimit must not be above maxLimits.memoryLimit"
+// +kubebuilder:validation:XValidation:rule="!has(self.defaultLimits) || !has(self.maxLimits) || !has(self.defaultLimits.pidsLimit) || !has(self.maxLimits.pidsLimit) || self.defaultLimits.pidsLimit <= self.maxLimits.pidsLimit",message="defaultLimits.pidsLimit must not be above maxLimits.pidsLimit"
+// +kubebuilder:validation:XValidation:rule="!has(self.defaultLimits) || !has(self.maxLimits) || !has(self.defaultLimits.rootfsSizeLimit) || !has(self.maxLimits.rootfsSizeLimit) || !quantity(string(self.defaultLimits.rootfsSizeLimit)).isGreaterThan(quantity(string(self.maxLimits.rootfsSizeLimit)))",message="defaultLimits.rootfsSizeLimit must not be above maxLimits.rootfsSizeLimit"
+// +kubebuilder:validation:XValidation:rule="!has(self.defaultLimits) || !has(self.maxLimits) || !has(self.defaultLimits.rootSizeLimit) || !has(self.maxLimits.rootSizeLimit) || !quantity(string(self.defaultLimits.rootSizeLimit)).isGreaterThan(quantity(string(self.maxLimits.rootSizeLimit)))",message="defaultLimits.rootSizeLimit must not be above maxLimits.rootSizeLimit"
+type SandboxClassSpec struct {
+	// AllowedBackends are the backends a Sandbox of this class may use.
+	// +kubebuilder:validation:MaxItems=3
+	// +listType=set
+	// +optional
+	AllowedBackends []Backend `json:"allowedBackends,omitempty"`
+
+	// AllowedMountSourceRoots are the host directories mount sources must
+	// be, or lie beneath. The controller checks a source after expanding
+	// ~/ and resolving its symbolic links on the node, against the roots
+	// with their links resolved too. Empty: no custom mounts.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:XValidation:rule="self == '/' || (self.startsWith('/') && !self.endsWith('/') && !self.substring(1).split('/').exists(s, s == '' || s == '.' || s == '..'))",message="allowedMountSourceRoots are absolute directories without '.', '..', empty segments or a trailing '/' ('/' alone allows every directory)"
+	// +listType=set
+	// +optional
+	AllowedMountSourceRoots []string `json:"allowedMountSourceRoots,omitempty"`
+
+	// MaxMounts bounds the number of spec.mounts; without it the Sandbox's
+	// own bound (64) applies.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=64
+	// +optional
+	MaxMounts *int32 `json:"maxMounts,omitempty"`
+
+	// Devices says which of spec.devices a Sandbox may turn on.
+	// +optional
+	Devices ClassDevices `json:"devices,omitempty"`
+
+	// AllowedImages are the images of the containerd and incus backends.
+	// +optional
+	AllowedImages ClassImages `json:"allowedImages,omitempty"`
+
+	// AgentIDs is the FIRST:COUNT block of host ids the agents of this
+	// class run as. It must lie in the controller's --agent-ids: the
+	// controller gives a new agent an id of this block and refuses an
+	// agent whose id, given before, lies outside it. Empty: any id of the
+	// controller's range.
+	// +kubebuilder:validation:MaxLength=21
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]{1,10}:[0-9]{1,10}$')",message="agentIDs is FIRST:COUNT, two decimal numbers"
+	// +optional
+	AgentIDs string `json:"agentIDs,omitempty"`
+
+	// DefaultLimits apply where a Sandbox sets no limit of its own. The
+	// controller applies them to the instance it starts; the Sandbox's spec
+	// is never written.
+	// +optional
+	DefaultLimits *ClassLimits `json:"defaultLimits,omitempty"`
+
+	// MaxLimits bound what a Sandbox may set. A Sandbox that sets no limit
+	// gets the default, else the maximum.
+	// +optional
+	MaxLimits *ClassLimits `json:"maxLimits,omitempty"`
+}
+
+// SandboxClass is an administrator's statement of what the Sandboxes that
+// name it (spec.className), or all Sandboxes without a class when it is
+// marked default, may use on a node: backends, host directories, devices,
+// images, agent ids and resource limits. Without any SandboxClass in the
+// cluster, Sandboxes are not restricted by class.
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=sbxclass,categories=cireilclaw
+// +kubebuilder:printcolumn:name="Default",type=string,JSONPath=`.metadata.labels.sandboxclass\.sandbox\.cireilclaw\.dev/is-default-class`
+// +kubebuilder:printcolumn:name="Backends",type=string,JSONPath=`.spec.allowedBackends`
+// +kubebuilder:printcolumn:name="Roots",type=string,JSONPath=`.spec.allowedMountSourceRoots`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type SandboxClass struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec SandboxClassSpec `json:"spec"`
+}
+
+// SandboxClassList is a list of SandboxClasses.
+// +kubebuilder:object:root=true
+type SandboxClassList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []SandboxClass `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&SandboxClass{}, &SandboxClassList{})
+}

@@ -1,0 +1,306 @@
+// Package sandboxclass decides whether a SandboxClass allows a Sandbox's
+// spec, on the node, before anything of the Sandbox starts: the controller
+// asks it on every reconcile, so a Sandbox admitted without the admission
+// policy, or under a class that changed since, is still held to its class.
+//
+// Mount sources are checked as the node sees them: ~/ expanded, then every
+// symbolic link resolved (links in the roots too), so a link below an
+// allowed root that points out of it is refused. The spec Effective returns
+// carries the resolved sources, so the drivers bind what was checked.
+//
+// This package never writes a Sandbox and never creates anything on the
+// host; it only reads (resolves links).
+package sandboxclass
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+)
+
+// Select picks the class of spec among classes, the cluster's
+// SandboxClasses. It returns nil and "" when no class applies (there are
+// no classes), and a message naming spec.className and the rule when the
+// Sandbox cannot be given one.
+func Select(classes []v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec) (*v1alpha1.SandboxClass, string) {
+	if len(classes) == 0 {
+		if spec.ClassName != "" {
+			return nil, fmt.Sprintf("spec.className: SandboxClass %q does not exist", spec.ClassName)
+		}
+		return nil, ""
+	}
+	if spec.ClassName != "" {
+		for i := range classes {
+			if classes[i].Name == spec.ClassName {
+				return &classes[i], ""
+			}
+		}
+		return nil, fmt.Sprintf("spec.className: SandboxClass %q does not exist", spec.ClassName)
+	}
+	var defaults []string
+	var class *v1alpha1.SandboxClass
+	for i := range classes {
+		if IsDefault(&classes[i]) {
+			defaults = append(defaults, classes[i].Name)
+			class = &classes[i]
+		}
+	}
+	switch len(defaults) {
+	case 0:
+		return nil, fmt.Sprintf("spec.className: the cluster has SandboxClasses but none is marked default (label %s=true), so a Sandbox must name one", v1alpha1.DefaultClassLabel)
+	case 1:
+		return class, ""
+	default:
+		sort.Strings(defaults)
+		return nil, fmt.Sprintf("spec.className: %d SandboxClasses are marked default (%s): name one in spec.className, or an administrator keeps the label %s=true on one only",
+			len(defaults), strings.Join(defaults, ", "), v1alpha1.DefaultClassLabel)
+	}
+}
+
+// IsDefault reports whether c is marked as the default class.
+func IsDefault(c *v1alpha1.SandboxClass) bool {
+	return c.Labels[v1alpha1.DefaultClassLabel] == "true"
+}
+
+// Node is what the checks need to know of the node.
+type Node struct {
+	// Home expands mount sources that begin with ~/.
+	Home string
+	// Resolve resolves the symbolic links of an absolute, clean path as
+	// the node sees it. Nil: ResolveLinks.
+	Resolve func(string) (string, error)
+}
+
+// Effective checks spec against class and returns the spec the instance
+// is built from: mount sources with ~/ expanded and links resolved, and the
+// class's limits where the Sandbox sets none. The second result lists every
+// rule the spec breaks, each naming the field and the rule; when it is not
+// empty, the returned spec must not be used. spec is not changed.
+func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node Node) (*v1alpha1.SandboxSpec, []string) {
+	resolve := node.Resolve
+	if resolve == nil {
+		resolve = ResolveLinks
+	}
+	out := spec.DeepCopy()
+	cs := &class.Spec
+	name := class.Name
+	var v []string
+
+	backend := spec.BackendOrDefault()
+	if !slices.Contains(cs.AllowedBackends, backend) {
+		v = append(v, fmt.Sprintf("spec.backend: SandboxClass %q allows the backends [%s], not %q", name, joinBackends(cs.AllowedBackends), backend))
+	}
+
+	if cs.MaxMounts != nil && len(spec.Mounts) > int(*cs.MaxMounts) {
+		v = append(v, fmt.Sprintf("spec.mounts: SandboxClass %q allows at most %d mounts, the Sandbox has %d", name, *cs.MaxMounts, len(spec.Mounts)))
+	}
+	roots := resolvedRoots(cs.AllowedMountSourceRoots, resolve)
+	for i, m := range spec.Mounts {
+		field := fmt.Sprintf("spec.mounts[%d].source", i)
+		src := m.Source
+		if strings.HasPrefix(src, "~/") {
+			if node.Home == "" {
+				v = append(v, fmt.Sprintf("%s: %q begins with ~/ but the controller has no home directory to expand it", field, src))
+				continue
+			}
+			src = filepath.Join(node.Home, src[2:])
+		}
+		src = filepath.Clean(src)
+		real, err := resolve(src)
+		if err != nil {
+			v = append(v, fmt.Sprintf("%s: %q cannot be resolved on the node to check it against SandboxClass %q: %v", field, m.Source, name, err))
+			continue
+		}
+		if !under(real, roots) {
+			seen := fmt.Sprintf("%q", m.Source)
+			if real != m.Source {
+				seen = fmt.Sprintf("%q (on the node: %q)", m.Source, real)
+			}
+			v = append(v, fmt.Sprintf("%s: %s lies outside the mount source roots SandboxClass %q allows [%s]", field, seen, name, strings.Join(cs.AllowedMountSourceRoots, ", ")))
+			continue
+		}
+		out.Mounts[i].Source = real
+	}
+
+	if spec.Devices.USB && !cs.Devices.USB {
+		v = append(v, fmt.Sprintf("spec.devices.usb: SandboxClass %q does not allow the host's USB devices", name))
+	}
+	if spec.Devices.All && !cs.Devices.All {
+		v = append(v, fmt.Sprintf("spec.devices.all: SandboxClass %q does not allow the host /dev", name))
+	}
+
+	switch backend {
+	case v1alpha1.BackendContainerd:
+		if c := spec.Containerd; c != nil {
+			if !imageAllowed(c.Image, cs.AllowedImages.Containerd) {
+				v = append(v, fmt.Sprintf("spec.containerd.image: SandboxClass %q does not allow the image %q (allowed: [%s])", name, c.Image, strings.Join(cs.AllowedImages.Containerd, ", ")))
+			}
+			oc := out.Containerd
+			v = append(v, quantityLimit(name, "spec.containerd.memoryLimit", &oc.MemoryLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.MemoryLimit })...)
+			v = append(v, quantityLimit(name, "spec.containerd.rootfsSizeLimit", &oc.RootfsSizeLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.RootfsSizeLimit })...)
+			v = append(v, pidsLimit(name, &oc.PidsLimit, cs.DefaultLimits, cs.MaxLimits)...)
+		}
+	case v1alpha1.BackendIncus:
+		if c := spec.Incus; c != nil {
+			if !imageAllowed(c.Image, cs.AllowedImages.Incus) {
+				v = append(v, fmt.Sprintf("spec.incus.image: SandboxClass %q does not allow the image %q (allowed: [%s])", name, c.Image, strings.Join(cs.AllowedImages.Incus, ", ")))
+			}
+			v = append(v, quantityLimit(name, "spec.incus.rootSizeLimit", &out.Incus.RootSizeLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.RootSizeLimit })...)
+		}
+	}
+	if len(v) > 0 {
+		return nil, v
+	}
+	return out, nil
+}
+
+// AgentIDs is the block of host ids the agents of class may have: the
+// class's agentIDs, which must lie inside the controller's range. Without
+// agentIDs it is the controller's range.
+func AgentIDs(class *v1alpha1.SandboxClass, controller areas.IDRange) (areas.IDRange, string) {
+	if class == nil || class.Spec.AgentIDs == "" {
+		return controller, ""
+	}
+	r, err := areas.ParseIDRange(class.Spec.AgentIDs)
+	if err != nil {
+		return areas.IDRange{}, fmt.Sprintf("spec.className: SandboxClass %q has agentIDs the controller cannot use: %v", class.Name, err)
+	}
+	last := uint64(r.First) + uint64(r.Count) - 1
+	if !controller.Contains(r.First) || !controller.Contains(uint32(last)) {
+		return areas.IDRange{}, fmt.Sprintf("spec.className: SandboxClass %q gives agents the host ids %s, which this controller does not hand out (--agent-ids %s)", class.Name, r, controller)
+	}
+	return r, ""
+}
+
+// CheckAgentID says why an agent whose host id is id may not belong to
+// class (its ids are ids), or "" when it may.
+func CheckAgentID(class *v1alpha1.SandboxClass, ids areas.IDRange, agent string, id uint32) string {
+	if ids.Contains(id) {
+		return ""
+	}
+	return fmt.Sprintf("spec.agent: agent %q runs as host id %d, outside the ids %s that SandboxClass %q allows: choose another agent name, or an administrator moves the agent's areas",
+		agent, id, ids, class.Name)
+}
+
+// ResolveLinks resolves every symbolic link of path, an absolute clean
+// path. Where path does not exist, its longest existing parent is
+// resolved and the rest appended: the directory it names, once created,
+// lies there.
+func ResolveLinks(path string) (string, error) {
+	rest := ""
+	dir := path
+	for {
+		real, err := filepath.EvalSymlinks(dir)
+		if err == nil {
+			return filepath.Join(real, rest), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", err
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = parent
+	}
+}
+
+// resolvedRoots are the roots with their own links resolved; a root that
+// cannot be resolved is kept as written.
+func resolvedRoots(roots []string, resolve func(string) (string, error)) []string {
+	out := make([]string, 0, len(roots))
+	for _, r := range roots {
+		r = filepath.Clean(r)
+		if real, err := resolve(r); err == nil {
+			r = real
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// under reports whether path is one of roots or lies beneath one.
+func under(path string, roots []string) bool {
+	for _, r := range roots {
+		if r == "/" || path == r || strings.HasPrefix(path, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func imageAllowed(image string, allowed []string) bool {
+	for _, a := range allowed {
+		if p, ok := strings.CutSuffix(a, "*"); ok {
+			if strings.HasPrefix(image, p) {
+				return true
+			}
+		} else if image == a {
+			return true
+		}
+	}
+	return false
+}
+
+// quantityLimit checks *q against the class's maximum and fills in the
+// default (else the maximum) where the Sandbox sets none.
+func quantityLimit(class, field string, q **resource.Quantity, def, max *v1alpha1.ClassLimits, get func(*v1alpha1.ClassLimits) *resource.Quantity) []string {
+	var d, m *resource.Quantity
+	if def != nil {
+		d = get(def)
+	}
+	if max != nil {
+		m = get(max)
+	}
+	switch {
+	case *q != nil && m != nil && (*q).Cmp(*m) > 0:
+		return []string{fmt.Sprintf("%s: %s is above the maximum %s of SandboxClass %q", field, (*q).String(), m.String(), class)}
+	case *q == nil && d != nil:
+		c := d.DeepCopy()
+		*q = &c
+	case *q == nil && m != nil:
+		c := m.DeepCopy()
+		*q = &c
+	}
+	return nil
+}
+
+// pidsLimit is quantityLimit for spec.containerd.pidsLimit.
+func pidsLimit(class string, p **int64, def, max *v1alpha1.ClassLimits) []string {
+	var d, m *int64
+	if def != nil {
+		d = def.PidsLimit
+	}
+	if max != nil {
+		m = max.PidsLimit
+	}
+	switch {
+	case *p != nil && m != nil && **p > *m:
+		return []string{fmt.Sprintf("spec.containerd.pidsLimit: %d is above the maximum %d of SandboxClass %q", **p, *m, class)}
+	case *p == nil && d != nil:
+		c := *d
+		*p = &c
+	case *p == nil && m != nil:
+		c := *m
+		*p = &c
+	}
+	return nil
+}
+
+func joinBackends(backends []v1alpha1.Backend) string {
+	s := make([]string, len(backends))
+	for i, b := range backends {
+		s[i] = string(b)
+	}
+	return strings.Join(s, ", ")
+}

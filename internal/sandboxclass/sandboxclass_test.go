@@ -1,0 +1,207 @@
+package sandboxclass
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+)
+
+// tree makes <dir>/srv/projects/{team-a,team-b}, a link team-a/etc-link ->
+// /etc and a link team-a/b-link -> ../team-b, and returns dir.
+func tree(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{"srv/projects/team-a/app", "srv/projects/team-b", "home/alice/projects"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{
+		"srv/projects/team-a/etc-link": "/etc",
+		"srv/projects/team-a/b-link":   "../team-b",
+		"srv/projects/team-a/self":     "app",
+		"home/alice/projects/link":     "/etc",
+	} {
+		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func class(dir string) *v1alpha1.SandboxClass {
+	return &v1alpha1.SandboxClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "team-a"},
+		Spec: v1alpha1.SandboxClassSpec{
+			AllowedBackends:         []v1alpha1.Backend{v1alpha1.BackendBwrap, v1alpha1.BackendContainerd},
+			AllowedMountSourceRoots: []string{filepath.Join(dir, "srv/projects/team-a"), filepath.Join(dir, "home/alice/projects")},
+			MaxMounts:               ptr.To[int32](2),
+			AllowedImages:           v1alpha1.ClassImages{Containerd: []string{"docker.io/library/alpine:3.20", "registry.example.com/team-a/*"}},
+			DefaultLimits:           &v1alpha1.ClassLimits{MemoryLimit: ptr.To(resource.MustParse("512Mi"))},
+			MaxLimits:               &v1alpha1.ClassLimits{MemoryLimit: ptr.To(resource.MustParse("1Gi")), PidsLimit: ptr.To[int64](256)},
+		},
+	}
+}
+
+func TestEffective(t *testing.T) {
+	dir := tree(t)
+	a := filepath.Join(dir, "srv/projects/team-a")
+	mount := func(src string) []v1alpha1.Mount { return []v1alpha1.Mount{{Source: src, Target: "p"}} }
+	ctr := func(image string, mem string, pids int64) *v1alpha1.ContainerdSpec {
+		c := &v1alpha1.ContainerdSpec{Image: image}
+		if mem != "" {
+			c.MemoryLimit = ptr.To(resource.MustParse(mem))
+		}
+		if pids != 0 {
+			c.PidsLimit = ptr.To(pids)
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		spec v1alpha1.SandboxSpec
+		// want is a part of the first violation, or "" when allowed.
+		want string
+	}{
+		{"allowed: no mounts", v1alpha1.SandboxSpec{}, ""},
+		{"allowed: the root itself", v1alpha1.SandboxSpec{Mounts: mount(a)}, ""},
+		{"allowed: below the root", v1alpha1.SandboxSpec{Mounts: mount(a + "/app")}, ""},
+		{"allowed: a link staying inside the root", v1alpha1.SandboxSpec{Mounts: mount(a + "/self")}, ""},
+		{"allowed: a source not created yet below the root", v1alpha1.SandboxSpec{Mounts: mount(a + "/later/deeper")}, ""},
+		{"allowed: ~/ expanded into a root", v1alpha1.SandboxSpec{Mounts: mount("~/projects")}, ""},
+		{"refused: /", v1alpha1.SandboxSpec{Mounts: mount("/")}, `spec.mounts[0].source: "/" lies outside the mount source roots SandboxClass "team-a" allows`},
+		{"refused: /etc", v1alpha1.SandboxSpec{Mounts: mount("/etc")}, `spec.mounts[0].source: "/etc" lies outside`},
+		{"refused: another team's directory", v1alpha1.SandboxSpec{Mounts: mount(dir + "/srv/projects/team-b")}, "srv/projects/team-b\" lies outside"},
+		{"refused: a sibling sharing the root's prefix", v1alpha1.SandboxSpec{Mounts: mount(a + "-evil")}, "lies outside"},
+		{"refused: a link below the root to /etc", v1alpha1.SandboxSpec{Mounts: mount(a + "/etc-link")}, `(on the node: "/etc") lies outside`},
+		{"refused: a link below the root to another team", v1alpha1.SandboxSpec{Mounts: mount(a + "/b-link")}, "team-b\") lies outside"},
+		{"refused: a missing source below a link to /etc", v1alpha1.SandboxSpec{Mounts: mount(a + "/etc-link/new")}, `(on the node: "/etc/new") lies outside`},
+		{"refused: ~/ expanded into a link to /etc", v1alpha1.SandboxSpec{Mounts: mount("~/projects/link")}, `"~/projects/link" (on the node: "/etc") lies outside`},
+		{"refused: ~/ outside the roots", v1alpha1.SandboxSpec{Mounts: mount("~/.ssh")}, `"~/.ssh" (on the node: "` + dir + `/home/alice/.ssh") lies outside`},
+		{"refused: too many mounts", v1alpha1.SandboxSpec{Mounts: []v1alpha1.Mount{{Source: a, Target: "a"}, {Source: a, Target: "b"}, {Source: a, Target: "c"}}}, `spec.mounts: SandboxClass "team-a" allows at most 2 mounts, the Sandbox has 3`},
+		{"refused: devices.all", v1alpha1.SandboxSpec{Devices: v1alpha1.Devices{All: true}}, `spec.devices.all: SandboxClass "team-a" does not allow the host /dev`},
+		{"refused: devices.usb", v1alpha1.SandboxSpec{Devices: v1alpha1.Devices{USB: true}}, `spec.devices.usb: SandboxClass "team-a" does not allow`},
+		{"refused: backend", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendIncus, Incus: &v1alpha1.IncusSpec{Image: "x"}}, `spec.backend: SandboxClass "team-a" allows the backends [bwrap, containerd], not "incus"`},
+		{"allowed: exact image", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:3.20", "", 0)}, ""},
+		{"allowed: image by prefix", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("registry.example.com/team-a/tools:1", "1Gi", 256)}, ""},
+		{"refused: image", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:latest", "", 0)}, `spec.containerd.image: SandboxClass "team-a" does not allow the image "docker.io/library/alpine:latest"`},
+		{"refused: image of another prefix", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("registry.example.com/team-b/tools:1", "", 0)}, "does not allow the image"},
+		{"refused: memory above the maximum", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:3.20", "2Gi", 0)}, `spec.containerd.memoryLimit: 2Gi is above the maximum 1Gi of SandboxClass "team-a"`},
+		{"refused: pids above the maximum", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:3.20", "", 1000)}, `spec.containerd.pidsLimit: 1000 is above the maximum 256`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := tc.spec
+			spec.Agent = "alice"
+			before := spec.DeepCopy()
+			out, v := Effective(class(dir), &spec, Node{Home: filepath.Join(dir, "home/alice")})
+			if tc.want == "" {
+				if len(v) > 0 || out == nil {
+					t.Fatalf("refused: %v", v)
+				}
+			} else if len(v) == 0 || !strings.Contains(v[0], tc.want) || out != nil {
+				t.Fatalf("violations %q, want the first containing %q", v, tc.want)
+			}
+			if spec.Backend != before.Backend || len(spec.Mounts) != len(before.Mounts) || (len(spec.Mounts) > 0 && spec.Mounts[0] != before.Mounts[0]) {
+				t.Fatalf("the Sandbox's spec was changed: %+v", spec)
+			}
+		})
+	}
+}
+
+func TestEffectiveBindsTheResolvedSourceAndAppliesLimits(t *testing.T) {
+	dir := tree(t)
+	a := filepath.Join(dir, "srv/projects/team-a")
+	spec := &v1alpha1.SandboxSpec{Agent: "alice", Backend: v1alpha1.BackendContainerd,
+		Containerd: &v1alpha1.ContainerdSpec{Image: "docker.io/library/alpine:3.20"},
+		Mounts:     []v1alpha1.Mount{{Source: a + "/self", Target: "p"}}}
+	out, v := Effective(class(dir), spec, Node{})
+	if len(v) > 0 {
+		t.Fatal(v)
+	}
+	if out.Mounts[0].Source != a+"/app" {
+		t.Errorf("source %q, want the resolved %q", out.Mounts[0].Source, a+"/app")
+	}
+	if out.Containerd.MemoryLimit == nil || out.Containerd.MemoryLimit.String() != "512Mi" {
+		t.Errorf("memoryLimit %v, want the class default 512Mi", out.Containerd.MemoryLimit)
+	}
+	if out.Containerd.PidsLimit == nil || *out.Containerd.PidsLimit != 256 {
+		t.Errorf("pidsLimit %v, want the class maximum 256 (no default)", out.Containerd.PidsLimit)
+	}
+	if spec.Containerd.MemoryLimit != nil || spec.Mounts[0].Source != a+"/self" {
+		t.Errorf("the Sandbox's spec was changed: %+v", spec)
+	}
+}
+
+func TestSelect(t *testing.T) {
+	mk := func(name string, def bool) v1alpha1.SandboxClass {
+		c := v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if def {
+			c.Labels = map[string]string{v1alpha1.DefaultClassLabel: "true"}
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name      string
+		classes   []v1alpha1.SandboxClass
+		className string
+		want, msg string
+	}{
+		{"no classes: none applies", nil, "", "", ""},
+		{"no classes: a named one is missing", nil, "x", "", `SandboxClass "x" does not exist`},
+		{"named", []v1alpha1.SandboxClass{mk("a", true), mk("b", false)}, "b", "b", ""},
+		{"named but missing", []v1alpha1.SandboxClass{mk("a", true)}, "b", "", `SandboxClass "b" does not exist`},
+		{"the default", []v1alpha1.SandboxClass{mk("a", false), mk("b", true)}, "", "b", ""},
+		{"classes but no default", []v1alpha1.SandboxClass{mk("a", false)}, "", "", "none is marked default"},
+		{"two defaults", []v1alpha1.SandboxClass{mk("b", true), mk("a", true)}, "", "", "2 SandboxClasses are marked default (a, b)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, msg := Select(tc.classes, &v1alpha1.SandboxSpec{ClassName: tc.className})
+			got := ""
+			if c != nil {
+				got = c.Name
+			}
+			if got != tc.want || (tc.msg == "") != (msg == "") || !strings.Contains(msg, tc.msg) {
+				t.Fatalf("class %q, message %q; want %q, %q", got, msg, tc.want, tc.msg)
+			}
+		})
+	}
+}
+
+func TestAgentIDs(t *testing.T) {
+	ctl := areas.IDRange{First: 2000000000, Count: 65536}
+	c := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}
+	for _, tc := range []struct {
+		name, ids string
+		want      areas.IDRange
+		msg       string
+	}{
+		{"none: the controller's range", "", ctl, ""},
+		{"inside", "2000001000:100", areas.IDRange{First: 2000001000, Count: 100}, ""},
+		{"the whole range", "2000000000:65536", ctl, ""},
+		{"reaching past the end", "2000065500:100", areas.IDRange{}, "does not hand out (--agent-ids 2000000000:65536)"},
+		{"below", "1000:10", areas.IDRange{}, "does not hand out"},
+		{"including 0", "0:10", areas.IDRange{}, "includes 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c.Spec.AgentIDs = tc.ids
+			got, msg := AgentIDs(c, ctl)
+			if got != tc.want || (tc.msg == "") != (msg == "") || !strings.Contains(msg, tc.msg) {
+				t.Fatalf("%v, %q; want %v, %q", got, msg, tc.want, tc.msg)
+			}
+		})
+	}
+	if msg := CheckAgentID(c, areas.IDRange{First: 10, Count: 5}, "alice", 15); !strings.Contains(msg, `agent "alice" runs as host id 15, outside the ids 10:5`) {
+		t.Errorf("CheckAgentID: %q", msg)
+	}
+	if msg := CheckAgentID(c, areas.IDRange{First: 10, Count: 5}, "alice", 14); msg != "" {
+		t.Errorf("CheckAgentID of an id inside: %q", msg)
+	}
+}
