@@ -32,6 +32,17 @@ test: manifests generate vet ## Run unit and envtest suites against real depende
 	@hack/containerd.sh start >/dev/null
 	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...; rc=$$?; hack/containerd.sh stop; exit $$rc
 
+CHAOS_DURATION ?= 7m
+CHAOS_OUTAGES  ?= 5s,30s,90s
+CHAOS_BACKENDS ?= bwrap,containerd
+
+.PHONY: test-chaos
+test-chaos: build ## Long chaos run (CHAOS_DURATION, default 7m): claims churn while the controller, kube-apiserver and containerd are killed; appends its figures to bin/chaos-report.md (docs/reliability.md).
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	@hack/containerd.sh start >/dev/null
+	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_CONTROLLER_BIN="$(BIN)/sandbox-controller" CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_OUTAGES="$(CHAOS_OUTAGES)" CHAOS_BACKENDS="$(CHAOS_BACKENDS)" CHAOS_REPORT="$(BIN)/chaos-report.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestChaos$$' ./test/chaos/; rc=$$?; hack/containerd.sh stop; exit $$rc
+
 .PHONY: build
 build: manifests generate ## Build bin/sandbox-controller.
 	go build -o $(BIN)/sandbox-controller ./cmd/sandbox-controller
