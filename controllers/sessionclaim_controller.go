@@ -27,9 +27,10 @@ type SessionClaimReconciler struct {
 	Recorder record.EventRecorder
 }
 
-// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims/finalizers,verbs=update
+// A claim is updated for its finalizer and owner reference, its status only
+// patched; nothing is ever owned by a claim, so no sessionclaims/finalizers.
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;update
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims/status,verbs=patch
 
 // SetupWithManager watches SessionClaims and the Sandboxes they name, so a
 // claim created before its Sandbox binds as soon as the Sandbox appears.
