@@ -3,6 +3,7 @@ package containerd_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -16,9 +17,12 @@ import (
 	"time"
 
 	containerdclient "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
@@ -776,6 +780,55 @@ func TestExecIntoOneWriterForBothOutputs(t *testing.T) {
 		}
 		if got := both.String(); !strings.Contains(got, "out\n") || !strings.Contains(got, "err\n") {
 			t.Fatalf("combined output %q, want both lines", got)
+		}
+	}
+}
+
+// A container whose recorded spec still binds a custom mount by its path
+// inside the workspace (as the driver did before mount trees) gets the
+// driver's spec at its next start: no bind destination inside an area.
+func TestStartReplacesASpecThatBindsInsideTheWorkspace(t *testing.T) {
+	rt, image := daemon(t, nil)
+	project := t.TempDir()
+	in := instance(t, rt, image, "unit-oldspec", func(s *v1alpha1.SandboxSpec) {
+		s.Mounts = []v1alpha1.Mount{{Source: project, Target: "project", Mode: v1alpha1.MountReadWrite}}
+	})
+	ensure(t, rt, in)
+	if err := rt.Stop(context.Background(), in.Name); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rt.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := namespaces.WithNamespace(context.Background(), testNamespace)
+	cont, err := c.LoadContainer(ctx, in.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := specs.Mount{Destination: "/workspace/project", Type: "bind", Source: project, Options: []string{"rbind", "rw"}}
+	if err := cont.Update(ctx, containerdclient.UpdateContainerOpts(func(ctx context.Context, _ *containerdclient.Client, rec *containers.Container) error {
+		var s specs.Spec
+		if err := json.Unmarshal(rec.Spec.GetValue(), &s); err != nil {
+			return err
+		}
+		s.Mounts = append(s.Mounts, old)
+		a, err := typeurl.MarshalAny(&s)
+		rec.Spec = a
+		return err
+	})); err != nil {
+		t.Fatal(err)
+	}
+	ensure(t, rt, in)
+	s, err := cont.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range s.Mounts {
+		for _, a := range in.Areas {
+			if strings.HasPrefix(m.Destination, a.Target+"/") {
+				t.Fatalf("the started container's spec binds %s inside the area %s", m.Destination, a.Target)
+			}
 		}
 	}
 }

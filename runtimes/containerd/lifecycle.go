@@ -131,6 +131,14 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		if err := r.buildTree(in); err != nil {
 			return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 		}
+		// A container made by an earlier version of the driver may carry
+		// a spec that binds the custom mounts by their paths inside the
+		// workspace: every start runs the spec this driver makes.
+		if !created {
+			if err := r.update(ctx, c, cont, in, user); err != nil {
+				return runtimes.State{}, r.fail(op, in.Name, err)
+			}
+		}
 		if task, err = r.start(ctx, c, cont, task, in, !created); err != nil {
 			return runtimes.State{}, r.fail(op, in.Name, err)
 		}
