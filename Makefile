@@ -22,7 +22,8 @@ run: build install-plugin ## Run the controller on a throw-away local control pl
 	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
 	@echo "kubectl for this control plane: $(ENVTEST_DIR)/kubectl (or any kubectl on PATH)"
 	$(BIN)/sandbox-controller --local-control-plane --local-assets "$(ENVTEST_DIR)" \
-		--areas-root "$(AREAS_ROOT)" --metrics-bind-address 0 --health-probe-bind-address 0
+		--areas-root "$(AREAS_ROOT)" --metrics-bind-address 0 --health-probe-bind-address 0 \
+		--log-format console --log-level debug
 
 .PHONY: test
 test: manifests generate vet ## Run unit and envtest suites against real dependencies (starts incusd, and a private containerd it stops after).

@@ -17,7 +17,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -70,10 +69,20 @@ func main() {
 	flag.StringVar(&f.localKubeconfig, "local-kubeconfig", "bin/local/kubeconfig", "where --local-control-plane writes its administrator kubeconfig")
 	f.api.BindFlags(flag.CommandLine)
 	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
-	opts := zap.Options{Development: true}
-	opts.BindFlags(flag.CommandLine)
+	logFormat := flag.String("log-format", "json", "log encoding: json (one object a line, for log collectors) or console (human-readable, with stack traces from warnings on: the development mode `make run` uses)")
+	logLevel := flag.String("log-level", "info", "least important log lines written: error, info, debug, or a number N for logr's V(N) and below (steady-state lines are V(4))")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	if *showVersion {
+		fmt.Println("sandbox-controller", buildVersion())
+		return
+	}
+	logOpts, err := loggerOptions(*logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
+		os.Exit(2)
+	}
+	ctrl.SetLogger(zap.New(logOpts...))
 
 	if err := run(ctrl.SetupSignalHandler(), f); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
@@ -155,8 +164,7 @@ Ctrl-C stops the controller and the control plane.
 		HealthProbeBindAddress: f.probeAddr,
 		LeaderElection:         f.leaderElect,
 		LeaderElectionID:       "sandbox-controller.cireilclaw.dev",
-		// Watches resume within about half a second of an API server outage.
-		Cache: cache.Options{NewInformer: controllers.NewInformer},
+		Cache:                  cacheOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

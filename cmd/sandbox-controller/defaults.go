@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"runtime/debug"
+	"strconv"
+
+	"go.uber.org/zap/zapcore"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/cireilclaw/sandbox-controller/controllers"
+)
+
+// version is set at link time (-X main.version=...) by `make image`; a
+// plain `go build` falls back to what the Go toolchain recorded.
+var version string
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+		if bi.Main.Version != "" {
+			return bi.Main.Version
+		}
+	}
+	return "unknown"
+}
+
+// loggerOptions turns --log-format and --log-level into zap options. The
+// defaults are for production (JSON, info, RFC 3339 times a log collector
+// parses); console keeps the development mode a person reads at a terminal.
+func loggerOptions(format, level string) ([]zap.Opts, error) {
+	var opts []zap.Opts
+	switch format {
+	case "json":
+		opts = append(opts, zap.UseDevMode(false), zap.JSONEncoder())
+	case "console":
+		opts = append(opts, zap.UseDevMode(true), zap.ConsoleEncoder())
+	default:
+		return nil, fmt.Errorf("--log-format: %q is neither json nor console", format)
+	}
+	lvl, err := parseLogLevel(level)
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, zap.Level(lvl)), nil
+}
+
+// parseLogLevel maps a level name or a logr verbosity N to zap's level;
+// logr's V(N) is zap's level -N.
+func parseLogLevel(level string) (zapcore.Level, error) {
+	switch level {
+	case "error":
+		return zapcore.ErrorLevel, nil
+	case "info":
+		return zapcore.InfoLevel, nil
+	case "debug":
+		return zapcore.DebugLevel, nil
+	}
+	n, err := strconv.Atoi(level)
+	if err != nil || n < 0 || n > 127 {
+		return 0, fmt.Errorf("--log-level: %q is not error, info, debug or a verbosity from 0 to 127", level)
+	}
+	return zapcore.Level(-n), nil
+}
+
+// cacheOptions are the informer caches' options. Watches resume within
+// about half a second of an API server outage (controllers.NewInformer).
+// Managed fields are dropped before an object is stored: the controller
+// never reads them, and at a thousand Sandboxes and claims they are a large
+// share of the cache. Dropping them is safe for writes too: an Update
+// whose managedFields are unset keeps the server's. The
+// last-applied-configuration annotation is kept although it is never read:
+// the controllers Update whole objects, and an Update without it would
+// remove it from the server, breaking the next `kubectl apply`.
+func cacheOptions() cache.Options {
+	return cache.Options{
+		NewInformer:      controllers.NewInformer,
+		DefaultTransform: cache.TransformStripManagedFields(),
+	}
+}

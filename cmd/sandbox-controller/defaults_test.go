@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+func TestLoggerDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		name, format, level string
+		wantJSON            bool
+		wantV1, wantV4      bool
+	}{
+		{name: "production default is JSON at info", format: "json", level: "info", wantJSON: true},
+		{name: "make run is console at debug", format: "console", level: "debug", wantV1: true},
+		{name: "verbosity 4 shows steady-state lines", format: "json", level: "4", wantJSON: true, wantV1: true, wantV4: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts, err := loggerOptions(tc.format, tc.level)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			log := zap.New(append(opts, zap.WriteTo(&buf))...)
+			log.Info("info line")
+			log.V(1).Info("v1 line")
+			log.V(4).Info("v4 line")
+			out := buf.String()
+			first, _, _ := strings.Cut(out, "\n")
+			var obj map[string]any
+			isJSON := json.Unmarshal([]byte(first), &obj) == nil
+			if isJSON != tc.wantJSON {
+				t.Errorf("first line %q: JSON %v, want %v", first, isJSON, tc.wantJSON)
+			}
+			if isJSON && obj["level"] != "info" {
+				t.Errorf("first line %q: level %v, want info", first, obj["level"])
+			}
+			if !strings.Contains(out, "info line") {
+				t.Errorf("info line missing from %q", out)
+			}
+			if got := strings.Contains(out, "v1 line"); got != tc.wantV1 {
+				t.Errorf("V(1) line written: %v, want %v (output %q)", got, tc.wantV1, out)
+			}
+			if got := strings.Contains(out, "v4 line"); got != tc.wantV4 {
+				t.Errorf("V(4) line written: %v, want %v (output %q)", got, tc.wantV4, out)
+			}
+		})
+	}
+}
+
+func TestLoggerFlagsRefused(t *testing.T) {
+	for _, tc := range []struct{ name, format, level, want string }{
+		{name: "unknown format", format: "xml", level: "info", want: "--log-format"},
+		{name: "unknown level", format: "json", level: "loud", want: "--log-level"},
+		{name: "negative verbosity", format: "json", level: "-1", want: "--log-level"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := loggerOptions(tc.format, tc.level)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("loggerOptions(%q, %q) = %v, want an error naming %s", tc.format, tc.level, err, tc.want)
+			}
+		})
+	}
+}
+
+// The cache keeps no managed fields: they are most of a small object's
+// size and the controller never reads them.
+func TestCacheDropsManagedFields(t *testing.T) {
+	sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{
+		Name:          "alice",
+		Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}},
+	}}
+	transform := cacheOptions().DefaultTransform
+	if transform == nil {
+		t.Fatal("the cache has no default transform")
+	}
+	out, err := transform(sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*v1alpha1.Sandbox)
+	if len(got.ManagedFields) != 0 {
+		t.Errorf("managed fields kept in the cache: %v", got.ManagedFields)
+	}
+	if _, ok := got.Annotations["kubectl.kubernetes.io/last-applied-configuration"]; !ok {
+		t.Error("last-applied-configuration dropped: an Update from the cache would remove it from the server")
+	}
+}
