@@ -68,6 +68,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A Sandbox that loses the agent name to another one must hear when
 		// that one goes.
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sameAgent)).
+		Watches(&v1alpha1.SandboxClass{}, handler.EnqueueRequestsFromMapFunc(r.classSandboxes)).
 		WatchesRawSource(source.Channel(recovered, &handler.EnqueueRequestForObject{})).
 		Named("sandbox").
 		WithOptions(controller.Options{
@@ -103,6 +104,11 @@ type sandboxScope struct {
 	state    runtimes.State
 	// gitDirs are the worktrees' git directories the instance must mount.
 	gitDirs []string
+	// spec and host are what checkClass allows: the spec with the class
+	// applied (resolved mount sources, default limits) and the host
+	// options that give the agent an id of its class.
+	spec *v1alpha1.SandboxSpec
+	host runtimes.Options
 }
 
 // Reconcile converges one Sandbox. It is safe to repeat after a crash at
@@ -148,7 +154,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		return r.reconcileDelete(ctx, s)
 	}
 	for _, phase := range []func(context.Context, *sandboxScope) (bool, error){
-		r.checkBackend, r.checkEnforcement, r.checkSpec, r.checkNameConflict, r.inspect,
+		r.checkBackend, r.checkEnforcement, r.checkClass, r.checkSpec, r.checkNameConflict, r.inspect,
 	} {
 		if stop, err := phase(ctx, s); stop || err != nil {
 			return ctrl.Result{}, err
@@ -224,7 +230,7 @@ func (r *SandboxReconciler) enabledBackends() []string {
 }
 
 func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool, error) {
-	in, err := runtimes.Describe(s.owner, &s.sb.Spec, r.Host)
+	in, err := runtimes.Describe(s.owner, s.spec, s.host)
 	if err != nil {
 		r.notReady(s, v1alpha1.ReasonInvalidSpec, err.Error())
 		return true, nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -38,7 +39,7 @@ func worktreeName(c *v1alpha1.SessionClaim) string {
 }
 
 // resolveRepo finds the read-write mount that holds the claim's repository.
-func (r *SessionClaimReconciler) resolveRepo(c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) (*claimRepo, error) {
+func (r *SessionClaimReconciler) resolveRepo(ctx context.Context, c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) (*claimRepo, error) {
 	if errs := v1alpha1.ValidateWorktree(c.Spec.Worktree); len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
@@ -46,7 +47,16 @@ func (r *SessionClaimReconciler) resolveRepo(c *v1alpha1.SessionClaim, sb *v1alp
 	if !ok {
 		return nil, fmt.Errorf("this controller was not started with the %s backend", sb.Spec.BackendOrDefault())
 	}
-	in, err := runtimes.Describe(sb.Namespace+"/"+sb.Name, &sb.Spec, r.Host)
+	// Host git runs in the mount only when the Sandbox's class allows the
+	// mount, and in the source the class checked (links resolved).
+	res, violations, err := sandboxclass.Resolve(ctx, r.Client, &sb.Spec, r.Host)
+	if err != nil {
+		return nil, err
+	}
+	if len(violations) > 0 {
+		return nil, fmt.Errorf("the SandboxClass of Sandbox %s forbids its spec: %s", sb.Name, strings.Join(violations, "; "))
+	}
+	in, err := runtimes.Describe(sb.Namespace+"/"+sb.Name, res.Spec, res.Host)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +113,7 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, reason, msg)
 		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, reason, "no worktree: "+msg)
 	}
-	cr, err := r.resolveRepo(c, sb)
+	cr, err := r.resolveRepo(ctx, c, sb)
 	if err != nil {
 		// A spec or Sandbox change brings the claim back; retrying alone cannot help.
 		fail(err)
@@ -221,7 +231,7 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 		keep(fmt.Sprintf("Sandbox %q is gone, so its uncommitted changes cannot be checked", c.Spec.SandboxName))
 		return
 	}
-	cr, err := r.resolveRepo(c, sb)
+	cr, err := r.resolveRepo(ctx, c, sb)
 	if err != nil {
 		keep(err.Error())
 		return

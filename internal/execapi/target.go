@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/tenancy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -71,7 +73,17 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 	if rt == nil {
 		return nil, &apiError{code: http.StatusServiceUnavailable, msg: fmt.Sprintf("Sandbox %s/%s uses backend %q, which this controller was not started with", ns, sb.Name, backend)}
 	}
-	in, err := runtimes.Describe(ns+"/"+sb.Name, &sb.Spec, s.opts.Host)
+	// The file endpoints do not wait for Ready, so they must hold the
+	// Sandbox to its class here as the controller does: never a view of a
+	// mount its class forbids, and the sources the class checked.
+	res, violations, err := sandboxclass.Resolve(ctx, s.opts.Reader, &sb.Spec, s.opts.Host)
+	if err != nil {
+		return nil, &apiError{code: http.StatusServiceUnavailable, msg: err.Error()}
+	}
+	if len(violations) > 0 {
+		return nil, notReady("the SandboxClass of Sandbox %s/%s forbids its spec: %s", ns, sb.Name, strings.Join(violations, "; "))
+	}
+	in, err := runtimes.Describe(ns+"/"+sb.Name, res.Spec, res.Host)
 	if err != nil {
 		return nil, &apiError{code: http.StatusConflict, msg: err.Error()}
 	}

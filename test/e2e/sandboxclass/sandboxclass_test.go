@@ -1,0 +1,309 @@
+// Package sandboxclass_test holds SandboxClass enforcement end to end: the
+// admission policy of config/admission installed in a real kube-apiserver,
+// and the controller with a real bwrap driver checking again on the node.
+// Classes are cluster-scoped, so this suite has its own API server: its
+// classes must not apply to the Sandboxes of other suites.
+package sandboxclass_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
+)
+
+var (
+	env  *framework.Env
+	k8s  client.Client
+	mgr  *framework.Manager
+	ctx  = context.Background()
+	srv  string // <scratch>/srv/projects: team-a and team-b below it
+	rec  *framework.Recorder
+	home string
+)
+
+func TestSandboxClass(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "SandboxClass suite")
+}
+
+var _ = BeforeSuite(func() {
+	testenv.Binary(GinkgoT(), "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	env = framework.Start()
+	k8s = env.Client
+	installAdmission()
+
+	srv = filepath.Join(env.Dir, "srv", "projects")
+	home = filepath.Join(env.Dir, "home")
+	for _, d := range []string{"team-a/app", "team-b", "../../home"} {
+		Expect(os.MkdirAll(filepath.Join(srv, d), 0o755)).To(Succeed())
+	}
+	Expect(os.Symlink("/etc", filepath.Join(srv, "team-a", "etc-link"))).To(Succeed())
+
+	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "state")})
+	Expect(err).NotTo(HaveOccurred())
+	mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{
+		Host: runtimes.Options{AreasRoot: env.AreasRoot, Home: home},
+	})
+	rec = mgr.Runtimes[v1alpha1.BackendBwrap]
+})
+
+var _ = AfterSuite(func() {
+	if mgr != nil {
+		mgr.Stop()
+	}
+	if env != nil {
+		Expect(bwrap.DetachTrees(filepath.Join(env.Dir, "state"))).To(Succeed())
+	}
+	env.Stop()
+})
+
+// installAdmission applies config/admission as an administrator would.
+func installAdmission() {
+	dir := filepath.Join("..", "..", "..", "config", "admission")
+	for _, f := range []string{"sandboxclass_policy.yaml", "sandboxclass_binding.yaml"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		Expect(err).NotTo(HaveOccurred())
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+		u := &unstructured.Unstructured{}
+		Expect(dec.Decode(&u.Object)).To(Succeed())
+		Expect(k8s.Create(ctx, u)).To(Succeed(), f)
+	}
+}
+
+// teamA allows bwrap with mounts below srv/projects/team-a only, no devices.
+func teamA(name string) *v1alpha1.SandboxClass {
+	return &v1alpha1.SandboxClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.SandboxClassSpec{
+			AllowedBackends:         []v1alpha1.Backend{v1alpha1.BackendBwrap},
+			AllowedMountSourceRoots: []string{filepath.Join(srv, "team-a")},
+			MaxMounts:               ptr.To[int32](2),
+		},
+	}
+}
+
+func sandbox(ns, name, class string, mounts []v1alpha1.Mount, devices v1alpha1.Devices) *v1alpha1.Sandbox {
+	return &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.SandboxSpec{Agent: ns + "-" + name, ClassName: class, Mounts: mounts, Devices: devices,
+			Binaries: []v1alpha1.BinaryName{"ls"}},
+	}
+}
+
+func mount(src string) []v1alpha1.Mount {
+	return []v1alpha1.Mount{{Source: src, Target: "p", Mode: v1alpha1.MountReadWrite}}
+}
+
+// expected is the controller's message for sb under class: the words the
+// admission policy must use too.
+func expected(class *v1alpha1.SandboxClass, sb *v1alpha1.Sandbox) string {
+	spec := sb.Spec.DeepCopy()
+	spec.Backend = spec.BackendOrDefault()
+	_, v := sandboxclass.Effective(class, spec, sandboxclass.Node{Home: home})
+	ExpectWithOffset(1, v).NotTo(BeEmpty())
+	return v[0]
+}
+
+// forbidden are the specs a team-a class refuses, by what they ask for.
+func forbidden() []struct {
+	name    string
+	mounts  []v1alpha1.Mount
+	devices v1alpha1.Devices
+	// admitted: the API server cannot see why it is forbidden.
+	admitted bool
+} {
+	return []struct {
+		name     string
+		mounts   []v1alpha1.Mount
+		devices  v1alpha1.Devices
+		admitted bool
+	}{
+		{name: "root", mounts: mount("/")},
+		{name: "etc", mounts: mount("/etc")},
+		{name: "team-b", mounts: mount(filepath.Join(srv, "team-b"))},
+		{name: "sibling-prefix", mounts: mount(filepath.Join(srv, "team-a-evil"))},
+		{name: "devices-all", devices: v1alpha1.Devices{All: true}},
+		{name: "link-to-etc", mounts: mount(filepath.Join(srv, "team-a", "etc-link")), admitted: true},
+	}
+}
+
+// nothingStarted checks that the driver was never asked to start the
+// Sandbox's instance and that no area of its agent exists.
+func nothingStarted(sb *v1alpha1.Sandbox) {
+	name := v1alpha1.InstanceName(sb.Spec.Agent)
+	ExpectWithOffset(1, rec.Count("ensure", name)).To(BeZero(), "Ensure of %s", name)
+	_, err := os.Lstat(filepath.Join(env.AreasRoot, sb.Spec.Agent))
+	ExpectWithOffset(1, os.IsNotExist(err)).To(BeTrue(), "the areas of %s must not exist: %v", sb.Spec.Agent, err)
+}
+
+var _ = Describe("SandboxClass", Ordered, func() {
+	var ns string
+	BeforeAll(func() {
+		ns = env.NewNamespace()
+		Expect(k8s.Create(ctx, teamA("team-a"))).To(Succeed())
+		Eventually(func() error {
+			// The policy takes a moment to see a new class; a Sandbox
+			// mounting / is the probe.
+			probe := sandbox(ns, "probe", "team-a", mount("/"), v1alpha1.Devices{})
+			err := k8s.Create(ctx, probe)
+			if err == nil {
+				_ = k8s.Delete(ctx, probe)
+				return fmt.Errorf("admitted")
+			}
+			return nil
+		}, framework.Timeout).Should(Succeed(), "the admission policy should enforce team-a")
+	})
+
+	It("refuses at admission what team-a forbids, with the controller's words", func() {
+		for _, tc := range forbidden() {
+			if tc.admitted {
+				continue
+			}
+			sb := sandbox(ns, "adm-"+tc.name, "team-a", tc.mounts, tc.devices)
+			err := k8s.Create(ctx, sb)
+			Expect(err).To(HaveOccurred(), tc.name)
+			Expect(err.Error()).To(ContainSubstring(expected(teamA("team-a"), sb)), tc.name)
+		}
+	})
+
+	It("refuses at admission a default class's rule for a Sandbox naming no class", func() {
+		def := teamA("default-for-test")
+		def.Labels = map[string]string{v1alpha1.DefaultClassLabel: "true"}
+		Expect(k8s.Create(ctx, def)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(def) })
+		sb := sandbox(ns, "no-class", "", mount("/etc"), v1alpha1.Devices{})
+		Eventually(func() string {
+			err := k8s.Create(ctx, sb)
+			if err == nil {
+				_ = k8s.Delete(ctx, sb)
+				return "admitted"
+			}
+			return err.Error()
+		}, framework.Timeout).Should(ContainSubstring(expected(def, sb)))
+	})
+
+	It("reports what a class changed after admission forbids, and starts nothing", func() {
+		// "late" does not exist yet, so admission has no rule of it.
+		var sbs []*v1alpha1.Sandbox
+		for _, tc := range forbidden() {
+			sb := sandbox(ns, "late-"+tc.name, "late", tc.mounts, tc.devices)
+			Expect(k8s.Create(ctx, sb)).To(Succeed(), tc.name)
+			Expect(k8s.Create(ctx, framework.NewClaim(ns, sb.Name+"-claim", sb.Name))).To(Succeed())
+			sbs = append(sbs, sb)
+		}
+		for _, sb := range sbs {
+			Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(
+				HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonClassForbids)))
+			Expect(conditionMessage(ns, sb.Name)).To(Equal(`spec.className: SandboxClass "late" does not exist`))
+		}
+		Expect(k8s.Create(ctx, teamA("late"))).To(Succeed())
+		for _, sb := range sbs {
+			want := expected(teamA("late"), sb)
+			Eventually(func() string { return conditionMessage(ns, sb.Name) }, framework.Timeout).Should(Equal(want), sb.Name)
+			Expect(env.SandboxStatus(ns, sb.Name)()).To(HaveField("Conditions",
+				framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonClassForbids)))
+		}
+		for _, sb := range sbs {
+			nothingStarted(sb)
+		}
+	})
+
+	It("runs an allowed Sandbox from the resolved source, and stops it when its class stops allowing it", func() {
+		Expect(os.Symlink("app", filepath.Join(srv, "team-a", "app-link"))).To(Succeed())
+		sb := sandbox(ns, "allowed", "team-a", mount(filepath.Join(srv, "team-a", "app-link")), v1alpha1.Devices{})
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(k8s.Create(ctx, framework.NewClaim(ns, "allowed-claim", sb.Name))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(framework.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		in := described(sb)
+		Expect(in.Mounts).To(HaveLen(1))
+		Expect(in.Mounts[0].Source).To(Equal(filepath.Join(srv, "team-a", "app")), "the driver binds the source the class checked")
+
+		var cls v1alpha1.SandboxClass
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: "team-a"}, &cls)).To(Succeed())
+		cls.Spec.AllowedMountSourceRoots = []string{filepath.Join(srv, "team-a", "other")}
+		Expect(k8s.Update(ctx, &cls)).To(Succeed())
+		DeferCleanup(func() {
+			Expect(k8s.Get(ctx, client.ObjectKey{Name: "team-a"}, &cls)).To(Succeed())
+			cls.Spec = teamA("team-a").Spec
+			Expect(k8s.Update(ctx, &cls)).To(Succeed())
+		})
+		Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(framework.SandboxIs(1, metav1.ConditionFalse, v1alpha1.ReasonClassForbids))
+		Expect(conditionMessage(ns, sb.Name)).To(ContainSubstring(`app-link" (on the node: "` + filepath.Join(srv, "team-a", "app") + `") lies outside the mount source roots SandboxClass "team-a" allows`))
+		Eventually(func() (bool, error) {
+			st, err := rec.Inspect(ctx, v1alpha1.InstanceName(sb.Spec.Agent))
+			return st.Running, err
+		}, framework.Timeout).Should(BeFalse(), "the instance its class no longer allows must stop")
+	})
+
+	It("gives a new agent a host id of its class's agentIDs", func() {
+		cls := teamA("ids")
+		cls.Spec.AgentIDs = "2000000100:10"
+		Expect(k8s.Create(ctx, cls)).To(Succeed())
+		sb := sandbox(ns, "ids", "ids", nil, v1alpha1.Devices{})
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(k8s.Create(ctx, framework.NewClaim(ns, "ids-claim", sb.Name))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(framework.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		fi, err := os.Stat(filepath.Join(env.AreasRoot, sb.Spec.Agent))
+		Expect(err).NotTo(HaveOccurred())
+		uid := fi.Sys().(*syscall.Stat_t).Uid
+		Expect(uid).To(BeNumerically(">=", 2000000100))
+		Expect(uid).To(BeNumerically("<", 2000000110))
+
+		// The same agent under a class whose ids it does not have.
+		other := teamA("ids-other")
+		other.Spec.AgentIDs = "2000000200:10"
+		Expect(k8s.Create(ctx, other)).To(Succeed())
+		var cur v1alpha1.Sandbox
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), &cur)).To(Succeed())
+		cur.Spec.ClassName = "ids-other"
+		Expect(k8s.Update(ctx, &cur)).To(Succeed())
+		Eventually(func() string { return conditionMessage(ns, sb.Name) }, framework.Timeout).Should(
+			ContainSubstring(fmt.Sprintf(`spec.agent: agent %q runs as host id %d, outside the ids 2000000200:10 that SandboxClass "ids-other" allows`, sb.Spec.Agent, uid)))
+	})
+})
+
+func conditionMessage(ns, name string) string {
+	st, err := env.SandboxStatus(ns, name)()
+	if err != nil {
+		return err.Error()
+	}
+	for _, c := range st.Conditions {
+		if c.Type == v1alpha1.ConditionReady {
+			return c.Message
+		}
+	}
+	return ""
+}
+
+// described is the instance the bwrap driver recorded for sb: what its
+// commands bind.
+func described(sb *v1alpha1.Sandbox) runtimes.Instance {
+	b, err := os.ReadFile(filepath.Join(env.Dir, "state", v1alpha1.InstanceName(sb.Spec.Agent)+".json"))
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	var rec struct {
+		Instance runtimes.Instance `json:"instance"`
+	}
+	ExpectWithOffset(1, json.Unmarshal(b, &rec)).To(Succeed())
+	return rec.Instance
+}
