@@ -832,3 +832,45 @@ func TestStartReplacesASpecThatBindsInsideTheWorkspace(t *testing.T) {
 		}
 	}
 }
+
+// The agent puts a link where a worktree's git directory is to be bound
+// inside its container (below its own /tmp, where the worktrees' .git
+// files point): the bind is left out, nothing is made or mounted where the
+// link leads, and the rest of Ensure goes on.
+func TestGitDirBindRefusesALinkOnItsTarget(t *testing.T) {
+	rt, image := daemon(t, nil)
+	projects := t.TempDir()
+	gitDir := filepath.Join(projects, "app", ".git")
+	if err := os.MkdirAll(gitDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	in := instance(t, rt, image, "unit-gitdir-link", func(s *v1alpha1.SandboxSpec) {
+		s.Binaries = []v1alpha1.BinaryName{"sh", "cat", "ln", "mkdir", "grep"}
+		s.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
+	})
+	ensure(t, rt, in)
+	giveTo(t, in, projects)
+	parts := strings.Split(strings.Trim(gitDir, "/"), "/")
+	if len(parts) < 3 {
+		t.Fatalf("git directory %s is too short a path for the test", gitDir)
+	}
+	// The second component (below /tmp, say): the container's own, which
+	// the agent may write.
+	linked := "/" + parts[0] + "/" + parts[1]
+	if code, _, stderr := run(t, rt, in.Name, "", "sh", "-c", "mkdir -p /workspace/decoy && ln -s /workspace/decoy '"+linked+"'"); code != 0 {
+		t.Fatalf("planting the link: %s", stderr)
+	}
+	withGit := in
+	withGit.Mounts = slices.Clone(in.Mounts)
+	withGit.AddBinds(runtimes.Bind{Source: gitDir, Target: gitDir})
+	if st := ensure(t, rt, withGit); st.RestartRequired != "" {
+		t.Fatalf("adding the bind: %+v", st)
+	}
+	if _, out, _ := run(t, rt, in.Name, "", "sh", "-c", "grep -c ' /workspace/decoy' /proc/self/mountinfo"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("a mount landed where the agent's link leads: %s", out)
+	}
+	entries, err := os.ReadDir(filepath.Join(area(in, "/workspace"), "decoy"))
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("directories were made where the link leads: %v %v", entries, err)
+	}
+}

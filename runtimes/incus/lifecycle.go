@@ -149,12 +149,20 @@ func bindGitDirs(ctx context.Context, cl *incusapi.Client, in runtimes.Instance,
 	if err := mountns.Eject(uint32(st.Pid), remove); err != nil {
 		return err
 	}
+	var ready []runtimes.Bind
 	for _, b := range add {
-		if err := makeMountPoint(ctx, cl, in.Name, b.Target); err != nil {
+		err := makeMountPoint(ctx, cl, in.Name, b.Target)
+		if errors.Is(err, mountns.ErrLinkInPath) {
+			// Left out, as mountns.Inject leaves out a target with a
+			// link: the claim's git reports the missing directory.
+			continue
+		}
+		if err != nil {
 			return err
 		}
+		ready = append(ready, b)
 	}
-	return mountns.Inject(uint32(st.Pid), in, add)
+	return mountns.Inject(uint32(st.Pid), in, ready)
 }
 
 // makeMountPoint creates the missing directories of target inside the
@@ -163,14 +171,23 @@ func bindGitDirs(ctx context.Context, cl *incusapi.Client, in runtimes.Instance,
 // cannot create them itself where the container's own file systems are
 // (its /tmp, an idmapped root): the kernel refuses an owner the file system
 // cannot represent (EOVERFLOW). Existing directories are left as they are.
+// The file API works by path and follows links, so each existing component
+// is looked at first, one at a time from the root (the daemon reports a
+// link as one), and a link or anything but a directory is refused: the
+// agent may have put it there to have container root make directories
+// elsewhere in its container. mountns.Inject then opens the target without
+// following links, so a link put there after this check is refused too.
 func makeMountPoint(ctx context.Context, cl *incusapi.Client, name, target string) error {
 	dir := "/"
 	missing := false
 	for _, part := range strings.Split(strings.Trim(path.Clean(target), "/"), "/") {
 		dir = path.Join(dir, part)
 		if !missing {
-			_, err := cl.StatFile(ctx, name, dir)
+			fi, err := cl.StatFile(ctx, name, dir)
 			if err == nil {
+				if fi.Type != "directory" {
+					return fmt.Errorf("making the mount point %s: %s is a %s: %w", target, dir, fi.Type, mountns.ErrLinkInPath)
+				}
 				continue
 			}
 			if !incusapi.IsNotFound(err) {

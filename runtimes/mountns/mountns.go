@@ -31,7 +31,8 @@ import (
 // namespace of pid, the container's init. A target that is a mount point
 // already is left alone, so a retry after a failure part way does not
 // stack a second mount; a directory that cannot be opened beneath its
-// mount is left out, and its claim's git reports it.
+// mount is left out, and its claim's git reports it; so is a target whose
+// path inside the container holds a link (ErrLinkInPath).
 func Inject(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
 	for _, b := range binds {
 		mounted, err := MountedIn(pid, b.Target)
@@ -45,8 +46,13 @@ func Inject(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
 		if err != nil {
 			continue
 		}
-		err = injectBind(pid, dir, b, in.Identity.UID)
+		err = injectBind(pid, dir, b)
 		dir.Close()
+		if errors.Is(err, ErrLinkInPath) {
+			// The agent put a link on the target's path: the bind is
+			// left out, as one whose directory cannot be opened.
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("binding %s at %s inside the container: %w", b.Source, b.Target, err)
 		}
@@ -54,7 +60,7 @@ func Inject(pid uint32, in runtimes.Instance, binds []runtimes.Bind) error {
 	return nil
 }
 
-func injectBind(pid uint32, dir *os.File, b runtimes.Bind, owner uint32) error {
+func injectBind(pid uint32, dir *os.File, b runtimes.Bind) error {
 	tree, err := unix.OpenTree(int(dir.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
 		return fmt.Errorf("cloning %s: %w", b.Source, err)
@@ -72,7 +78,7 @@ func injectBind(pid uint32, dir *os.File, b runtimes.Bind, owner uint32) error {
 		// Inside the container: its root, its directories, which the
 		// agent writes. The target is made and opened without following
 		// a link, and the clone attached to that descriptor.
-		dest, err := openTarget(b.Target, true, owner)
+		dest, err := openTarget(b.Target, true)
 		if err != nil {
 			return err
 		}
@@ -91,9 +97,13 @@ const resolveNoLinks = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RE
 
 // openTarget opens the directory target, an absolute path in the mount
 // namespace the calling thread is in, one component at a time beneath its
-// root, never following a link; with create, a missing component is made
-// (owned by owner when it is not 0). An O_PATH descriptor is returned.
-func openTarget(target string, create bool, owner uint32) (int, error) {
+// root, never following a link; with create, a missing component is made.
+// It belongs to the controller (host root), as before: the targets lie
+// outside the areas (where the worktrees' .git files point, often below
+// the container's /tmp), and a directory of the agent's holding the mount
+// point would let it move the mount away from the target it is unbound
+// from. An O_PATH descriptor is returned.
+func openTarget(target string, create bool) (int, error) {
 	cur, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("opening the container's root: %w", err)
@@ -104,14 +114,7 @@ func openTarget(target string, create bool, owner uint32) (int, error) {
 			return -1, fmt.Errorf("target %s: component %q is not allowed", target, c)
 		}
 		if create {
-			if err := unix.Mkdirat(cur, c, 0o755); err == nil {
-				if owner != 0 {
-					if err := unix.Fchownat(cur, c, int(owner), int(owner), unix.AT_SYMLINK_NOFOLLOW); err != nil {
-						unix.Close(cur)
-						return -1, fmt.Errorf("target %s: giving %s to the agent: %w", target, c, err)
-					}
-				}
-			} else if !errors.Is(err, unix.EEXIST) {
+			if err := unix.Mkdirat(cur, c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 				unix.Close(cur)
 				return -1, fmt.Errorf("target %s: creating %s: %w", target, c, err)
 			}
@@ -155,7 +158,7 @@ func Eject(pid uint32, binds []runtimes.Bind) error {
 // moved to the target's parent, opened beneath the root; the last
 // component is unmounted relative to it, not followed.
 func unmountTarget(target string) error {
-	parent, err := openTarget(filepath.Dir(target), false, 0)
+	parent, err := openTarget(filepath.Dir(target), false)
 	if err != nil {
 		return err
 	}
