@@ -67,8 +67,11 @@ cp       copies one file in or out; the sandbox side is written with a
          inside the sandbox is contained: a symbolic link that leaves its
          area or mount is refused.
 exec     runs a command in a SessionClaim's sandbox through the controller's
-         exec API, with the kubeconfig's credentials (also installed as
-         the kubectl plugin: kubectl sandbox exec CLAIM -- git status).
+         exec API (also installed as the kubectl plugin: kubectl sandbox
+         exec CLAIM -- git status). It sends the kubeconfig's client
+         certificate, or a token for the exec API's audience: a service
+         account token is exchanged for one (TokenRequest), others are
+         never forwarded (--api-token-file gives one).
 diff     lists what the sandbox changed in an overlay mount (mode =
          "overlay"): A added, M changed, D deleted, with each file's mode
          and SHA-256, relative to the mount, and a digest of the whole set.
