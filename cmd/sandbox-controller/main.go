@@ -120,6 +120,9 @@ func run(ctx context.Context, f flags) (retErr error) {
 			retErr = errors.Join(retErr, cp.Stop())
 		}()
 		cfg = cp.Config
+		if err := installPermissiveClass(ctx, cfg); err != nil {
+			return err
+		}
 		kc, _ := filepath.Abs(cp.Kubeconfig)
 		var apiCA string
 		if f.api.Enabled() && f.api.CertFile == "" {
@@ -144,6 +147,9 @@ Local control plane is up (CRDs installed). In another shell:
   kubectl sandbox exec alice-session-1 --api-ca-file %s -- git --version
 
 (make install-plugin puts kubectl-sandbox in bin/.) Agent areas live in %s.
+A permissive default SandboxClass "default" is installed: Sandboxes may
+mount any host directory and use any device, backend and image, as without
+classes. For several teams, see "Running it for several teams" in README.md.
 Ctrl-C stops the controller and the control plane.
 
 `, kc, apiCA, areasRoot)
