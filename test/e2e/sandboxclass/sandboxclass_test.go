@@ -17,9 +17,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -254,6 +256,32 @@ var _ = Describe("SandboxClass", Ordered, func() {
 			st, err := rec.Inspect(ctx, v1alpha1.InstanceName(sb.Spec.Agent))
 			return st.Running, err
 		}, framework.Timeout).Should(BeFalse(), "the instance its class no longer allows must stop")
+	})
+
+	It("requires the verb use on a named class", func() {
+		user := "team-a-dev"
+		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-writer"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"create", "get", "delete"}}}}
+		Expect(k8s.Create(ctx, role)).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-writer"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}})).To(Succeed())
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+		as, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+
+		sb := sandbox(ns, "use", "team-a", nil, v1alpha1.Devices{})
+		err = as.Create(ctx, sb)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring(`spec.className: team-a-dev may not use SandboxClass "team-a" (RBAC: verb use on sandboxclasses in group sandbox.cireilclaw.dev)`))
+
+		Expect(k8s.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "use-team-a"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxclasses"}, ResourceNames: []string{"team-a"}, Verbs: []string{"use"}}}})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "use-team-a"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "use-team-a"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}})).To(Succeed())
+		Eventually(func() error { return as.Create(ctx, sandbox(ns, "use", "team-a", nil, v1alpha1.Devices{})) }, framework.Timeout).Should(Succeed())
 	})
 
 	It("gives a new agent a host id of its class's agentIDs", func() {
