@@ -345,7 +345,23 @@ func (r *run) createSandboxes() {
 	}
 }
 
+// createClaim creates a claim that the churn may delete.
 func (r *run) createClaim(ctx context.Context, name, sandbox string) error {
+	if err := r.createOwnClaim(ctx, name, sandbox); err != nil {
+		return err
+	}
+	r.churnable(name)
+	return nil
+}
+
+func (r *run) churnable(name string) {
+	r.mu.Lock()
+	r.live[name] = true
+	r.mu.Unlock()
+}
+
+// createOwnClaim creates a claim the churn does not know of yet.
+func (r *run) createOwnClaim(ctx context.Context, name, sandbox string) error {
 	c := &v1alpha1.SessionClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: name},
 		Spec:       v1alpha1.SessionClaimSpec{SandboxName: sandbox, Session: "chaos"},
@@ -354,9 +370,6 @@ func (r *run) createClaim(ctx context.Context, name, sandbox string) error {
 		return fmt.Errorf("creating claim %s: %w", name, err)
 	}
 	r.created.Add(1)
-	r.mu.Lock()
-	r.live[name] = true
-	r.mu.Unlock()
 	return nil
 }
 
@@ -367,7 +380,11 @@ func (r *run) waitReady(ctx context.Context, name string, limit time.Duration) (
 	var last []metav1.Condition
 	for time.Now().Before(deadline) {
 		var c v1alpha1.SessionClaim
-		if err := r.k8s.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: name}, &c); err == nil {
+		err := r.k8s.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: name}, &c)
+		if apierrors.IsNotFound(err) {
+			return 0, fmt.Errorf("claim %s is gone", name)
+		}
+		if err == nil {
 			last = c.Status.Conditions
 			if meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionReady) {
 				return time.Since(t0), nil
@@ -512,8 +529,8 @@ func (r *run) probe(ctx context.Context, kind string, rng *rand.Rand, n int, b v
 	name := fmt.Sprintf("probe-%d", n)
 	t0 := time.Now()
 	for {
-		err := r.createClaim(context.Background(), name, names[rng.IntN(len(names))])
-		if err == nil {
+		err := r.createOwnClaim(context.Background(), name, names[rng.IntN(len(names))])
+		if err == nil || apierrors.IsAlreadyExists(err) {
 			break
 		}
 		if time.Since(t0) > probeTimeout {
@@ -522,8 +539,10 @@ func (r *run) probe(ctx context.Context, kind string, rng *rand.Rand, n int, b v
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The churn may delete the probe only once it has been measured.
+	defer r.churnable(name)
 	if _, err := r.waitReady(context.Background(), name, probeTimeout); err != nil {
-		r.violate("after a %s kill: %v", kind, err)
+		r.violate("after a %s kill: %v (%s)", kind, err, r.stalled())
 		return
 	}
 	r.mu.Lock()
@@ -769,6 +788,28 @@ func (r *run) figures(churned time.Duration) {
 		defer f.Close()
 		fmt.Fprintln(f, row)
 	}
+}
+
+// stalled says whether the controller is stuck as a whole or on some
+// claims: its reconcile counts and the claims it has not bound.
+func (r *run) stalled() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	recs, err := r.ctrl.Reconciles(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	var claims v1alpha1.SessionClaimList
+	if err := r.k8s.List(ctx, &claims, client.InNamespace(r.ns)); err != nil {
+		return fmt.Sprintf("reconciles %v; listing claims: %v", recs, err)
+	}
+	var unbound []string
+	for _, c := range claims.Items {
+		if meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionBound) == nil {
+			unbound = append(unbound, fmt.Sprintf("%s (%s old)", c.Name, time.Since(c.CreationTimestamp.Time).Round(time.Second)))
+		}
+	}
+	return fmt.Sprintf("reconciles since the last start %v; %d of %d claims without Bound: %v", recs, len(unbound), len(claims.Items), unbound)
 }
 
 func (r *run) count(kind string) {
