@@ -52,9 +52,9 @@ func DelegatingAuth(kube kubernetes.Interface, c Config) (Auth, error) {
 		TokenAccessReviewTimeout: 10 * time.Second,
 		WebhookRetryBackoff:      backoff,
 		CacheTTL:                 c.AuthCacheTTL,
-		// Used only when a review answers without audiences: the request's
-		// audience (c.Audience) must then be among these.
-		APIAudiences: authenticator.Audiences{c.Audience},
+		// No APIAudiences: they would be taken as the token's audiences
+		// when a review answers without any. A token passes only when the
+		// API server says it was issued for c.Audience.
 	}
 	if c.ClientCAFile != "" {
 		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("client-ca", c.ClientCAFile)
