@@ -110,3 +110,23 @@ bench-containerd: ## Claim and exec latency of the containerd backend beside raw
 	@hack/envtest-assets.sh >/dev/null
 	@hack/containerd.sh start >/dev/null
 	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_BENCH=1 SANDBOX_BENCH_OUT=$(CURDIR)/bin/bench-containerd.md KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/containerd/ -ginkgo.label-filter=bench -ginkgo.v; rc=$$?; hack/containerd.sh stop; exit $$rc
+
+##@ Deploy
+
+VERSION   ?= $(shell cat VERSION 2>/dev/null || git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_NAME ?= sandbox-controller
+IMAGE_TAR  ?= $(BIN)/sandbox-controller-image.tar
+SCALE_SANDBOXES ?= 1000
+
+.PHONY: image
+image: ## Build the controller's OCI image without a container engine (static binary; bwrap, git and their libraries from Debian packages) as bin/sandbox-controller-image.tar, tagged with VERSION (default: git describe); `ctr images import` takes it.
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/image/sandbox-controller ./cmd/sandbox-controller
+	cd hack/image && GOWORK=off go run . -controller "$(BIN)/image/sandbox-controller" -debs "$(BIN)/image/debs" \
+		-name "$(IMAGE_NAME)" -version "$(VERSION)" -out "$(IMAGE_TAR)" -epoch "$$(git log -1 --format=%ct 2>/dev/null || echo 0)"
+
+.PHONY: bench-scale
+bench-scale: build ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each: time to all Ready and the controller's memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build).
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	SANDBOX_BENCH_SCALE="$(CURDIR)/docs/benchmarks-scale.md" SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(BIN)/sandbox-controller" \
+		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/

@@ -1,0 +1,303 @@
+// Package scale is `make bench-scale`: many Sandboxes with a claim each
+// against a real kube-apiserver, the controller running as its own process
+// (the binary a node runs), so its memory is the process's and nothing of
+// the test's. It runs only when SANDBOX_BENCH_SCALE names the table to
+// write.
+package scale
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+)
+
+// readyTimeout bounds the wait for every claim; a loaded two-core machine
+// starts a thousand bwrap sandboxes in minutes, not hours.
+const readyTimeout = 40 * time.Minute
+
+// figures are one controller binary's measurements.
+type figures struct {
+	label                    string
+	n                        int
+	allReady                 time.Duration
+	idleRSS, readyRSS, peak  int64
+	readyAnon, readyFile     int64
+	idleHeap, readyHeap      int64
+	managedFieldsBytesServer int
+}
+
+func TestScale(t *testing.T) {
+	table := os.Getenv("SANDBOX_BENCH_SCALE")
+	if table == "" {
+		t.Skip("set SANDBOX_BENCH_SCALE to the table to write (make bench-scale)")
+	}
+	if p := testenv.AssetsProblem(); p != "" {
+		testenv.Missing(t, "envtest binaries", p)
+	}
+	testenv.Binary(t, "bwrap", "install the bubblewrap package (hack/install-deps.sh)")
+	n := 1000
+	if v := os.Getenv("SCALE_SANDBOXES"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("SCALE_SANDBOXES=%q: want a positive count", v)
+		}
+	}
+	bins := []struct{ label, path string }{{"this build", os.Getenv("SCALE_CONTROLLER_BIN")}}
+	if b := os.Getenv("SCALE_BASELINE_BIN"); b != "" {
+		bins = append(bins, struct{ label, path string }{os.Getenv("SCALE_BASELINE_LABEL"), b})
+	}
+	if bins[0].path == "" {
+		t.Fatal("SCALE_CONTROLLER_BIN must name the controller binary to measure (make bench-scale builds bin/sandbox-controller)")
+	}
+	var all []figures
+	for _, b := range bins {
+		f := measure(t, b.path, n)
+		f.label = b.label
+		t.Logf("%s: %d claims Ready in %s; RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s",
+			f.label, n, f.allReady.Round(time.Second), mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
+		all = append(all, f)
+	}
+	if err := os.WriteFile(table, []byte(render(all)), 0o644); err != nil {
+		t.Fatalf("writing the table: %v", err)
+	}
+}
+
+// measure starts a fresh API server and the controller binary against it,
+// creates n Sandboxes with a claim each and waits until every claim is Ready.
+func measure(t *testing.T, bin string, n int) figures {
+	crds, err := filepath.Abs("../../../config/crd/bases")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &envtest.Environment{CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting the API server: %v", err)
+	}
+	defer func() { _ = env.Stop() }()
+	admin, err := env.AddUser(envtest.User{Name: "scale-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := admin.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := testenv.SharedDir(t)
+	kcPath := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	cfg.QPS, cfg.Burst = 500, 1000
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	metrics := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--kubeconfig", kcPath,
+		"--areas-root", filepath.Join(dir, "areas"), "--backends", "bwrap",
+		"--metrics-bind-address", metrics, "--health-probe-bind-address", "0", "--api-bind-address", "0",
+		"--log-level", "error")
+	logf, err := os.Create(filepath.Join(dir, "controller.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	defer func() { cancel(); _ = cmd.Wait() }()
+
+	var f figures
+	f.n = n
+	// Idle: the caches are synced (the metrics endpoint answers once the
+	// manager runs) and nothing exists yet.
+	g := NewWithT(t)
+	g.Eventually(func() error {
+		var err error
+		f.idleHeap, err = heapInUse(metrics)
+		return err
+	}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+	f.idleRSS = procStatus(t, cmd.Process.Pid, "VmRSS")
+
+	ns := "scale"
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	sandboxes := make(chan int)
+	var wg sync.WaitGroup
+	var createErr error
+	var errOnce sync.Once
+	start := time.Now()
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range sandboxes {
+				name := fmt.Sprintf("agent-%04d", i)
+				sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+					Spec: v1alpha1.SandboxSpec{Agent: name, Backend: v1alpha1.BackendBwrap, Binaries: []v1alpha1.BinaryName{"git"}}}
+				claim := &v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-session"},
+					Spec: v1alpha1.SessionClaimSpec{SandboxName: name, Session: "scale"}}
+				for _, o := range []client.Object{sb, claim} {
+					if err := c.Create(context.Background(), o); err != nil {
+						errOnce.Do(func() { createErr = fmt.Errorf("creating %s: %w", o.GetName(), err) })
+					}
+				}
+			}
+		}()
+	}
+	for i := range n {
+		sandboxes <- i
+	}
+	close(sandboxes)
+	wg.Wait()
+	if createErr != nil {
+		t.Fatal(createErr)
+	}
+	ready := func() (int, error) {
+		if cmd.ProcessState != nil {
+			return 0, StopTrying("the controller exited; its log is " + filepath.Join(dir, "controller.log"))
+		}
+		var list v1alpha1.SessionClaimList
+		if err := c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			return 0, err
+		}
+		n := 0
+		for i := range list.Items {
+			if meta.IsStatusConditionTrue(list.Items[i].Status.Conditions, v1alpha1.ConditionReady) {
+				n++
+			}
+		}
+		return n, nil
+	}
+	g.Eventually(ready).WithTimeout(readyTimeout).WithPolling(time.Second).Should(Equal(n),
+		"claims Ready (controller log: %s)", filepath.Join(dir, "controller.log"))
+	f.allReady = time.Since(start)
+	f.readyRSS = procStatus(t, cmd.Process.Pid, "VmRSS")
+	f.peak = procStatus(t, cmd.Process.Pid, "VmHWM")
+	f.readyAnon = procStatus(t, cmd.Process.Pid, "RssAnon")
+	f.readyFile = procStatus(t, cmd.Process.Pid, "RssFile")
+	if f.readyHeap, err = heapInUse(metrics); err != nil {
+		t.Fatal(err)
+	}
+	var sb v1alpha1.Sandbox
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "agent-0000"}, &sb); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range sb.ManagedFields {
+		if m.FieldsV1 != nil {
+			f.managedFieldsBytesServer += len(m.FieldsV1.Raw)
+		}
+	}
+	return f
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// heapInUse reads go_memstats_heap_inuse_bytes from the controller's
+// metrics endpoint.
+func heapInUse(addr string) (int64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return int64(f), err
+		}
+	}
+	return 0, fmt.Errorf("no go_memstats_heap_inuse_bytes at %s/metrics", addr)
+}
+
+// procStatus reads a kB field of /proc/PID/status in bytes.
+func procStatus(t *testing.T, pid int, field string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("reading the controller's memory: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("%s in /proc/%d/status: %v", field, pid, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func render(all []figures) string {
+	var b strings.Builder
+	b.WriteString(`# Scale: many Sandboxes, one controller
+
+Written by ` + "`make bench-scale`" + ` (test/e2e/scale): a fresh kube-apiserver and
+etcd (envtest), the controller binary started as its own process with the
+bwrap backend and logging at error level, then Sandboxes (binaries: git)
+with one SessionClaim each, created by 16 clients at once. "All Ready" runs
+from the first create until a list shows every claim Ready (polled once a
+second). Memory is the controller process's: RSS from /proc (anonymous:
+heap, stacks and runtime; file-backed: the pages of the binary it touched),
+heap in use from its own go_memstats_heap_inuse_bytes. "Idle" is after the
+caches synced, before the first Sandbox.
+
+`)
+	fmt.Fprintf(&b, "| controller | Sandboxes (a claim each) | all Ready after | RSS idle | RSS all Ready | of which anonymous | of which file-backed | peak RSS | heap in use idle | heap in use all Ready |\n")
+	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, f := range all {
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", f.label, f.n, f.allReady.Round(time.Second),
+			mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
+	}
+	if len(all) > 0 {
+		fmt.Fprintf(&b, "\nManaged fields of one Sandbox on the server (what the cache no longer keeps): %d bytes.\n", all[0].managedFieldsBytesServer)
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(&b, "\nMachine: %d cores, load average %s at the end of the run.\n", goruntime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
+	return b.String()
+}
