@@ -213,6 +213,27 @@ var _ = Describe("Name conflicts", func() {
 		Expect(os.ReadFile(work)).To(Equal([]byte("namespace a's plan")))
 	})
 
+	It("does not bind a claim on a Sandbox whose instance something else owns", func() {
+		ns := newNamespace()
+		const agent = "foreign-owned"
+		foreign, err := runtimes.Describe("elsewhere/foreign", &v1alpha1.SandboxSpec{Agent: agent}, runtimes.Options{AreasRoot: areasRoot})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = mgr.rt.Ensure(ctx, foreign)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(mgr.rt.Delete(ctx, foreign.Name)).To(Succeed()) })
+
+		Expect(k8s.Create(ctx, newSandbox(ns, "mine", agent, time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "c", "mine"))).To(Succeed())
+		belongs := fmt.Sprintf("instance %s exists and belongs to elsewhere/foreign", foreign.Name)
+		Eventually(sandboxStatus(ns, "mine"), timeout).Should(HaveField("Conditions",
+			conditionWith(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, belongs)))
+		Eventually(claimStatus(ns, "c"), timeout).Should(HaveField("Conditions",
+			conditionWith(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, belongs)))
+		st, err := mgr.rt.Inspect(ctx, foreign.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Owner).To(Equal("elsewhere/foreign"))
+	})
+
 	It("hands the agent over to the next Sandbox of the same namespace when the older one goes", func() {
 		ns := newNamespace()
 		const agent = "handed-over"

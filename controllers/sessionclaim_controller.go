@@ -103,7 +103,7 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	// A Sandbox that does not own its agent has nothing to bind to: the
 	// instance and the areas are another Sandbox's, maybe another namespace's.
-	conflict, err := agentConflict(ctx, r.Client, r.Host.AreasRoot, sb)
+	conflict, err := claimConflict(ctx, r.Client, r.Host.AreasRoot, sb)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -49,3 +49,19 @@ func (r *SandboxReconciler) checkNameConflict(ctx context.Context, s *sandboxSco
 	}
 	return false, nil
 }
+
+// claimConflict is agentConflict for a claim, which also believes its
+// Sandbox when that reports NameConflict: an instance of the agent owned by
+// something else (found only when the Sandbox inspects its runtime) is as
+// much not the Sandbox's to give out. A Sandbox never reads this of itself,
+// so a conflict that has passed does not hold itself in place.
+func claimConflict(ctx context.Context, c client.Reader, areasRoot string, sb *v1alpha1.Sandbox) (string, error) {
+	msg, err := agentConflict(ctx, c, areasRoot, sb)
+	if err != nil || msg != "" {
+		return msg, err
+	}
+	if cond := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); cond != nil && cond.Reason == v1alpha1.ReasonNameConflict {
+		return cond.Message, nil
+	}
+	return "", nil
+}
