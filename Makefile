@@ -118,15 +118,22 @@ IMAGE_NAME ?= sandbox-controller
 IMAGE_TAR  ?= $(BIN)/sandbox-controller-image.tar
 SCALE_SANDBOXES ?= 1000
 
+IMAGE_BIN  := $(BIN)/image/sandbox-controller
+
 .PHONY: image
-image: ## Build the controller's OCI image without a container engine (static binary; bwrap, git and their libraries from Debian packages) as bin/sandbox-controller-image.tar, tagged with VERSION (default: git describe); `ctr images import` takes it.
-	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN)/image/sandbox-controller ./cmd/sandbox-controller
-	cd hack/image && GOWORK=off go run . -controller "$(BIN)/image/sandbox-controller" -debs "$(BIN)/image/debs" \
+image: image-binary ## Build the controller's OCI image without a container engine (static binary; bwrap, git and their libraries from Debian packages) as bin/sandbox-controller-image.tar, tagged with VERSION (default: git describe); `ctr images import` takes it.
+	cd hack/image && GOWORK=off go run . -controller "$(IMAGE_BIN)" -debs "$(BIN)/image/debs" \
 		-name "$(IMAGE_NAME)" -version "$(VERSION)" -out "$(IMAGE_TAR)" -epoch "$$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 
+# The binary the image runs: static (the image has no libraries for it) and
+# stripped.
+.PHONY: image-binary
+image-binary:
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(IMAGE_BIN) ./cmd/sandbox-controller
+
 .PHONY: bench-scale
-bench-scale: build ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each: time to all Ready and the controller's memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build).
+bench-scale: image-binary ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each: time to all Ready and the controller's memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build).
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
-	SANDBOX_BENCH_SCALE="$(CURDIR)/docs/benchmarks-scale.md" SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(BIN)/sandbox-controller" \
+	SANDBOX_BENCH_SCALE="$(CURDIR)/docs/benchmarks-scale.md" SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" \
 		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/
