@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,6 +30,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
@@ -65,6 +67,8 @@ func TestScale(t *testing.T) {
 			t.Fatalf("SCALE_SANDBOXES=%q: want a positive count", v)
 		}
 	}
+	// The API server's own logs are not what this measures.
+	logf.SetLogger(logr.Discard())
 	bins := []struct{ label, path string }{{"this build", os.Getenv("SCALE_CONTROLLER_BIN")}}
 	if b := os.Getenv("SCALE_BASELINE_BIN"); b != "" {
 		bins = append(bins, struct{ label, path string }{os.Getenv("SCALE_BASELINE_LABEL"), b})
@@ -80,9 +84,30 @@ func TestScale(t *testing.T) {
 			f.label, n, f.allReady.Round(time.Second), mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
 		all = append(all, f)
 	}
-	if err := os.WriteFile(table, []byte(render(all)), 0o644); err != nil {
+	if err := writeTable(table, render(all)); err != nil {
 		t.Fatalf("writing the table: %v", err)
 	}
+}
+
+// Markers around the generated part of the document: what a person wrote
+// around them survives a new run.
+const (
+	tableBegin = "<!-- make bench-scale: begin -->\n"
+	tableEnd   = "<!-- make bench-scale: end -->\n"
+)
+
+func writeTable(file, generated string) error {
+	old, err := os.ReadFile(file)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	doc := tableBegin + generated + tableEnd
+	if before, rest, ok := strings.Cut(string(old), tableBegin); ok {
+		if _, after, ok := strings.Cut(rest, tableEnd); ok {
+			doc = before + doc + after
+		}
+	}
+	return os.WriteFile(file, []byte(doc), 0o644)
 }
 
 // measure starts a fresh API server and the controller binary against it,
@@ -275,9 +300,7 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func render(all []figures) string {
 	var b strings.Builder
-	b.WriteString(`# Scale: many Sandboxes, one controller
-
-Written by ` + "`make bench-scale`" + ` (test/e2e/scale): a fresh kube-apiserver and
+	b.WriteString(`Written by ` + "`make bench-scale`" + ` (test/e2e/scale): a fresh kube-apiserver and
 etcd (envtest), the controller binary started as its own process with the
 bwrap backend and logging at error level, then Sandboxes (binaries: git)
 with one SessionClaim each, created by 16 clients at once. "All Ready" runs
