@@ -92,7 +92,7 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: bench
-bench: bench-bwrap bench-claims bench-containerd bench-incus bench-execapi ## Run every benchmark (tables in docs/benchmarks*.md).
+bench: bench-bwrap bench-claims bench-containerd bench-incus bench-execapi bench-scale ## Run every benchmark (tables in docs/benchmarks*.md).
 
 .PHONY: bench-bwrap
 bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks.md.
