@@ -40,6 +40,16 @@ var _ = Describe("containerd killed and restarted", Ordered, func() {
 		DeferCleanup(func() { containerdScript(daemonEnv, "stop") })
 		private = newDriver(filepath.Join(prefix, "run", "containerd.sock"))
 		DeferCleanup(private.Close)
+		// The spec's containers go, with their mount trees, before the
+		// daemon stops: stopping it kills the tasks but leaves the trees
+		// mounted on the host.
+		DeferCleanup(func() {
+			states, err := private.List(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			for _, st := range states {
+				Expect(private.Delete(ctx, st.Name)).To(Succeed())
+			}
+		})
 		m = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendContainerd: private},
 			controllers.Options{NodeName: node, HealthInterval: healthInterval, OrphanInterval: orphanInterval})
 		DeferCleanup(m.Stop)
