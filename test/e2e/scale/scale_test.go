@@ -243,7 +243,7 @@ func measure(t *testing.T, bin string, n int) figures {
 	}
 	for _, m := range sb.ManagedFields {
 		if m.FieldsV1 != nil {
-			f.managedFieldsBytesServer += len(m.FieldsV1.Raw)
+			f.managedFieldsBytesServer += len(m.FieldsV1.GetRawBytes())
 		}
 	}
 	return f
