@@ -118,8 +118,23 @@ func (a *Identities) For(agent string) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return 0, fmt.Errorf("creating agent directory %s: %w", dir, err)
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		// Made under another name and renamed into place, so that the
+		// directory is never seen owned by anyone but the agent.
+		tmp := filepath.Join(a.root, ".new-"+agent)
+		_ = os.Remove(tmp)
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			return 0, fmt.Errorf("creating agent directory %s: %w", dir, err)
+		}
+		if err := os.Lchown(tmp, int(id), int(id)); err != nil {
+			_ = os.Remove(tmp)
+			return 0, fmt.Errorf("giving agent directory %s to id %d: %w", dir, id, err)
+		}
+		if err := os.Rename(tmp, dir); err != nil {
+			_ = os.Remove(tmp)
+			return 0, fmt.Errorf("creating agent directory %s: %w", dir, err)
+		}
+		return id, nil
 	}
 	if err := giveTree(dir, id); err != nil {
 		return 0, fmt.Errorf("giving agent directory %s to id %d: %w", dir, id, err)

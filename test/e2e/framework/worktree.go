@@ -3,6 +3,7 @@ package framework
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -32,6 +33,9 @@ func GiveToAgent(e *Env, dir, agent string) {
 	var fi os.FileInfo
 	Eventually(func() (err error) {
 		fi, err = os.Stat(filepath.Join(e.AreasRoot, agent))
+		if err == nil && fi.Sys().(*syscall.Stat_t).Uid == 0 {
+			err = fmt.Errorf("%s is still root's: the agent has no identity yet", fi.Name())
+		}
 		return err
 	}, Timeout).Should(Succeed(), "the agent's directory records its identity")
 	st := fi.Sys().(*syscall.Stat_t)
