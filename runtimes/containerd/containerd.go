@@ -76,8 +76,8 @@ type Config struct {
 	ProcDir string
 	// TreesDir holds the instances' mount trees (trees.go), which runc
 	// binds the areas from: the controller must share containerd's mount
-	// namespace. Empty means DefaultTreesDir named after Address and
-	// Namespace.
+	// namespace. Its parent is made a private mount. Empty means a
+	// directory of DefaultTreesDir named after Address and Namespace.
 	TreesDir string
 }
 

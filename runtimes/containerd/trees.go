@@ -86,7 +86,12 @@ func (r *Runtime) buildTree(in runtimes.Instance) error {
 	if !r.treesPrivate {
 		// A tree in a mount that propagates would be unmounted, with its
 		// copies in running containers, when a later build detaches it.
-		if err := mounttree.MakePrivate(r.cfg.TreesDir); err != nil {
+		// The parent is made private, once for every driver below it
+		// (one per daemon address and namespace by default).
+		if err := mounttree.MakePrivate(filepath.Dir(r.cfg.TreesDir)); err != nil {
+			return fmt.Errorf("preparing the mount tree directory: %w", err)
+		}
+		if err := os.MkdirAll(r.cfg.TreesDir, 0o711); err != nil {
 			return fmt.Errorf("preparing the mount tree directory: %w", err)
 		}
 		r.treesPrivate = true
