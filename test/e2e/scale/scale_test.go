@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"net"
 	"net/http"
 	"os"
@@ -162,7 +163,15 @@ func measure(t *testing.T, bin string, n int) figures {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
 	}
-	defer func() { cancel(); _ = cmd.Wait() }()
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+		// The controller leaves its instances' mount trees for the next
+		// one to adopt; a throw-away run clears them.
+		if err := bwrap.DetachTrees(filepath.Join(dir, "areas", ".runtime", "bwrap")); err != nil {
+			t.Errorf("detaching the mount trees: %v", err)
+		}
+	}()
 
 	var f figures
 	f.n = n
