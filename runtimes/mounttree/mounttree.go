@@ -336,9 +336,9 @@ func (g Generations) Build(t Tree) (string, error) {
 	entries, _ := os.ReadDir(g.Dir)
 	for _, e := range entries {
 		if old, err := strconv.Atoi(e.Name()); err != nil || old < n-1 {
-			if err := Remove(filepath.Join(g.Dir, e.Name())); err != nil {
-				return "", err
-			}
+			// Best effort: one generation that cannot go yet must not
+			// keep the others, nor the new tree, from their turn.
+			_ = Remove(filepath.Join(g.Dir, e.Name()))
 		}
 	}
 	return t.Dir, nil
