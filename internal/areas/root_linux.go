@@ -205,16 +205,26 @@ func (r *Root) OpenDir(rel string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), r.name+"/"+rel), nil
 }
 
-// Read returns the contents of a regular file; see Open.
+// MaxRead is the most Read returns: larger files are streamed with Open.
+const MaxRead = 16 << 20
+
+// ErrTooLarge is wrapped when a file is larger than Read takes.
+var ErrTooLarge = errors.New("the file is larger than a whole read takes")
+
+// Read returns the contents of a regular file, at most MaxRead bytes (an
+// agent's sparse file never becomes an allocation of its size); see Open.
 func (r *Root) Read(rel string) ([]byte, error) {
 	f, err := r.open("reading", rel)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	b, err := io.ReadAll(f)
+	b, err := io.ReadAll(io.LimitReader(f, MaxRead+1))
 	if err != nil {
 		return nil, r.wrap("reading", rel, err)
+	}
+	if len(b) > MaxRead {
+		return nil, r.wrap("reading", rel, fmt.Errorf("%w (%d bytes at most)", ErrTooLarge, MaxRead))
 	}
 	return b, nil
 }
