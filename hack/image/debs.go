@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // fetchDebs returns a .deb for each package, downloading those not yet in
@@ -54,8 +56,14 @@ func aptDownload(dir, pkg string) error {
 	return run(dir, "apt-get", "download", "-qq", pkg)
 }
 
+// toolTimeout bounds each apt-get or dpkg-deb call: a stalled mirror must
+// fail the build, not hang it.
+const toolTimeout = 5 * time.Minute
+
 func run(dir, name string, args ...string) error {
-	cmd := exec.Command(name, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
@@ -68,7 +76,9 @@ func run(dir, name string, args ...string) error {
 // unpack adds the files of a .deb to t, read through dpkg-deb (which knows
 // every compression a .deb may use) without writing them to disk.
 func unpack(t tree, deb string) error {
-	cmd := exec.Command("dpkg-deb", "--fsys-tarfile", deb)
+	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "dpkg-deb", "--fsys-tarfile", deb)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
