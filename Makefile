@@ -31,7 +31,9 @@ test: manifests generate vet ## Run unit and envtest suites against real depende
 	@hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
-	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...; rc=$$?; hack/containerd.sh stop; exit $$rc
+	@mkdir -p $(BIN)
+	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./... 2>&1 | tee $(BIN)/test-output.log; \
+		rc=$${PIPESTATUS[0]}; hack/containerd.sh stop; hack/test-summary.sh $(BIN)/test-output.log; exit $$rc
 
 CHAOS_DURATION ?= 7m
 CHAOS_OUTAGES  ?= 5s,30s,90s

@@ -433,7 +433,7 @@ func MakePrivate(dir string) error {
 		return fmt.Errorf("inspecting %s: %w", filepath.Dir(dir), err)
 	}
 	if self.Mnt_id == parent.Mnt_id {
-		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("binding %s on itself: %w", dir, err)
 		}
 	}
