@@ -36,7 +36,7 @@ func (r *SandboxReconciler) checkClass(ctx context.Context, s *sandboxScope) (bo
 		r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonClassForbids, msg)
 		log.FromContext(ctx).Info("the Sandbox's class forbids its spec; nothing starts", "problem", msg)
 	}
-	r.notReady(s, v1alpha1.ReasonClassForbids, msg)
+	s.facts.fail(v1alpha1.ReasonClassForbids, msg)
 	return true, r.stopForbidden(ctx, s, msg)
 }
 

@@ -5,22 +5,36 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// patchStatus writes obj's status only when it differs from what was read,
-// so steady-state reconciles write nothing. An object deleted meanwhile is
-// not an error.
-func patchStatus(ctx context.Context, c client.Client, before, obj client.Object, oldStatus, newStatus any) error {
-	if equality.Semantic.DeepEqual(oldStatus, newStatus) {
+// statusPatch is an object as the reconcile read it. write sends the
+// API server a merge patch of what the reconcile changed in the object's
+// status since, and nothing at all when nothing changed, so steady-state
+// reconciles write nothing. An object deleted meanwhile is not an error.
+type statusPatch struct {
+	before client.Object
+}
+
+// snapshot remembers obj as it is now.
+func snapshot(obj client.Object) statusPatch {
+	return statusPatch{before: obj.DeepCopyObject().(client.Object)}
+}
+
+func (p statusPatch) write(ctx context.Context, c client.Client, obj client.Object) error {
+	data, err := client.MergeFrom(p.before).Data(obj)
+	if err != nil {
+		return fmt.Errorf("computing the status patch of %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+	}
+	if string(data) == "{}" {
 		return nil
 	}
-	if err := c.Status().Patch(ctx, obj, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+	if err := c.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, data)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("writing status of %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
 	}
 	return nil

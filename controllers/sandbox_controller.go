@@ -109,6 +109,9 @@ type sandboxScope struct {
 	// options that give the agent an id of its class.
 	spec *v1alpha1.SandboxSpec
 	host runtimes.Options
+	// facts are what the phases found; the status is derived from them
+	// once, at the end (sandboxConditions).
+	facts sandboxFacts
 }
 
 // Reconcile converges one Sandbox. It is safe to repeat after a crash at
@@ -133,18 +136,20 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		return requeueOnConflict(r.Update(ctx, sb))
 	}
 
-	before := sb.DeepCopy()
+	read := snapshot(sb)
+	s := &sandboxScope{sb: sb, owner: req.String()}
+	sb.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	defer func() {
+		s.facts.generation, s.facts.instance, s.facts.live = sb.Generation, sb.Status.Instance, s.live
+		applyConditions(&sb.Status.Conditions, sandboxConditions(s.facts))
 		if retErr == nil {
 			sb.Status.ObservedGeneration = sb.Generation
 		}
-		if err := patchStatus(ctx, r.Client, before, sb, before.Status, sb.Status); err != nil {
+		if err := read.write(ctx, r.Client, sb); err != nil {
 			retErr = errors.Join(retErr, err)
 		}
 	}()
 
-	s := &sandboxScope{sb: sb, owner: req.String()}
-	sb.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	if err := r.loadClaims(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -177,17 +182,11 @@ func (r *SandboxReconciler) loadClaims(ctx context.Context, s *sandboxScope) err
 	return nil
 }
 
-func (r *SandboxReconciler) notReady(s *sandboxScope, reason, msg string) {
-	gen := s.sb.Generation
-	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, false, reason, msg)
-	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionReady, false, reason, msg)
-}
-
 func (r *SandboxReconciler) checkBackend(_ context.Context, s *sandboxScope) (bool, error) {
 	backend := s.sb.Spec.BackendOrDefault()
 	rt, ok := r.Runtimes[backend]
 	if !ok {
-		r.notReady(s, v1alpha1.ReasonBackendUnavailable, fmt.Sprintf("this controller was not started with the %s backend (enabled: %v)", backend, r.enabledBackends()))
+		s.facts.fail(v1alpha1.ReasonBackendUnavailable, fmt.Sprintf("this controller was not started with the %s backend (enabled: %v)", backend, r.enabledBackends()))
 		return true, nil
 	}
 	s.rt = rt
@@ -198,25 +197,20 @@ func (r *SandboxReconciler) checkBackend(_ context.Context, s *sandboxScope) (bo
 // with the insecure disable variable set, every bwrap Sandbox says so in a
 // condition and a Warning Event.
 func (r *SandboxReconciler) checkEnforcement(_ context.Context, s *sandboxScope) (bool, error) {
-	conds := &s.sb.Status.Conditions
 	if s.sb.Spec.BackendOrDefault() != v1alpha1.BackendBwrap {
-		meta.RemoveStatusCondition(conds, v1alpha1.ConditionSandboxEnforced)
+		s.facts.enforcement = enforcementNone
 		return false, nil
 	}
 	value, disabled := policy.SandboxDisabled(r.Getenv)
+	s.facts.enforcementValue = value
 	if !disabled {
-		msg := "commands run inside bubblewrap"
-		if value != "" {
-			msg = fmt.Sprintf("commands run inside bubblewrap (%s is set to %q, which is not a bypass value, so it is ignored)", policy.DisableSandboxEnv, value)
-		}
-		setCondition(conds, s.sb.Generation, v1alpha1.ConditionSandboxEnforced, true, v1alpha1.ReasonEnforced, msg)
+		s.facts.enforcement = enforcementOn
 		return false, nil
 	}
-	msg := fmt.Sprintf("INSECURE: the controller runs with %s=%s, so this Sandbox's commands run directly on the host with the controller's privileges", policy.DisableSandboxEnv, value)
-	if !meta.IsStatusConditionFalse(*conds, v1alpha1.ConditionSandboxEnforced) {
-		r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonSandboxDisabled, msg)
+	s.facts.enforcement = enforcementOff
+	if !meta.IsStatusConditionFalse(s.sb.Status.Conditions, v1alpha1.ConditionSandboxEnforced) {
+		r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonSandboxDisabled, enforcementOffMessage(value))
 	}
-	setCondition(conds, s.sb.Generation, v1alpha1.ConditionSandboxEnforced, false, v1alpha1.ReasonSandboxDisabled, msg)
 	return false, nil
 }
 
@@ -232,7 +226,7 @@ func (r *SandboxReconciler) enabledBackends() []string {
 func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool, error) {
 	in, err := runtimes.Describe(s.owner, s.spec, s.host)
 	if err != nil {
-		r.notReady(s, v1alpha1.ReasonInvalidSpec, err.Error())
+		s.facts.fail(v1alpha1.ReasonInvalidSpec, err.Error())
 		return true, nil
 	}
 	binds, dirs := gitDirBinds(in, s.claims)
@@ -244,11 +238,11 @@ func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool,
 func (r *SandboxReconciler) inspect(ctx context.Context, s *sandboxScope) (bool, error) {
 	st, err := s.rt.Inspect(ctx, s.instance.Name)
 	if err != nil {
-		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		s.facts.failErr(err)
 		return true, err
 	}
 	if st.Exists && st.Owner != s.owner {
-		r.notReady(s, v1alpha1.ReasonNameConflict, fmt.Sprintf("instance %s exists and belongs to %s", st.Name, st.Owner))
+		s.facts.fail(v1alpha1.ReasonNameConflict, fmt.Sprintf("instance %s exists and belongs to %s", st.Name, st.Owner))
 		return true, nil
 	}
 	s.state = st
@@ -274,9 +268,8 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 	if s.live > 0 || s.state.Running {
 		mountErr = runtimes.CheckMountSources(s.instance)
 	}
-	defer r.reportOverlay(s)
 	defer func() {
-		summariseGit(sb, s.claims)
+		s.facts.converged, s.facts.overlay, s.facts.claims = true, s.state.Overlay, s.claims
 		sb.Status.MountedGitDirs = nil
 		if s.state.Running && s.state.ConfigHash == s.instance.ConfigHash {
 			sb.Status.MountedGitDirs = s.gitDirs
@@ -293,18 +286,18 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 			return ctrl.Result{}, err
 		}
 		if s.state.RestartRequired != "" && sb.Spec.RestartPolicy != v1alpha1.RestartImmediate {
-			r.restartPending(s)
+			s.facts.run, s.facts.restartPending = runForClaims, s.state.RestartRequired
 			return res, nil
 		}
 		if err := r.restartIfRequired(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
-		r.ready(s, true, v1alpha1.ReasonRunning, fmt.Sprintf("instance %s is running for %d claim(s)", s.instance.Name, s.live))
+		s.facts.run = runForClaims
 		return res, nil
 
 	case !s.state.Running:
 		sb.Status.IdleSince = nil
-		r.ready(s, false, v1alpha1.ReasonStopped, fmt.Sprintf("no claims: instance %s starts when a SessionClaim binds", s.instance.Name))
+		s.facts.run = runStopped
 		return res, nil
 
 	case sb.Spec.KeepRunning:
@@ -318,7 +311,7 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 		if err := r.restartIfRequired(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
-		r.ready(s, true, v1alpha1.ReasonIdle, fmt.Sprintf("no claims: instance %s keeps running (keepRunning)", s.instance.Name))
+		s.facts.run = runKeepRunning
 		return res, nil
 	}
 
@@ -349,7 +342,7 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 		if mountErr != nil {
 			res = r.mountSourceMissing(ctx, s, mountErr, res)
 		} else {
-			r.ready(s, true, v1alpha1.ReasonIdle, fmt.Sprintf("no claims: instance %s stops at %s unless a SessionClaim binds", s.instance.Name, stopAt.UTC().Format(time.RFC3339)))
+			s.facts.run, s.facts.stopAt = runIdle, stopAt
 		}
 		if wait := stopAt.Sub(now); res.RequeueAfter == 0 || wait < res.RequeueAfter {
 			res.RequeueAfter = wait
@@ -368,7 +361,7 @@ func (r *SandboxReconciler) mountSourceMissing(ctx context.Context, s *sandboxSc
 		r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonMountSourceMissing, msg)
 		log.FromContext(ctx).Info("mount source missing; the Sandbox is not Ready until it is back", "problem", msg)
 	}
-	r.notReady(s, v1alpha1.ReasonMountSourceMissing, msg)
+	s.facts.fail(v1alpha1.ReasonMountSourceMissing, msg)
 	if retry := r.mountSourceRetry(); res.RequeueAfter == 0 || retry < res.RequeueAfter {
 		res.RequeueAfter = retry
 	}
@@ -392,33 +385,15 @@ func hasCustomMounts(in runtimes.Instance) bool {
 
 func (r *SandboxReconciler) stopIdle(ctx context.Context, s *sandboxScope, why string) error {
 	if err := s.rt.Stop(ctx, s.instance.Name); err != nil {
-		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		s.facts.failErr(err)
 		return err
 	}
 	s.state.Running = false
 	log.FromContext(ctx).Info("stopped idle instance", "instance", s.instance.Name, "why", why)
 	r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonStopped, "stopped instance %s after %s", s.instance.Name, why)
 	s.sb.Status.IdleSince = nil
-	r.ready(s, false, v1alpha1.ReasonStopped, fmt.Sprintf("no claims: instance %s stopped; it starts when a SessionClaim binds", s.instance.Name))
+	s.facts.run = runStoppedIdle
 	return nil
-}
-
-// ready sets Ready as given and RuntimeReady True: the instance is in the
-// state the claims ask for.
-func (r *SandboxReconciler) ready(s *sandboxScope, ok bool, reason, msg string) {
-	gen := s.sb.Generation
-	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, true, reason, msg)
-	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionReady, ok, reason, msg)
-}
-
-// restartPending reports a change that waits for the instance to be idle;
-// the instance keeps serving its claims meanwhile.
-func (r *SandboxReconciler) restartPending(s *sandboxScope) {
-	gen := s.sb.Generation
-	msg := fmt.Sprintf("instance %s must restart to apply %s; it restarts when no claim holds it (restartPolicy WhenIdle)", s.instance.Name, s.state.RestartRequired)
-	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionRuntimeReady, false, v1alpha1.ReasonRestartRequired, msg)
-	setCondition(&s.sb.Status.Conditions, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonRunning,
-		fmt.Sprintf("instance %s is running for %d claim(s); a restart is pending", s.instance.Name, s.live))
 }
 
 // restartIfRequired stops and starts the instance when Ensure could not
@@ -429,7 +404,7 @@ func (r *SandboxReconciler) restartIfRequired(ctx context.Context, s *sandboxSco
 	}
 	what := s.state.RestartRequired
 	if err := s.rt.Stop(ctx, s.instance.Name); err != nil {
-		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		s.facts.failErr(err)
 		return err
 	}
 	s.state.Running = false
@@ -438,15 +413,6 @@ func (r *SandboxReconciler) restartIfRequired(ctx context.Context, s *sandboxSco
 	}
 	r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonRestartRequired, "restarted instance %s to apply %s", s.instance.Name, what)
 	return nil
-}
-
-func (r *SandboxReconciler) reportOverlay(s *sandboxScope) {
-	h := s.state.Overlay
-	if h == nil {
-		meta.RemoveStatusCondition(&s.sb.Status.Conditions, v1alpha1.ConditionOverlayHealthy)
-		return
-	}
-	setCondition(&s.sb.Status.Conditions, s.sb.Generation, v1alpha1.ConditionOverlayHealthy, h.Healthy, h.Reason, h.Message)
 }
 
 func (r *SandboxReconciler) healthInterval() time.Duration {
@@ -464,7 +430,7 @@ func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
 	}
 	st, err := s.rt.Ensure(ctx, s.instance)
 	if err != nil {
-		r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+		s.facts.failErr(err)
 		r.Recorder.Eventf(s.sb, "Warning", string(runtimes.ReasonOf(err)), "ensuring instance %s: %v", s.instance.Name, err)
 		return err
 	}
@@ -491,20 +457,20 @@ func (r *SandboxReconciler) reconcileDelete(ctx context.Context, s *sandboxScope
 		}
 	}
 	if len(s.claims) > 0 {
-		r.notReady(s, v1alpha1.ReasonDeleting, fmt.Sprintf("waiting for %d claim(s) to be released", len(s.claims)))
+		s.facts.fail(v1alpha1.ReasonDeleting, fmt.Sprintf("waiting for %d claim(s) to be released", len(s.claims)))
 		return ctrl.Result{}, nil
 	}
 	if rt, ok := r.Runtimes[s.sb.Spec.BackendOrDefault()]; ok {
 		name := v1alpha1.InstanceName(s.sb.Spec.Agent)
 		st, err := rt.Inspect(ctx, name)
 		if err != nil {
-			r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+			s.facts.failErr(err)
 			return ctrl.Result{}, err
 		}
 		// A Sandbox that lost the name to another one never deletes that one's instance.
 		if st.Exists && st.Owner == s.owner {
 			if err := rt.Delete(ctx, name); err != nil {
-				r.notReady(s, string(runtimes.ReasonOf(err)), err.Error())
+				s.facts.failErr(err)
 				return ctrl.Result{}, err
 			}
 			log.FromContext(ctx).Info("deleted instance; host areas kept", "instance", name)

@@ -84,22 +84,35 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		return ctrl.Result{}, r.release(ctx, claim, owner)
 	}
-	gen := claim.Generation
-	before := claim.DeepCopy()
-	claim.Status.ObservedGeneration = gen
-	conds := &claim.Status.Conditions
+	// One pass, at most two writes: the claim's metadata when it binds,
+	// then its status, derived once from what the pass found
+	// (claimConditions); observedGeneration moves only when the pass
+	// succeeded.
+	f := claimFacts{generation: claim.Generation, sandbox: claim.Spec.SandboxName, namespace: claim.Namespace}
+	oldStatus := claim.Status.DeepCopy()
+	complete := false
+	defer func() {
+		f.instance = claim.Status.Instance
+		applyConditions(&claim.Status.Conditions, claimConditions(f))
+		if retErr == nil && complete {
+			claim.Status.ObservedGeneration = claim.Generation
+		}
+		// Against the claim as it is now (metadata included, after the
+		// Update) but with the status as read: only the status changes go.
+		asRead := claim.DeepCopy()
+		asRead.Status = *oldStatus
+		if err := snapshot(asRead).write(ctx, r.Client, claim); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
 	switch {
 	case !found:
-		msg := fmt.Sprintf("Sandbox %q does not exist in namespace %q; the claim binds when it is created", claim.Spec.SandboxName, claim.Namespace)
-		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonSandboxNotFound, msg)
-		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotFound, msg)
+		f.binding, complete = bindingNoSandbox, true
 		claim.Status.Instance = ""
-		return ctrl.Result{}, patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status)
+		return ctrl.Result{}, nil
 	case !sb.DeletionTimestamp.IsZero():
-		msg := fmt.Sprintf("Sandbox %q is being deleted", sb.Name)
-		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonSandboxDeleting, msg)
-		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxDeleting, msg)
-		return ctrl.Result{}, patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status)
+		f.binding, complete = bindingSandboxDeleting, true
+		return ctrl.Result{}, nil
 	}
 	// A Sandbox that does not own its agent has nothing to bind to: the
 	// instance and the areas are another Sandbox's, maybe another namespace's.
@@ -108,33 +121,15 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, err
 	}
 	if conflict != "" {
-		msg := fmt.Sprintf("Sandbox %q does not own its agent: %s", sb.Name, conflict)
-		setCondition(conds, gen, v1alpha1.ConditionBound, false, v1alpha1.ReasonNameConflict, msg)
-		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonNameConflict, msg)
+		f.binding, f.conflict, complete = bindingConflict, conflict, true
 		claim.Status.Instance, claim.Status.Endpoint = "", ""
-		return ctrl.Result{}, patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status)
+		return ctrl.Result{}, nil
 	}
 
-	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
-	claim.Status.Endpoint = r.Endpoint
-	setCondition(conds, gen, v1alpha1.ConditionBound, true, v1alpha1.ReasonBound, fmt.Sprintf("bound to Sandbox %q", sb.Name))
-	if conditionTrue(sb.Status.Conditions, v1alpha1.ConditionReady) {
-		setCondition(conds, gen, v1alpha1.ConditionReady, true, v1alpha1.ReasonSandboxReady, fmt.Sprintf("instance %s is running", claim.Status.Instance))
-	} else {
-		msg := fmt.Sprintf("Sandbox %q is not ready yet", sb.Name)
-		if c := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
-			msg = fmt.Sprintf("Sandbox %q is not ready: %s: %s", sb.Name, c.Reason, c.Message)
-		}
-		setCondition(conds, gen, v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, msg)
-	}
-	// Status first: the Sandbox counts its claims by name from the moment
-	// they exist, so being bound waits for no other write, and a claim on
-	// a running Sandbox is Ready after this one.
-	if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
-		return ctrl.Result{}, err
-	}
-	// Then, in one write, the finalizer (a worktree is released before the
-	// claim goes) and the owner reference (the claim goes with its Sandbox).
+	// The finalizer (a worktree is released before the claim goes) and the
+	// owner reference (the claim goes with its Sandbox), in one write. The
+	// Sandbox counts its claims by name from the moment they exist, so it
+	// starts the instance without waiting for either.
 	changed := controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
 	if !isOwnedBy(claim, sb) {
 		if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
@@ -143,18 +138,20 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		changed = true
 	}
 	if changed {
+		// Update answers with the stored status: the status this pass
+		// derives is set after it.
 		if err := r.Update(ctx, claim); err != nil {
+			claim.Status = *oldStatus.DeepCopy()
 			return requeueOnConflict(err)
 		}
+		claim.Status = *oldStatus.DeepCopy()
 	}
-
-	before = claim.DeepCopy()
-	defer func() {
-		if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
-			retErr = errors.Join(retErr, err)
-		}
-	}()
-	return r.reconcileWorktree(ctx, claim, sb)
+	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
+	claim.Status.Endpoint = r.Endpoint
+	f.binding, f.sandboxReady = bindingBound, sandboxReadyCondition(sb)
+	res, err := r.reconcileWorktree(ctx, claim, sb, &f)
+	complete = err == nil
+	return res, err
 }
 
 // release removes the claim's worktree (or keeps it when dirty) and lets
@@ -163,9 +160,9 @@ func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.Se
 	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
 		return nil
 	}
-	before := claim.DeepCopy()
+	read := snapshot(claim)
 	r.releaseWorktree(ctx, claim, sb)
-	if err := patchStatus(ctx, r.Client, before, claim, before.Status, claim.Status); err != nil {
+	if err := read.write(ctx, r.Client, claim); err != nil {
 		return err
 	}
 	controllerutil.RemoveFinalizer(claim, v1alpha1.Finalizer)

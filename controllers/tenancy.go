@@ -44,7 +44,7 @@ func (r *SandboxReconciler) checkNameConflict(ctx context.Context, s *sandboxSco
 		return false, err
 	}
 	if msg != "" {
-		r.notReady(s, v1alpha1.ReasonNameConflict, msg)
+		s.facts.fail(v1alpha1.ReasonNameConflict, msg)
 		return true, nil
 	}
 	return false, nil

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -94,12 +93,10 @@ func (r *SessionClaimReconciler) resolveRepo(ctx context.Context, c *v1alpha1.Se
 // reconcileWorktree adds the claim's worktree on the host, checks it out
 // inside the sandbox once the sandbox mounts its git directory, and reports
 // WorktreeReady and GitHealthy.
-func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) (ctrl.Result, error) {
-	conds, gen := &c.Status.Conditions, c.Generation
+func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox, f *claimFacts) (ctrl.Result, error) {
 	if c.Spec.Worktree == nil {
 		c.Status.Worktree = nil
-		meta.RemoveStatusCondition(conds, v1alpha1.ConditionWorktreeReady)
-		meta.RemoveStatusCondition(conds, v1alpha1.ConditionGitHealthy)
+		f.worktree = worktreeNone
 		return ctrl.Result{}, nil
 	}
 	fail := func(err error) {
@@ -109,9 +106,7 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		if reason == "" {
 			reason = v1alpha1.ReasonWorktreeFailed
 		}
-		msg := boundedMessage(err.Error())
-		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, reason, msg)
-		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, reason, "no worktree: "+msg)
+		f.worktree, f.worktreeProblem = worktreeFailed, problem{reason: reason, message: boundedMessage(err.Error())}
 	}
 	cr, err := r.resolveRepo(ctx, c, sb)
 	if err != nil {
@@ -150,8 +145,7 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		if st.RelativePaths {
 			msg = fmt.Sprintf("worktree %s added; it is checked out once Sandbox %q is Ready", st.Path, sb.Name)
 		}
-		setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, false, v1alpha1.ReasonWaitingForSandbox, msg)
-		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonWaitingForSandbox, msg)
+		f.worktree, f.worktreeMessage = worktreeWaiting, msg
 		return ctrl.Result{}, nil
 	}
 	if !st.CheckedOut {
@@ -164,17 +158,16 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		st.CheckedOut = true
 		log.FromContext(ctx).Info("worktree checked out", "path", st.Path, "branch", st.Branch, "head", st.Head)
 	}
-	setCondition(conds, gen, v1alpha1.ConditionWorktreeReady, true, v1alpha1.ReasonWorktreeCreated,
-		fmt.Sprintf("worktree %s checked out at %s", st.Path, describeRef(st)))
+	f.worktree, f.worktreeMessage = worktreeCheckedOut, fmt.Sprintf("worktree %s checked out at %s", st.Path, describeRef(st))
 
 	if h := worktree.Check(ctx, cr.repo, wt); h.Reason != worktree.ReasonHealthy {
-		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, h.Reason, h.Message)
+		f.git = gitHealth{reason: h.Reason, message: h.Message}
 	} else if _, stderr, err := r.git(ctx, cr, "-C", st.Path, "rev-parse", "--verify", "HEAD"); err != nil {
 		logGitOutput(ctx, "probe inside the sandbox failed", st.Path, err, stderr)
-		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonProbeFailed,
-			boundedMessage(fmt.Sprintf("git rev-parse inside the sandbox failed: %v; the controller log has git's output", err)))
+		f.git = gitHealth{reason: v1alpha1.ReasonProbeFailed,
+			message: boundedMessage(fmt.Sprintf("git rev-parse inside the sandbox failed: %v; the controller log has git's output", err))}
 	} else {
-		setCondition(conds, gen, v1alpha1.ConditionGitHealthy, true, v1alpha1.ReasonHealthy, h.Message+"; git works inside the sandbox")
+		f.git = gitHealth{healthy: true, reason: v1alpha1.ReasonHealthy, message: h.Message + "; git works inside the sandbox"}
 	}
 	return ctrl.Result{RequeueAfter: r.healthInterval()}, nil
 }
@@ -333,37 +326,4 @@ func gitDirBinds(in runtimes.Instance, claims []v1alpha1.SessionClaim) ([]runtim
 	}
 	slices.Sort(dirs)
 	return binds, dirs
-}
-
-// summariseGit sets the Sandbox's GitHealthy from its claims' worktrees.
-func summariseGit(sb *v1alpha1.Sandbox, claims []v1alpha1.SessionClaim) {
-	var total int
-	var bad []string
-	reason := v1alpha1.ReasonHealthy
-	for _, c := range claims {
-		if c.Spec.Worktree == nil || !c.DeletionTimestamp.IsZero() {
-			continue
-		}
-		total++
-		cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionGitHealthy)
-		if cond == nil || cond.Status != "True" {
-			r, m := "Unknown", "not checked yet"
-			if cond != nil {
-				r, m = cond.Reason, cond.Message
-			}
-			if len(bad) == 0 {
-				reason = r
-			}
-			bad = append(bad, fmt.Sprintf("claim %s: %s: %s", c.Name, r, m))
-		}
-	}
-	if total == 0 {
-		meta.RemoveStatusCondition(&sb.Status.Conditions, v1alpha1.ConditionGitHealthy)
-		return
-	}
-	if len(bad) == 0 {
-		setCondition(&sb.Status.Conditions, sb.Generation, v1alpha1.ConditionGitHealthy, true, v1alpha1.ReasonHealthy, fmt.Sprintf("%d worktree(s) healthy", total))
-		return
-	}
-	setCondition(&sb.Status.Conditions, sb.Generation, v1alpha1.ConditionGitHealthy, false, reason, strings.Join(bad, "; "))
 }

@@ -1,0 +1,236 @@
+package controllers
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// The Sandbox's conditions are derived in one place: the phases of a
+// reconcile record what they found in sandboxFacts, and sandboxConditions
+// turns those facts into conditions. Nothing else sets a Sandbox
+// condition, so what Ready says is read here, not traced through every
+// branch of the reconcile.
+
+// instanceRun is what the reconcile left the instance doing.
+type instanceRun int
+
+const (
+	// runUnknown: no phase got as far as deciding (a check stopped the
+	// reconcile, or it failed before any phase spoke).
+	runUnknown instanceRun = iota
+	// runForClaims: running for live claims.
+	runForClaims
+	// runKeepRunning: running without claims because keepRunning says so.
+	runKeepRunning
+	// runIdle: running without claims until stopAt.
+	runIdle
+	// runStopped: not running, nothing wants it.
+	runStopped
+	// runStoppedIdle: stopped by this reconcile once idle.
+	runStoppedIdle
+)
+
+// problem is why the instance cannot be what the Sandbox asks: the reason
+// is a condition reason of the API, the message says it to a user.
+type problem struct {
+	reason, message string
+}
+
+// enforcement is what SandboxEnforced says: only bwrap Sandboxes have one.
+type enforcement int
+
+const (
+	enforcementUnknown enforcement = iota // not looked at in this reconcile
+	enforcementNone                       // not a bwrap Sandbox
+	enforcementOn                         // commands run inside bubblewrap
+	enforcementOff                        // the insecure switch is set
+)
+
+// sandboxFacts is what one reconcile of a Sandbox found.
+type sandboxFacts struct {
+	generation int64
+	instance   string
+	live       int
+
+	// problem, when set, is what stopped the reconcile: Ready and
+	// RuntimeReady are False with its reason.
+	problem *problem
+	run     instanceRun
+	// stopAt is when an idle instance stops (runIdle).
+	stopAt time.Time
+	// restartPending names a change that waits for the instance to be idle
+	// (restartPolicy WhenIdle) while it serves claims.
+	restartPending string
+
+	enforcement enforcement
+	// enforcementValue is the value of the insecure switch (set but not a
+	// bypass value when enforcementOn).
+	enforcementValue string
+
+	// converged says the reconcile reached the instance's own state, so
+	// overlay health and the worktrees' summary are current.
+	converged bool
+	overlay   *runtimes.Health
+	// claims are the Sandbox's claims, for the summary of their worktrees.
+	claims []v1alpha1.SessionClaim
+}
+
+// fail records what stopped the reconcile.
+func (f *sandboxFacts) fail(reason, message string) {
+	f.problem = &problem{reason: reason, message: message}
+}
+
+// failErr records a runtime error with the reason it carries.
+func (f *sandboxFacts) failErr(err error) {
+	f.fail(string(runtimes.ReasonOf(err)), err.Error())
+}
+
+// conditionChange is one condition to set, or to remove when remove is
+// true.
+type conditionChange struct {
+	condition metav1.Condition
+	remove    bool
+}
+
+// sandboxConditions computes the Sandbox's conditions from the facts. A
+// condition the facts say nothing about is left out, so it keeps what an
+// earlier reconcile said.
+func sandboxConditions(f sandboxFacts) []conditionChange {
+	var out []conditionChange
+	set := func(typ string, ok bool, reason, msg string) {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		out = append(out, conditionChange{condition: metav1.Condition{
+			Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: f.generation}})
+	}
+	remove := func(typ string) {
+		out = append(out, conditionChange{condition: metav1.Condition{Type: typ}, remove: true})
+	}
+
+	switch f.enforcement {
+	case enforcementNone:
+		remove(v1alpha1.ConditionSandboxEnforced)
+	case enforcementOn:
+		msg := "commands run inside bubblewrap"
+		if f.enforcementValue != "" {
+			msg = fmt.Sprintf("commands run inside bubblewrap (%s is set to %q, which is not a bypass value, so it is ignored)", policy.DisableSandboxEnv, f.enforcementValue)
+		}
+		set(v1alpha1.ConditionSandboxEnforced, true, v1alpha1.ReasonEnforced, msg)
+	case enforcementOff:
+		set(v1alpha1.ConditionSandboxEnforced, false, v1alpha1.ReasonSandboxDisabled, enforcementOffMessage(f.enforcementValue))
+	}
+
+	runtimeReady, ready, reason, msg, readyReason, readyMsg := false, false, "", "", "", ""
+	switch {
+	case f.problem != nil:
+		reason, msg = f.problem.reason, f.problem.message
+	case f.run == runForClaims && f.restartPending != "":
+		reason = v1alpha1.ReasonRestartRequired
+		msg = fmt.Sprintf("instance %s must restart to apply %s; it restarts when no claim holds it (restartPolicy WhenIdle)", f.instance, f.restartPending)
+		ready, readyReason = true, v1alpha1.ReasonRunning
+		readyMsg = fmt.Sprintf("instance %s is running for %d claim(s); a restart is pending", f.instance, f.live)
+	case f.run == runForClaims:
+		runtimeReady, ready, reason = true, true, v1alpha1.ReasonRunning
+		msg = fmt.Sprintf("instance %s is running for %d claim(s)", f.instance, f.live)
+	case f.run == runKeepRunning:
+		runtimeReady, ready, reason = true, true, v1alpha1.ReasonIdle
+		msg = fmt.Sprintf("no claims: instance %s keeps running (keepRunning)", f.instance)
+	case f.run == runIdle:
+		runtimeReady, ready, reason = true, true, v1alpha1.ReasonIdle
+		msg = fmt.Sprintf("no claims: instance %s stops at %s unless a SessionClaim binds", f.instance, f.stopAt.UTC().Format(time.RFC3339))
+	case f.run == runStopped:
+		runtimeReady, reason = true, v1alpha1.ReasonStopped
+		msg = fmt.Sprintf("no claims: instance %s starts when a SessionClaim binds", f.instance)
+	case f.run == runStoppedIdle:
+		runtimeReady, reason = true, v1alpha1.ReasonStopped
+		msg = fmt.Sprintf("no claims: instance %s stopped; it starts when a SessionClaim binds", f.instance)
+	}
+	if reason != "" {
+		if readyReason == "" {
+			readyReason, readyMsg = reason, msg
+		}
+		set(v1alpha1.ConditionRuntimeReady, runtimeReady, reason, msg)
+		set(v1alpha1.ConditionReady, ready, readyReason, readyMsg)
+	}
+
+	if f.converged {
+		if h := f.overlay; h == nil {
+			remove(v1alpha1.ConditionOverlayHealthy)
+		} else {
+			set(v1alpha1.ConditionOverlayHealthy, h.Healthy, h.Reason, h.Message)
+		}
+		if g := gitSummary(f.claims); g == nil {
+			remove(v1alpha1.ConditionGitHealthy)
+		} else {
+			set(v1alpha1.ConditionGitHealthy, g.healthy, g.reason, g.message)
+		}
+	}
+	return out
+}
+
+// enforcementOffMessage is what SandboxEnforced says, and the Warning
+// Event repeats, when the insecure switch is set.
+func enforcementOffMessage(value string) string {
+	return fmt.Sprintf("INSECURE: the controller runs with %s=%s, so this Sandbox's commands run directly on the host with the controller's privileges", policy.DisableSandboxEnv, value)
+}
+
+type gitHealth struct {
+	healthy         bool
+	reason, message string
+}
+
+// gitSummary is the Sandbox's GitHealthy from its live claims' worktrees;
+// nil when none has a worktree.
+func gitSummary(claims []v1alpha1.SessionClaim) *gitHealth {
+	var total int
+	var bad []string
+	reason := v1alpha1.ReasonHealthy
+	for _, c := range claims {
+		if c.Spec.Worktree == nil || !c.DeletionTimestamp.IsZero() {
+			continue
+		}
+		total++
+		cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionGitHealthy)
+		if cond == nil || cond.Status != metav1.ConditionTrue {
+			r, m := "Unknown", "not checked yet"
+			if cond != nil {
+				r, m = cond.Reason, cond.Message
+			}
+			if len(bad) == 0 {
+				reason = r
+			}
+			bad = append(bad, fmt.Sprintf("claim %s: %s: %s", c.Name, r, m))
+		}
+	}
+	switch {
+	case total == 0:
+		return nil
+	case len(bad) == 0:
+		return &gitHealth{healthy: true, reason: v1alpha1.ReasonHealthy, message: fmt.Sprintf("%d worktree(s) healthy", total)}
+	default:
+		return &gitHealth{reason: reason, message: strings.Join(bad, "; ")}
+	}
+}
+
+// applyConditions writes the changes into conds; a condition's transition
+// time moves only when its status changes, so repeating a reconcile
+// writes nothing new.
+func applyConditions(conds *[]metav1.Condition, changes []conditionChange) {
+	for _, c := range changes {
+		if c.remove {
+			meta.RemoveStatusCondition(conds, c.condition.Type)
+			continue
+		}
+		meta.SetStatusCondition(conds, c.condition)
+	}
+}

@@ -1,0 +1,124 @@
+package controllers
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// A claim's conditions are derived in one place, as a Sandbox's are: the
+// reconcile records what it found in claimFacts and claimConditions turns
+// that into Bound, Ready, WorktreeReady and GitHealthy.
+
+// binding is how a claim stands with its Sandbox.
+type binding int
+
+const (
+	bindingUnknown binding = iota // the reconcile did not get as far
+	bindingNoSandbox
+	bindingSandboxDeleting
+	// bindingConflict: the Sandbox does not own its agent.
+	bindingConflict
+	bindingBound
+)
+
+// worktreeStage is how far the claim's worktree got.
+type worktreeStage int
+
+const (
+	worktreeUnknown worktreeStage = iota // not looked at in this reconcile
+	worktreeNone                         // the claim asks for no worktree
+	worktreeFailed                       // adding or checking it out failed
+	worktreeWaiting                      // added; waits for the Sandbox
+	worktreeCheckedOut
+)
+
+// claimFacts is what one reconcile of a claim found.
+type claimFacts struct {
+	generation int64
+	sandbox    string
+	namespace  string
+	instance   string
+
+	binding  binding
+	conflict string
+	// sandboxReady is the Sandbox's Ready condition (nil before it has one).
+	sandboxReady *metav1.Condition
+
+	worktree worktreeStage
+	// worktreeProblem is why adding or checking out failed (worktreeFailed).
+	worktreeProblem problem
+	// worktreeMessage describes a waiting or checked-out worktree.
+	worktreeMessage string
+	// git is the health check of a checked-out worktree.
+	git gitHealth
+}
+
+// claimConditions computes the claim's conditions from the facts; a
+// condition the facts say nothing about is left out.
+func claimConditions(f claimFacts) []conditionChange {
+	var out []conditionChange
+	set := func(typ string, ok bool, reason, msg string) {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		out = append(out, conditionChange{condition: metav1.Condition{
+			Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: f.generation}})
+	}
+	remove := func(typ string) {
+		out = append(out, conditionChange{condition: metav1.Condition{Type: typ}, remove: true})
+	}
+	notBound := func(reason, msg string) {
+		set(v1alpha1.ConditionBound, false, reason, msg)
+		set(v1alpha1.ConditionReady, false, reason, msg)
+	}
+
+	switch f.binding {
+	case bindingNoSandbox:
+		notBound(v1alpha1.ReasonSandboxNotFound, fmt.Sprintf("Sandbox %q does not exist in namespace %q; the claim binds when it is created", f.sandbox, f.namespace))
+	case bindingSandboxDeleting:
+		notBound(v1alpha1.ReasonSandboxDeleting, fmt.Sprintf("Sandbox %q is being deleted", f.sandbox))
+	case bindingConflict:
+		notBound(v1alpha1.ReasonNameConflict, fmt.Sprintf("Sandbox %q does not own its agent: %s", f.sandbox, f.conflict))
+	case bindingBound:
+		set(v1alpha1.ConditionBound, true, v1alpha1.ReasonBound, fmt.Sprintf("bound to Sandbox %q", f.sandbox))
+		switch c := f.sandboxReady; {
+		case c != nil && c.Status == metav1.ConditionTrue:
+			set(v1alpha1.ConditionReady, true, v1alpha1.ReasonSandboxReady, fmt.Sprintf("instance %s is running", f.instance))
+		case c != nil:
+			set(v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, fmt.Sprintf("Sandbox %q is not ready: %s: %s", f.sandbox, c.Reason, c.Message))
+		default:
+			set(v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, fmt.Sprintf("Sandbox %q is not ready yet", f.sandbox))
+		}
+	}
+
+	switch f.worktree {
+	case worktreeNone:
+		remove(v1alpha1.ConditionWorktreeReady)
+		remove(v1alpha1.ConditionGitHealthy)
+	case worktreeFailed:
+		p := f.worktreeProblem
+		set(v1alpha1.ConditionWorktreeReady, false, p.reason, p.message)
+		set(v1alpha1.ConditionGitHealthy, false, p.reason, "no worktree: "+p.message)
+	case worktreeWaiting:
+		set(v1alpha1.ConditionWorktreeReady, false, v1alpha1.ReasonWaitingForSandbox, f.worktreeMessage)
+		set(v1alpha1.ConditionGitHealthy, false, v1alpha1.ReasonWaitingForSandbox, f.worktreeMessage)
+	case worktreeCheckedOut:
+		set(v1alpha1.ConditionWorktreeReady, true, v1alpha1.ReasonWorktreeCreated, f.worktreeMessage)
+		set(v1alpha1.ConditionGitHealthy, f.git.healthy, f.git.reason, f.git.message)
+	}
+	return out
+}
+
+// sandboxReadyCondition is the Sandbox's Ready condition, copied.
+func sandboxReadyCondition(sb *v1alpha1.Sandbox) *metav1.Condition {
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		cc := *c
+		return &cc
+	}
+	return nil
+}

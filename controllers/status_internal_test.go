@@ -1,0 +1,337 @@
+package controllers
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// want is one expected condition: its status, reason and a piece of its
+// message; gone means the condition is removed.
+type want struct {
+	status  metav1.ConditionStatus
+	reason  string
+	message string
+	gone    bool
+}
+
+func checkConditions(t *testing.T, got []conditionChange, gen int64, expect map[string]want) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, c := range got {
+		typ := c.condition.Type
+		if seen[typ] {
+			t.Errorf("condition %s derived twice", typ)
+		}
+		seen[typ] = true
+		w, ok := expect[typ]
+		if !ok {
+			t.Errorf("condition %s derived (%+v) but the facts say nothing about it", typ, c)
+			continue
+		}
+		if w.gone != c.remove {
+			t.Errorf("condition %s: removed %v, want %v", typ, c.remove, w.gone)
+			continue
+		}
+		if c.remove {
+			continue
+		}
+		if c.condition.Status != w.status || c.condition.Reason != w.reason || !strings.Contains(c.condition.Message, w.message) {
+			t.Errorf("condition %s = %s/%s %q, want %s/%s containing %q", typ, c.condition.Status, c.condition.Reason, c.condition.Message, w.status, w.reason, w.message)
+		}
+		if c.condition.ObservedGeneration != gen {
+			t.Errorf("condition %s: observedGeneration %d, want %d", typ, c.condition.ObservedGeneration, gen)
+		}
+	}
+	for typ := range expect {
+		if !seen[typ] {
+			t.Errorf("condition %s not derived", typ)
+		}
+	}
+}
+
+func TestSandboxConditions(t *testing.T) {
+	const gen = 7
+	T, F := metav1.ConditionTrue, metav1.ConditionFalse
+	stopAt := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	worktreeClaim := func(name string, healthy bool, reason string) v1alpha1.SessionClaim {
+		c := v1alpha1.SessionClaim{}
+		c.Name = name
+		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "/workspace/repo"}
+		status := metav1.ConditionFalse
+		if healthy {
+			status = metav1.ConditionTrue
+		}
+		c.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionGitHealthy, Status: status, Reason: reason, Message: "m-" + name}}
+		return c
+	}
+	deleting := worktreeClaim("gone", false, "Broken")
+	deleting.DeletionTimestamp = &metav1.Time{Time: stopAt}
+
+	for _, tc := range []struct {
+		name   string
+		facts  sandboxFacts
+		expect map[string]want
+	}{
+		{
+			name:   "nothing decided leaves every condition as it was",
+			facts:  sandboxFacts{},
+			expect: map[string]want{},
+		},
+		{
+			name:  "a problem makes Ready and RuntimeReady False with its reason",
+			facts: sandboxFacts{problem: &problem{reason: v1alpha1.ReasonBackendUnavailable, message: "not started with incus"}, run: runForClaims},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady: {status: F, reason: v1alpha1.ReasonBackendUnavailable, message: "not started with incus"},
+				v1alpha1.ConditionReady:        {status: F, reason: v1alpha1.ReasonBackendUnavailable, message: "not started with incus"},
+			},
+		},
+		{
+			name:  "running for claims",
+			facts: sandboxFacts{instance: "cireilclaw-ada", live: 3, run: runForClaims, enforcement: enforcementOn},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady:    {status: T, reason: v1alpha1.ReasonRunning, message: "instance cireilclaw-ada is running for 3 claim(s)"},
+				v1alpha1.ConditionReady:           {status: T, reason: v1alpha1.ReasonRunning, message: "running for 3 claim(s)"},
+				v1alpha1.ConditionSandboxEnforced: {status: T, reason: v1alpha1.ReasonEnforced, message: "commands run inside bubblewrap"},
+			},
+		},
+		{
+			name:  "a pending restart keeps Ready while RuntimeReady says what waits",
+			facts: sandboxFacts{instance: "i", live: 1, run: runForClaims, restartPending: "a new image"},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady: {status: F, reason: v1alpha1.ReasonRestartRequired, message: "must restart to apply a new image"},
+				v1alpha1.ConditionReady:        {status: T, reason: v1alpha1.ReasonRunning, message: "a restart is pending"},
+			},
+		},
+		{
+			name:  "keepRunning without claims",
+			facts: sandboxFacts{instance: "i", run: runKeepRunning},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady: {status: T, reason: v1alpha1.ReasonIdle, message: "keeps running (keepRunning)"},
+				v1alpha1.ConditionReady:        {status: T, reason: v1alpha1.ReasonIdle, message: "keeps running"},
+			},
+		},
+		{
+			name:  "idle until its stop time",
+			facts: sandboxFacts{instance: "i", run: runIdle, stopAt: stopAt},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady: {status: T, reason: v1alpha1.ReasonIdle, message: "stops at 2030-01-02T03:04:05Z"},
+				v1alpha1.ConditionReady:        {status: T, reason: v1alpha1.ReasonIdle, message: "unless a SessionClaim binds"},
+			},
+		},
+		{
+			name:  "stopped: the runtime is as wanted, the Sandbox is not Ready",
+			facts: sandboxFacts{instance: "i", run: runStopped},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady: {status: T, reason: v1alpha1.ReasonStopped, message: "starts when a SessionClaim binds"},
+				v1alpha1.ConditionReady:        {status: F, reason: v1alpha1.ReasonStopped, message: "starts when"},
+			},
+		},
+		{
+			name:  "stopped once idle",
+			facts: sandboxFacts{instance: "i", run: runStoppedIdle},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady: {status: T, reason: v1alpha1.ReasonStopped, message: "stopped; it starts"},
+				v1alpha1.ConditionReady:        {status: F, reason: v1alpha1.ReasonStopped, message: "stopped; it starts"},
+			},
+		},
+		{
+			name:  "a failed stop outranks what was decided before it",
+			facts: sandboxFacts{instance: "i", run: runIdle, problem: &problem{reason: "RuntimeUnavailable", message: "dial"}},
+			expect: map[string]want{
+				v1alpha1.ConditionRuntimeReady: {status: F, reason: "RuntimeUnavailable", message: "dial"},
+				v1alpha1.ConditionReady:        {status: F, reason: "RuntimeUnavailable", message: "dial"},
+			},
+		},
+		{
+			name:  "another backend has no SandboxEnforced",
+			facts: sandboxFacts{enforcement: enforcementNone},
+			expect: map[string]want{
+				v1alpha1.ConditionSandboxEnforced: {gone: true},
+			},
+		},
+		{
+			name:  "the insecure switch says so, with its value",
+			facts: sandboxFacts{enforcement: enforcementOff, enforcementValue: "1"},
+			expect: map[string]want{
+				v1alpha1.ConditionSandboxEnforced: {status: F, reason: v1alpha1.ReasonSandboxDisabled, message: "INSECURE"},
+			},
+		},
+		{
+			name:  "a switch value that is no bypass is named and ignored",
+			facts: sandboxFacts{enforcement: enforcementOn, enforcementValue: "maybe"},
+			expect: map[string]want{
+				v1alpha1.ConditionSandboxEnforced: {status: T, reason: v1alpha1.ReasonEnforced, message: `"maybe", which is not a bypass value`},
+			},
+		},
+		{
+			name:  "converged without overlays or worktrees removes their conditions",
+			facts: sandboxFacts{converged: true},
+			expect: map[string]want{
+				v1alpha1.ConditionOverlayHealthy: {gone: true},
+				v1alpha1.ConditionGitHealthy:     {gone: true},
+			},
+		},
+		{
+			name: "overlay health is the driver's, worktrees are summarised from live claims",
+			facts: sandboxFacts{converged: true,
+				overlay: &runtimes.Health{Reason: v1alpha1.ReasonUpperDirOverLimit, Message: "over its sizeLimit"},
+				claims:  []v1alpha1.SessionClaim{worktreeClaim("a", true, v1alpha1.ReasonHealthy), worktreeClaim("b", false, v1alpha1.ReasonGitdirMissing), deleting}},
+			expect: map[string]want{
+				v1alpha1.ConditionOverlayHealthy: {status: F, reason: v1alpha1.ReasonUpperDirOverLimit, message: "over its sizeLimit"},
+				v1alpha1.ConditionGitHealthy:     {status: F, reason: v1alpha1.ReasonGitdirMissing, message: "claim b: GitdirMissing: m-b"},
+			},
+		},
+		{
+			name:  "every worktree healthy",
+			facts: sandboxFacts{converged: true, overlay: &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy, Message: "ok"}, claims: []v1alpha1.SessionClaim{worktreeClaim("a", true, v1alpha1.ReasonHealthy), {}}},
+			expect: map[string]want{
+				v1alpha1.ConditionOverlayHealthy: {status: T, reason: v1alpha1.ReasonHealthy, message: "ok"},
+				v1alpha1.ConditionGitHealthy:     {status: T, reason: v1alpha1.ReasonHealthy, message: "1 worktree(s) healthy"},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.facts.generation = gen
+			checkConditions(t, sandboxConditions(tc.facts), gen, tc.expect)
+		})
+	}
+}
+
+func TestFailErrUsesTheRuntimeReason(t *testing.T) {
+	var f sandboxFacts
+	f.failErr(runtimes.Errorf(runtimes.ReasonUnavailable, "inspecting", "i", "%w", errors.New("connection refused")))
+	if f.problem == nil || f.problem.reason != string(runtimes.ReasonUnavailable) || !strings.Contains(f.problem.message, "connection refused") {
+		t.Fatalf("problem = %+v", f.problem)
+	}
+}
+
+func TestClaimConditions(t *testing.T) {
+	const gen = 3
+	T, F := metav1.ConditionTrue, metav1.ConditionFalse
+	readySandbox := &metav1.Condition{Type: v1alpha1.ConditionReady, Status: T, Reason: v1alpha1.ReasonRunning}
+	stoppedSandbox := &metav1.Condition{Type: v1alpha1.ConditionReady, Status: F, Reason: v1alpha1.ReasonMountSourceMissing, Message: "source /srv gone"}
+	base := claimFacts{sandbox: "sb", namespace: "team", instance: "cireilclaw-ada"}
+	with := func(mod func(*claimFacts)) claimFacts { f := base; mod(&f); return f }
+
+	for _, tc := range []struct {
+		name   string
+		facts  claimFacts
+		expect map[string]want
+	}{
+		{name: "nothing decided", facts: base, expect: map[string]want{}},
+		{
+			name:  "no Sandbox",
+			facts: with(func(f *claimFacts) { f.binding = bindingNoSandbox }),
+			expect: map[string]want{
+				v1alpha1.ConditionBound: {status: F, reason: v1alpha1.ReasonSandboxNotFound, message: `Sandbox "sb" does not exist in namespace "team"`},
+				v1alpha1.ConditionReady: {status: F, reason: v1alpha1.ReasonSandboxNotFound, message: "binds when it is created"},
+			},
+		},
+		{
+			name:  "Sandbox deleting",
+			facts: with(func(f *claimFacts) { f.binding = bindingSandboxDeleting }),
+			expect: map[string]want{
+				v1alpha1.ConditionBound: {status: F, reason: v1alpha1.ReasonSandboxDeleting, message: "being deleted"},
+				v1alpha1.ConditionReady: {status: F, reason: v1alpha1.ReasonSandboxDeleting, message: "being deleted"},
+			},
+		},
+		{
+			name:  "Sandbox without its agent",
+			facts: with(func(f *claimFacts) { f.binding, f.conflict = bindingConflict, "Sandbox a/x already uses agent" }),
+			expect: map[string]want{
+				v1alpha1.ConditionBound: {status: F, reason: v1alpha1.ReasonNameConflict, message: "does not own its agent: Sandbox a/x"},
+				v1alpha1.ConditionReady: {status: F, reason: v1alpha1.ReasonNameConflict, message: "already uses agent"},
+			},
+		},
+		{
+			name:  "bound to a Ready Sandbox, no worktree",
+			facts: with(func(f *claimFacts) { f.binding, f.sandboxReady, f.worktree = bindingBound, readySandbox, worktreeNone }),
+			expect: map[string]want{
+				v1alpha1.ConditionBound:         {status: T, reason: v1alpha1.ReasonBound, message: `bound to Sandbox "sb"`},
+				v1alpha1.ConditionReady:         {status: T, reason: v1alpha1.ReasonSandboxReady, message: "instance cireilclaw-ada is running"},
+				v1alpha1.ConditionWorktreeReady: {gone: true},
+				v1alpha1.ConditionGitHealthy:    {gone: true},
+			},
+		},
+		{
+			name:  "bound to a Sandbox that is not Ready repeats why",
+			facts: with(func(f *claimFacts) { f.binding, f.sandboxReady = bindingBound, stoppedSandbox }),
+			expect: map[string]want{
+				v1alpha1.ConditionBound: {status: T, reason: v1alpha1.ReasonBound, message: "bound"},
+				v1alpha1.ConditionReady: {status: F, reason: v1alpha1.ReasonSandboxNotReady, message: "MountSourceMissing: source /srv gone"},
+			},
+		},
+		{
+			name:  "bound to a Sandbox without a Ready condition yet",
+			facts: with(func(f *claimFacts) { f.binding = bindingBound }),
+			expect: map[string]want{
+				v1alpha1.ConditionBound: {status: T, reason: v1alpha1.ReasonBound, message: "bound"},
+				v1alpha1.ConditionReady: {status: F, reason: v1alpha1.ReasonSandboxNotReady, message: "not ready yet"},
+			},
+		},
+		{
+			name: "a worktree that failed",
+			facts: with(func(f *claimFacts) {
+				f.worktree, f.worktreeProblem = worktreeFailed, problem{reason: v1alpha1.ReasonWorktreeFailed, message: "ref does not exist"}
+			}),
+			expect: map[string]want{
+				v1alpha1.ConditionWorktreeReady: {status: F, reason: v1alpha1.ReasonWorktreeFailed, message: "ref does not exist"},
+				v1alpha1.ConditionGitHealthy:    {status: F, reason: v1alpha1.ReasonWorktreeFailed, message: "no worktree: ref does not exist"},
+			},
+		},
+		{
+			name:  "a worktree waiting for its Sandbox",
+			facts: with(func(f *claimFacts) { f.worktree, f.worktreeMessage = worktreeWaiting, "checked out once Sandbox" }),
+			expect: map[string]want{
+				v1alpha1.ConditionWorktreeReady: {status: F, reason: v1alpha1.ReasonWaitingForSandbox, message: "checked out once"},
+				v1alpha1.ConditionGitHealthy:    {status: F, reason: v1alpha1.ReasonWaitingForSandbox, message: "checked out once"},
+			},
+		},
+		{
+			name: "a checked-out worktree with its health",
+			facts: with(func(f *claimFacts) {
+				f.worktree, f.worktreeMessage = worktreeCheckedOut, "checked out at main"
+				f.git = gitHealth{reason: v1alpha1.ReasonProbeFailed, message: "rev-parse failed"}
+			}),
+			expect: map[string]want{
+				v1alpha1.ConditionWorktreeReady: {status: T, reason: v1alpha1.ReasonWorktreeCreated, message: "checked out at main"},
+				v1alpha1.ConditionGitHealthy:    {status: F, reason: v1alpha1.ReasonProbeFailed, message: "rev-parse failed"},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.facts.generation = gen
+			checkConditions(t, claimConditions(tc.facts), gen, tc.expect)
+		})
+	}
+}
+
+// applyConditions keeps a condition's transition time while its status
+// stays, so a repeated reconcile writes nothing.
+func TestApplyConditionsKeepsTransitionTimes(t *testing.T) {
+	old := metav1.NewTime(time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC))
+	conds := []metav1.Condition{
+		{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Running", LastTransitionTime: old},
+		{Type: v1alpha1.ConditionOverlayHealthy, Status: metav1.ConditionTrue, Reason: "Healthy", LastTransitionTime: old},
+	}
+	applyConditions(&conds, sandboxConditions(sandboxFacts{instance: "i", live: 2, run: runForClaims, converged: true}))
+	var ready *metav1.Condition
+	for i := range conds {
+		if conds[i].Type == v1alpha1.ConditionOverlayHealthy {
+			t.Fatalf("OverlayHealthy kept though no overlay was reported: %+v", conds)
+		}
+		if conds[i].Type == v1alpha1.ConditionReady {
+			ready = &conds[i]
+		}
+	}
+	if ready == nil || !ready.LastTransitionTime.Equal(&old) || !strings.Contains(ready.Message, "2 claim(s)") {
+		t.Fatalf("Ready = %+v, want its old transition time and the new message", ready)
+	}
+}
