@@ -528,25 +528,34 @@ func (r *run) probe(ctx context.Context, kind string, rng *rand.Rand, n int, b v
 	}
 	name := fmt.Sprintf("probe-%d", n)
 	t0 := time.Now()
+	attempts, lastErr := 0, error(nil)
 	for {
+		attempts++
 		err := r.createOwnClaim(context.Background(), name, names[rng.IntN(len(names))])
 		if err == nil || apierrors.IsAlreadyExists(err) {
 			break
 		}
+		lastErr = err
 		if time.Since(t0) > probeTimeout {
 			r.violate("after a %s kill: %v", kind, err)
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	created := time.Since(t0)
 	// The churn may delete the probe only once it has been measured.
 	defer r.churnable(name)
 	if _, err := r.waitReady(context.Background(), name, probeTimeout); err != nil {
 		r.violate("after a %s kill: %v (%s)", kind, err, r.stalled())
 		return
 	}
+	total := time.Since(t0)
+	// Where the time went: the API server accepting the claim, then the
+	// controller making it Ready.
+	r.t.Logf("probe %s after a %s kill: created after %s (%d attempts, last refusal: %v), Ready %s later",
+		name, kind, created.Round(time.Millisecond), attempts, lastErr, (total - created).Round(time.Millisecond))
 	r.mu.Lock()
-	r.recoveries[kind] = append(r.recoveries[kind], time.Since(t0))
+	r.recoveries[kind] = append(r.recoveries[kind], total)
 	r.mu.Unlock()
 }
 
