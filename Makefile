@@ -16,6 +16,10 @@ all: build
 
 ##@ Develop
 
+.PHONY: build
+build: manifests generate ## Build bin/sandbox-controller.
+	go build -o $(BIN)/sandbox-controller ./cmd/sandbox-controller
+
 .PHONY: run
 run: build install-plugin ## Run the controller on a throw-away local control plane with the bwrap backend.
 	@hack/install-deps.sh
@@ -24,43 +28,6 @@ run: build install-plugin ## Run the controller on a throw-away local control pl
 	$(BIN)/sandbox-controller --local-control-plane --local-assets "$(ENVTEST_DIR)" \
 		--areas-root "$(AREAS_ROOT)" --metrics-bind-address 0 --health-probe-bind-address 0 \
 		--log-format console --log-level debug
-
-.PHONY: test
-test: manifests generate vet ## Run unit and envtest suites against real dependencies (starts incusd, and a private containerd it stops after).
-	@hack/install-deps.sh
-	@hack/envtest-assets.sh >/dev/null
-	@hack/incus.sh start >/dev/null
-	@hack/containerd.sh start >/dev/null
-	@mkdir -p $(BIN)
-	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./... 2>&1 | tee $(BIN)/test-output.log; \
-		rc=$${PIPESTATUS[0]}; hack/containerd.sh stop; hack/test-summary.sh $(BIN)/test-output.log; exit $$rc
-
-CHAOS_DURATION ?= 7m
-CHAOS_OUTAGES  ?= 5s,30s,90s
-CHAOS_BACKENDS ?= bwrap,containerd
-
-.PHONY: test-chaos
-test-chaos: build ## Long chaos run (CHAOS_DURATION, default 7m): claims churn while the controller, kube-apiserver and containerd are killed; appends its figures to bin/chaos-report.md (docs/reliability.md).
-	@hack/install-deps.sh
-	@hack/envtest-assets.sh >/dev/null
-	@hack/containerd.sh start >/dev/null
-	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_CONTROLLER_BIN="$(BIN)/sandbox-controller" CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_OUTAGES="$(CHAOS_OUTAGES)" CHAOS_BACKENDS="$(CHAOS_BACKENDS)" CHAOS_REPORT="$(BIN)/chaos-report.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestChaos$$' ./test/chaos/; rc=$$?; hack/containerd.sh stop; exit $$rc
-
-.PHONY: build
-build: manifests generate ## Build bin/sandbox-controller.
-	go build -o $(BIN)/sandbox-controller ./cmd/sandbox-controller
-
-.PHONY: bench-incus
-bench-incus: ## Claim and exec latency of the incus backend beside raw REST baselines; writes docs/benchmarks-incus.md.
-	@hack/envtest-assets.sh >/dev/null
-	@hack/incus.sh start >/dev/null
-	INCUS_BENCH_TABLE="$(CURDIR)/docs/benchmarks-incus.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
-
-.PHONY: bench-execapi
-bench-execapi: ## Exec of true through the exec API against the runtime called directly; writes docs/benchmarks-execapi.md.
-	@hack/install-deps.sh
-	@hack/envtest-assets.sh >/dev/null
-	SANDBOX_BENCH_EXECAPI="$(CURDIR)/docs/benchmarks-execapi.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v
 
 .PHONY: install-plugin
 install-plugin: ## Build bin/sandboxctl and link it as bin/kubectl-sandbox (put bin/ on PATH for `kubectl sandbox`).
@@ -91,7 +58,63 @@ $(CONTROLLER_GEN):
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"; print "Usage: make <target>"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+# Packages that need a daemon of their own (containerd, incusd) or run the
+# controller as a process under faults; the rest is the fast loop.
+E2E_PKGS  := ./runtimes/containerd/ ./test/e2e/containerd/ ./test/e2e/incus/ ./test/e2e/image/ ./test/chaos/
+UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/test/e2e/containerd$$' -e '/test/e2e/incus$$' -e '/test/e2e/image$$' -e '/test/chaos$$')
+
+##@ Test
+
+.PHONY: test
+test: manifests generate vet ## Everything below in one run (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies (starts incusd, and a private containerd it stops after). Output in bin/test-output.log, a summary at the end.
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	@hack/incus.sh start >/dev/null
+	@hack/containerd.sh start >/dev/null
+	@mkdir -p $(BIN)
+	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./... 2>&1 | tee $(BIN)/test-output.log; \
+		rc=$${PIPESTATUS[0]}; hack/containerd.sh stop; hack/test-summary.sh $(BIN)/test-output.log; exit $$rc
+
+.PHONY: test-unit
+test-unit: manifests generate vet ## The fast loop: unit tests and envtest suites with the real bwrap and git; no daemons.
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) $(UNIT_PKGS)
+
+.PHONY: test-e2e
+test-e2e: manifests generate ## The suites that need containerd, incusd or a controller process under faults (starts them; stops containerd after).
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	@hack/incus.sh start >/dev/null
+	@hack/containerd.sh start >/dev/null
+	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) $(E2E_PKGS); rc=$$?; hack/containerd.sh stop; exit $$rc
+
+CHAOS_DURATION ?= 7m
+CHAOS_OUTAGES  ?= 5s,30s,90s
+CHAOS_BACKENDS ?= bwrap,containerd
+
+.PHONY: test-chaos
+test-chaos: build ## Long chaos run (CHAOS_DURATION, default 7m): claims churn while the controller, kube-apiserver and containerd are killed; appends its figures to bin/chaos-report.md (docs/reliability.md).
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	@hack/containerd.sh start >/dev/null
+	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_CONTROLLER_BIN="$(BIN)/sandbox-controller" CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_OUTAGES="$(CHAOS_OUTAGES)" CHAOS_BACKENDS="$(CHAOS_BACKENDS)" CHAOS_REPORT="$(BIN)/chaos-report.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestChaos$$' ./test/chaos/; rc=$$?; hack/containerd.sh stop; exit $$rc
+
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## golangci-lint with .golangci.yml (built from the Go module proxy on first use; CI runs it).
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(BIN)/.lint
+	GOBIN=$(BIN)/.lint go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(BIN)/.lint/golangci-lint $@
+
+##@ Benchmarks
 
 .PHONY: bench
 bench: bench-bwrap bench-claims bench-containerd bench-incus bench-execapi bench-scale ## Run every benchmark (tables in docs/benchmarks*.md).
@@ -113,6 +136,25 @@ bench-containerd: ## Claim and exec latency of the containerd backend beside raw
 	@hack/containerd.sh start >/dev/null
 	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_BENCH=1 SANDBOX_BENCH_OUT=$(CURDIR)/bin/bench-containerd.md KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/containerd/ -ginkgo.label-filter=bench -ginkgo.v; rc=$$?; hack/containerd.sh stop; exit $$rc
 
+.PHONY: bench-incus
+bench-incus: ## Claim and exec latency of the incus backend beside raw REST baselines; writes docs/benchmarks-incus.md.
+	@hack/envtest-assets.sh >/dev/null
+	@hack/incus.sh start >/dev/null
+	INCUS_BENCH_TABLE="$(CURDIR)/docs/benchmarks-incus.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
+
+.PHONY: bench-execapi
+bench-execapi: ## Exec of true through the exec API against the runtime called directly; writes docs/benchmarks-execapi.md.
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	SANDBOX_BENCH_EXECAPI="$(CURDIR)/docs/benchmarks-execapi.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v
+
+.PHONY: bench-scale
+bench-scale: image-binary ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each: time to all Ready and the controller's memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build).
+	@hack/install-deps.sh
+	@hack/envtest-assets.sh >/dev/null
+	SANDBOX_BENCH_SCALE="$(CURDIR)/docs/benchmarks-scale.md" SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" \
+		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/
+
 ##@ Deploy
 
 VERSION   ?= $(shell cat VERSION 2>/dev/null || git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -132,10 +174,3 @@ image: image-binary ## Build the controller's OCI image without a container engi
 .PHONY: image-binary
 image-binary:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(IMAGE_BIN) ./cmd/sandbox-controller
-
-.PHONY: bench-scale
-bench-scale: image-binary ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each: time to all Ready and the controller's memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build).
-	@hack/install-deps.sh
-	@hack/envtest-assets.sh >/dev/null
-	SANDBOX_BENCH_SCALE="$(CURDIR)/docs/benchmarks-scale.md" SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" \
-		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/

@@ -77,7 +77,7 @@ func claimBenchmark() {
 		{What: fmt.Sprintf("burst of %d claims on one running Sandbox → Ready", burst), Ours: sharedBurst,
 			Baseline: fmt.Sprintf("%d concurrent create+read", burst), Base: apiBurst},
 	})
-	table += fmt.Sprintf("\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Conditions observed through a watch.\n")
+	table += "\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Conditions observed through a watch.\n"
 	AddReportEntry("claim benchmark (bwrap)", table)
 	fmt.Fprintln(GinkgoWriter, table)
 	Expect(os.WriteFile(os.Getenv("SANDBOX_BENCH_CLAIMS"), []byte(table), 0o644)).To(Succeed())

@@ -48,7 +48,7 @@ func (r *SandboxReconciler) stopForbidden(ctx context.Context, s *sandboxScope, 
 	if err != nil || !st.Exists || !st.Running || st.Owner != s.owner {
 		// Inspect failing is not this phase's to report: the condition
 		// already says why the Sandbox is not Ready.
-		return nil
+		return nil //nolint:nilerr // reported by the condition already set, not by this phase
 	}
 	if err := s.rt.Stop(ctx, name); err != nil {
 		return fmt.Errorf("stopping instance %s, which its SandboxClass no longer allows: %w", name, err)

@@ -23,9 +23,9 @@ import (
 type instanceRun int
 
 const (
-	// runUnknown: no phase got as far as deciding (a check stopped the
-	// reconcile, or it failed before any phase spoke).
-	runUnknown instanceRun = iota
+	// The zero value: no phase got as far as deciding (a check stopped
+	// the reconcile, or it failed before any phase spoke).
+	_ instanceRun = iota
 	// runForClaims: running for live claims.
 	runForClaims
 	// runKeepRunning: running without claims because keepRunning says so.

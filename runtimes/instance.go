@@ -17,7 +17,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 )
 
-// The standard areas of an agent, in the order the seed lists them.
+// StandardAreas are the standard areas of an agent, in the order the seed lists them.
 var StandardAreas = []AreaSpec{
 	{Name: "workspace", Target: "/workspace"},
 	{Name: "memories", Target: "/memories"},

@@ -169,7 +169,7 @@ func TestServeReloads(t *testing.T) {
 		outW.Close()
 	}()
 	responses := lineReader{bufio.NewReader(outR)}
-	send := func(line string) { io.WriteString(inW, line+"\n") }
+	send := func(line string) { _, _ = io.WriteString(inW, line+"\n") }
 
 	send(`["sh","-c","echo hi; exit 3"]`)
 	if r := responses.next(t); r.Exit != 3 || r.Stdout != "hi\n" || r.Error != "" {

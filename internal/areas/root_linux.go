@@ -83,7 +83,7 @@ func (r *Root) openRoot(op, rel string) (int, error) {
 	fd, err := unix.Open(r.hostPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-			return -1, r.wrap(op, rel, fmt.Errorf("%w (reopening it: %v)", ErrRootReplaced, err))
+			return -1, r.wrap(op, rel, fmt.Errorf("%w (reopening it: %w)", ErrRootReplaced, err))
 		}
 		return -1, r.wrap(op, rel, fmt.Errorf("reopening the root: %w", err))
 	}
@@ -114,7 +114,7 @@ func (r *Root) beneath(dirfd int, op, shown, rel string, flags int) (int, error)
 	var err error
 	for range maxRetries {
 		fd, err = r.sys.openat2(dirfd, rel, how)
-		if err != unix.EAGAIN && err != unix.EINTR {
+		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			break
 		}
 	}
@@ -328,7 +328,7 @@ func (r *Root) Write(rel string, data []byte, perm os.FileMode) error {
 	defer func() {
 		f.Close() // a second Close after success only returns an error
 		if !renamed {
-			unix.Unlinkat(pfd, tmp, 0)
+			_ = unix.Unlinkat(pfd, tmp, 0)
 		}
 	}()
 	if err := f.Chmod(perm.Perm()); err != nil {

@@ -206,6 +206,6 @@ func (s *Staged) Abort() {
 	}
 	s.done = true
 	s.f.Close()
-	unix.Unlinkat(s.dirfd, s.tmp, 0)
+	_ = unix.Unlinkat(s.dirfd, s.tmp, 0)
 	unix.Close(s.dirfd)
 }

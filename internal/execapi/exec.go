@@ -137,7 +137,7 @@ func (s *Server) runExec(r *http.Request, u user.Info, t *target, req execReques
 	if stdinR != nil {
 		stdin = stdinR
 	}
-	var stdout, stderr io.Writer = io.Discard, io.Discard
+	stdout, stderr := io.Discard, io.Discard
 	if req.stdout {
 		stdout = st.channel(channelStdout)
 	}

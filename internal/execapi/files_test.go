@@ -161,8 +161,8 @@ func TestUploadsStreamWithBoundedHeap(t *testing.T) {
 	}
 	defer got.Close()
 	h1, h2 := sha256.New(), sha256.New()
-	io.Copy(h1, got)
-	io.Copy(h2, io.LimitReader(&pattern{}, size))
+	_, _ = io.Copy(h1, got)
+	_, _ = io.Copy(h2, io.LimitReader(&pattern{}, size))
 	if string(h1.Sum(nil)) != string(h2.Sum(nil)) {
 		t.Fatal("an uploaded file does not hold what was sent")
 	}
@@ -171,7 +171,7 @@ func TestUploadsStreamWithBoundedHeap(t *testing.T) {
 
 func assertNoUploadTemps(t *testing.T, dir string) {
 	t.Helper()
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && strings.Contains(d.Name(), ".areas-write-") {
 			t.Errorf("a temporary upload file was left behind: %s", p)
 		}

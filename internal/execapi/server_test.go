@@ -206,7 +206,9 @@ func (f *fixture) exec(ctx context.Context, token, claim string, stdin io.Reader
 	u := f.srv.URL + "/api/v1alpha1/namespaces/" + ns + "/sessionclaims/" + claim + "/exec?" + q.Encode()
 	e, err := remotecommand.NewWebSocketExecutor(f.config(token), "GET", u)
 	if err != nil {
-		f.t.Fatal(err)
+		// Error, not Fatal: exec also runs on goroutines of its own.
+		f.t.Error(err)
+		return execResult{err: err}
 	}
 	// A cancelled stream returns while client-go may still be copying.
 	var out, errb lockedBuffer

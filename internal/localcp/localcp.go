@@ -43,20 +43,20 @@ func Start(assetsDir, crdDir, kubeconfigPath string) (*ControlPlane, error) {
 	cp := &ControlPlane{env: env, Config: cfg, Kubeconfig: kubeconfigPath}
 	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
-		cp.Stop()
+		_ = cp.Stop()
 		return nil, fmt.Errorf("creating the local administrator: %w", err)
 	}
 	kc, err := user.KubeConfig()
 	if err != nil {
-		cp.Stop()
+		_ = cp.Stop()
 		return nil, fmt.Errorf("writing the local kubeconfig: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(kubeconfigPath), 0o755); err != nil {
-		cp.Stop()
+		_ = cp.Stop()
 		return nil, fmt.Errorf("writing the local kubeconfig: %w", err)
 	}
 	if err := os.WriteFile(kubeconfigPath, kc, 0o600); err != nil {
-		cp.Stop()
+		_ = cp.Stop()
 		return nil, fmt.Errorf("writing the local kubeconfig: %w", err)
 	}
 	return cp, nil

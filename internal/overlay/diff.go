@@ -51,7 +51,7 @@ type Change struct {
 // the exact paths, kinds, modes and contents Apply with it will write.
 func Digest(changes []Change) string {
 	h := sha256.New()
-	io.WriteString(h, "sandbox-controller overlay changes v1\n")
+	_, _ = io.WriteString(h, "sandbox-controller overlay changes v1\n")
 	for _, c := range changes {
 		sum := c.SHA256
 		if sum == "" {

@@ -41,7 +41,7 @@ func layers(t *testing.T) (overlay.Layers, *areas.Root) {
 func tree(t *testing.T, dir string) string {
 	t.Helper()
 	var b strings.Builder
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -95,7 +95,7 @@ func (l Layers) Mounted() (bool, error) {
 func (l Layers) Mount() error {
 	fi, err := os.Stat(l.Lower)
 	if err != nil || !fi.IsDir() {
-		return fmt.Errorf("mounting overlay of %s: the source must be an existing directory: %v", l.Lower, err)
+		return fmt.Errorf("mounting overlay of %s: the source must be an existing directory: %w", l.Lower, err)
 	}
 	if ok, err := l.Mounted(); err != nil || ok {
 		return err

@@ -109,7 +109,7 @@ type Spec struct {
 	CreateBranch bool
 }
 
-// ReasonRefUnresolvable: the spec's ref names no commit of the repository.
+// ReasonRefUnresolvable says the spec's ref names no commit of the repository.
 const ReasonRefUnresolvable = "RefUnresolvable"
 
 // CheckSpec applies the rules of a worktree's name and ref again (the API
@@ -126,7 +126,7 @@ func CheckSpec(spec Spec) error {
 	return nil
 }
 
-// ReasonInvalidSpec: the worktree's name or ref breaks a rule.
+// ReasonInvalidSpec says the worktree's name or ref breaks a rule.
 const ReasonInvalidSpec = "InvalidSpec"
 
 // Add adds the worktree without checking files out; Checkout does that

@@ -53,7 +53,7 @@ func writeELF(t *testing.T, path string, spec elfSpec) {
 	dyn = append(dyn, elf.Dyn64{Tag: int64(elf.DT_NULL)})
 	var dynBuf bytes.Buffer
 	for _, d := range dyn {
-		binary.Write(&dynBuf, le, d)
+		_ = binary.Write(&dynBuf, le, d)
 	}
 	shstr := []byte("\x00.interp\x00.dynstr\x00.dynamic\x00.shstrtab\x00")
 	interp := append([]byte(spec.interp), 0)
@@ -79,9 +79,9 @@ func writeELF(t *testing.T, path string, spec elfSpec) {
 	hdr.Ident[elf.EI_CLASS] = byte(elf.ELFCLASS64)
 	hdr.Ident[elf.EI_DATA] = byte(elf.ELFDATA2LSB)
 	hdr.Ident[elf.EI_VERSION] = byte(elf.EV_CURRENT)
-	binary.Write(&f, le, hdr)
+	_ = binary.Write(&f, le, hdr)
 	if phnum == 1 {
-		binary.Write(&f, le, elf.Prog64{Type: uint32(elf.PT_INTERP), Flags: uint32(elf.PF_R), Off: interpOff, Filesz: uint64(len(interp)), Memsz: uint64(len(interp)), Align: 1})
+		_ = binary.Write(&f, le, elf.Prog64{Type: uint32(elf.PT_INTERP), Flags: uint32(elf.PF_R), Off: interpOff, Filesz: uint64(len(interp)), Memsz: uint64(len(interp)), Align: 1})
 	}
 	f.Write(interp)
 	f.Write(dynstr.Bytes())
@@ -95,7 +95,7 @@ func writeELF(t *testing.T, path string, spec elfSpec) {
 		{Name: 26, Type: uint32(elf.SHT_STRTAB), Off: shstrOff, Size: uint64(len(shstr)), Addralign: 1},
 	}
 	for _, s := range sections {
-		binary.Write(&f, le, s)
+		_ = binary.Write(&f, le, s)
 	}
 	mkfile(t, path, f.Bytes(), 0o755)
 }

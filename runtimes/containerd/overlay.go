@@ -57,7 +57,7 @@ func (r *Runtime) rootHealth(ctx context.Context, c *containerd.Client, info con
 		}
 		for _, d := range lower {
 			if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-				return unhealthy(v1alpha1.ReasonNotMounted, "lower dir %s of the root overlay of container %s is missing", d, info.ID), nil
+				return unhealthy(v1alpha1.ReasonNotMounted, "lower dir %s of the root overlay of container %s is missing", d, info.ID), nil //nolint:nilerr // a missing lower dir is a health finding, not an error
 			}
 		}
 		mounted = fmt.Sprintf("mounted as overlay over %d lower dir(s)", len(lower))

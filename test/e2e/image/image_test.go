@@ -124,7 +124,7 @@ func run(ctx context.Context, t *testing.T, c *containerd.Client, img containerd
 	if err != nil {
 		t.Fatal(err)
 	}
-	task.CloseIO(ctx)
+	_ = task.CloseIO(ctx)
 	// The task's output is complete once its IO is closed.
 	if io := task.IO(); io != nil {
 		io.Wait()

@@ -9,7 +9,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
