@@ -68,14 +68,14 @@ UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/te
 ##@ Test
 
 .PHONY: test
-test: manifests generate vet ## Everything below in one run (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies (starts incusd, and a private containerd it stops after). Output in bin/test-output.log, a summary at the end.
+test: manifests generate vet ## Everything (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies, then the two race tests alone at full strength (hack/run-tests.sh; starts incusd, and a private containerd it stops after). Output in bin/test-output.log, a summary at the end.
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
 	@mkdir -p $(BIN)
-	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./... 2>&1 | tee $(BIN)/test-output.log; \
-		rc=$${PIPESTATUS[0]}; hack/containerd.sh stop; hack/test-summary.sh $(BIN)/test-output.log; exit $$rc
+	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" hack/run-tests.sh $(BIN)/test-output.log $(GO_TEST_FLAGS); \
+		rc=$$?; hack/containerd.sh stop; hack/test-summary.sh $(BIN)/test-output.log; exit $$rc
 
 .PHONY: test-unit
 test-unit: manifests generate vet ## The fast loop: unit tests and envtest suites with the real bwrap and git; no daemons.

@@ -18,6 +18,27 @@ func InCI() bool {
 	return err == nil && v
 }
 
+// RaceStartsEnv sets how many command starts the mount-destination race
+// tests make. `make test` runs them with a few in its parallel pass and
+// then once more each, alone, at full strength, so their 10,000 starts do
+// not compete with the other suites for the mount table.
+const RaceStartsEnv = "SANDBOX_RACE_STARTS"
+
+// FullRaceStarts is what the boundary issue asks of a race test.
+const FullRaceStarts = 10000
+
+// RaceStarts is how many starts a race test makes: RaceStartsEnv when set,
+// else FullRaceStarts under CI and quick elsewhere.
+func RaceStarts(quick int) int {
+	if n, err := strconv.Atoi(os.Getenv(RaceStartsEnv)); err == nil && n > 0 {
+		return n
+	}
+	if InCI() {
+		return FullRaceStarts
+	}
+	return quick
+}
+
 // TB is the part of testing.TB (or a Ginkgo adapter) this package needs.
 type TB interface {
 	Helper()

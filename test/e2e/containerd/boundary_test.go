@@ -211,10 +211,7 @@ ln -s / /workspace/src.moved/app/tools`, toolsParent))
 				_, _ = d.Exec(swapCtx, in.Name, runtimes.ExecRequest{Argv: append([]string{"sh", "-c", `exec /workspace/tools/exchange "$@"`, "exchange", "/workspace", "a", fmt.Sprintf("c%d-", i)}, order...)})
 			}()
 		}
-		starts := 500
-		if testenv.InCI() {
-			starts = 10000
-		}
+		starts := testenv.RaceStarts(500)
 		var next, ran atomic.Int64
 		var workers sync.WaitGroup
 		for range 4 {
@@ -253,7 +250,7 @@ ln -s / /workspace/src.moved/app/tools`, toolsParent))
 		DeferCleanup(func() { _ = swapper.Process.Kill(); _ = swapper.Wait() })
 		Eventually(func() error { _, err := os.Lstat(filepath.Join(ws, "h2")); return err }, timeout).Should(Succeed(), swapErr.String)
 		budget, maxRestarts := 20*time.Second, 50
-		if testenv.InCI() {
+		if starts >= testenv.FullRaceStarts {
 			budget, maxRestarts = 3*time.Minute, 1<<30
 		}
 		var restarts, started, refused int

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The body of `make test`: every suite, then the two mount-destination race
+# tests once more each, alone and at full strength (10,000 command starts,
+# see internal/testenv.RaceStarts). In the parallel pass they make a few
+# hundred starts; alone they do not compete with the other suites for the
+# kernel's mount table, which is what their starts wait on.
+#
+# Usage: hack/run-tests.sh LOG [go test flags...]
+# Expects KUBEBUILDER_ASSETS and the containerd environment
+# (hack/containerd.sh env). Output goes to the terminal and to LOG; a
+# summary of every pass ends it. Exits non-zero when any pass failed.
+set -uo pipefail
+log=${1:?usage: run-tests.sh LOG [go test flags...]}
+shift
+: >"$log"
+rc=0
+
+pass() {
+	echo "== $*" | tee -a "$log"
+	"$@" 2>&1 | tee -a "$log"
+	local r=${PIPESTATUS[0]}
+	if ((r != 0)); then rc=$r; fi
+}
+
+SANDBOX_RACE_STARTS=300 pass go test "$@" ./...
+SANDBOX_RACE_STARTS=10000 pass go test "$@" -run '^TestMountDestinationExchangeRace$' ./runtimes/bwrap/
+SANDBOX_RACE_STARTS=10000 pass go test "$@" ./test/e2e/containerd/ -ginkgo.focus 'exchanges its parent'
+exit $rc
