@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 )
 
 // The claim benchmark of the default backend is opt-in: SANDBOX_BENCH_CLAIMS
@@ -68,7 +68,7 @@ func claimBenchmark() {
 	coldBurst := claimBurst(burst, true)
 	sharedBurst := claimBurst(burst, false)
 
-	table := framework.RenderTable([]framework.BenchRow{
+	table := testharness.RenderTable([]testharness.BenchRow{
 		{What: "cold claim → Ready (Sandbox stopped)", Ours: cold, Baseline: "API server create+read", Base: floor},
 		{What: "hot claim → Bound (Sandbox running)", Ours: hotBound, Baseline: "API server create+read", Base: floor},
 		{What: "hot claim → Ready (Sandbox running)", Ours: hotReady, Baseline: "API server create+read", Base: floor},

@@ -15,11 +15,11 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
-const timeout = framework.Timeout
+const timeout = testharness.Timeout
 
 func newSandbox(ns, name, agent string, idle time.Duration) *v1alpha1.Sandbox {
 	return &v1alpha1.Sandbox{
@@ -33,9 +33,9 @@ func newSandbox(ns, name, agent string, idle time.Duration) *v1alpha1.Sandbox {
 }
 
 var (
-	newClaim      = framework.NewClaim
-	haveCondition = framework.HaveCondition
-	sandboxIs     = framework.SandboxIs
+	newClaim      = testharness.NewClaim
+	haveCondition = testharness.HaveCondition
+	sandboxIs     = testharness.SandboxIs
 )
 
 func newNamespace() string            { return env.NewNamespace() }

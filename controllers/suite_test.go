@@ -14,13 +14,13 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 var (
-	env       *framework.Env
+	env       *testharness.Env
 	k8s       client.Client
 	areasRoot string
 	mgr       *managerRun
@@ -36,7 +36,7 @@ func TestControllers(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	testenv.Binary(GinkgoT(), "bwrap", "install bubblewrap (hack/install-deps.sh)")
-	env = framework.Start()
+	env = testharness.Start()
 	k8s = env.Client
 	areasRoot = env.AreasRoot
 	mgr = startManager()
@@ -54,8 +54,8 @@ var _ = AfterSuite(func() {
 
 // managerRun is one running manager and the recorder around its bwrap driver.
 type managerRun struct {
-	*framework.Manager
-	rt *framework.Recorder
+	*testharness.Manager
+	rt *testharness.Recorder
 }
 
 func (m *managerRun) stop() { m.Stop() }

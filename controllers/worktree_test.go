@@ -19,9 +19,9 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // sandboxRun runs argv in the Sandbox's instance through the runtime.
@@ -37,13 +37,13 @@ func sandboxRun(agent string, argv ...string) (int, string, string) {
 func newRepo(dir string) {
 	GinkgoHelper()
 	Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
-	framework.HostGit(dir, "init", "-q", "-b", "main")
+	testharness.HostGit(dir, "init", "-q", "-b", "main")
 	Expect(os.WriteFile(filepath.Join(dir, "README"), []byte("hello\n"), 0o644)).To(Succeed())
-	framework.HostGit(dir, "add", "README")
-	framework.HostGit(dir, "commit", "-q", "-m", "first")
+	testharness.HostGit(dir, "add", "README")
+	testharness.HostGit(dir, "commit", "-q", "-m", "first")
 }
 
-func giveToAgent(dir, agent string) { GinkgoHelper(); framework.GiveToAgent(env, dir, agent) }
+func giveToAgent(dir, agent string) { GinkgoHelper(); testharness.GiveToAgent(env, dir, agent) }
 
 func claimWithWorktree(ns, name, sandbox, repo string) *v1alpha1.SessionClaim {
 	c := newClaim(ns, name, sandbox)
@@ -53,8 +53,8 @@ func claimWithWorktree(ns, name, sandbox, repo string) *v1alpha1.SessionClaim {
 
 // The worktree specs every backend runs: add, use and commit inside, gc,
 // clean removed and dirty kept.
-var _ = framework.DescribeWorktrees("bwrap", framework.WorktreeSuite{
-	Env: func() *framework.Env { return env },
+var _ = testharness.DescribeWorktrees("bwrap", testharness.WorktreeSuite{
+	Env: func() *testharness.Env { return env },
 	NewSandbox: func(ns, name, agent string) *v1alpha1.Sandbox {
 		return newSandbox(ns, name, agent, time.Minute)
 	},
@@ -87,12 +87,12 @@ var _ = Describe("Session worktree health", Ordered, func() {
 	It("reports a locked worktree as WorktreeLocked on the claim and the Sandbox", func() {
 		var c v1alpha1.SessionClaim
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
-		framework.HostGit(repo, "worktree", "lock", "--reason", "moved to a laptop", c.Status.Worktree.HostPath)
+		testharness.HostGit(repo, "worktree", "lock", "--reason", "moved to a laptop", c.Status.Worktree.HostPath)
 		Eventually(claimStatus(ns, "s1"), timeout).Should(
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonWorktreeLocked)))
 		Eventually(sandboxStatus(ns, "gitty"), timeout).Should(
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonWorktreeLocked)))
-		framework.HostGit(repo, "worktree", "unlock", c.Status.Worktree.HostPath)
+		testharness.HostGit(repo, "worktree", "unlock", c.Status.Worktree.HostPath)
 		Eventually(claimStatus(ns, "s1"), timeout).Should(
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
 	})
@@ -128,7 +128,7 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		Eventually(sandboxStatus(ns, "gitty"), timeout).Should(HaveField("MountedGitDirs", BeEmpty()))
 
 		// As git 2.48 and later write them with --relative-paths.
-		framework.HostGit(repo, "worktree", "add", "-q", "--no-checkout", "-b", "rel", ".worktrees/rel")
+		testharness.HostGit(repo, "worktree", "add", "-q", "--no-checkout", "-b", "rel", ".worktrees/rel")
 		wtHost := filepath.Join(repo, ".worktrees", "rel")
 		Expect(os.WriteFile(filepath.Join(wtHost, ".git"), []byte("gitdir: ../../.git/worktrees/rel\n"), 0o644)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(repo, ".git", "worktrees", "rel", "gitdir"), []byte("../../../.worktrees/rel/.git\n"), 0o644)).To(Succeed())
@@ -154,7 +154,7 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		code, _, stderr = sandboxRun(agent, "sh", "-c", "cd "+wt+" && echo relative >> README && git add README && "+
 			"git -c user.name=agent -c user.email=agent@example.com commit -q -m 'through relative links'")
 		Expect(code).To(Equal(0), stderr)
-		Expect(framework.HostGit(repo, "log", "-1", "--format=%s", "rel")).To(Equal("through relative links"))
+		Expect(testharness.HostGit(repo, "log", "-1", "--format=%s", "rel")).To(Equal("through relative links"))
 		deleteAndWait(c)
 		Expect(wtHost).NotTo(BeADirectory(), "clean: removed")
 	})
@@ -234,7 +234,7 @@ var _ = Describe("Host git on an agent's repository", Ordered, func() {
 		const poisoned = 17
 		for i := range poisoned {
 			name := fmt.Sprintf("p%d", i)
-			framework.HostGit(repo, "worktree", "add", "-q", "--no-checkout", "-b", name, filepath.Join(repo, ".worktrees", name))
+			testharness.HostGit(repo, "worktree", "add", "-q", "--no-checkout", "-b", name, filepath.Join(repo, ".worktrees", name))
 		}
 		// Planted once all are added: git worktree add reads the other
 		// worktrees' HEADs, so the test's own git would block too.

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // The benchmark is opt-in: SANDBOX_BENCH=1 adds it to the suite (the
@@ -43,22 +43,22 @@ func benchmark() {
 	if v, err := strconv.Atoi(os.Getenv("SANDBOX_BENCH_N")); err == nil && v > 0 {
 		n = v
 	}
-	var rows []framework.BenchRow
+	var rows []testharness.BenchRow
 
 	cold, hotBound, hotReady := claimLatencies(n)
 	rawStart := rawCreateStart(n)
 	driverStart := driverEnsureCold(n)
 	floor := env.APIRoundTrips(n)
 	rows = append(rows,
-		framework.BenchRow{What: "cold claim → Ready (container made and started)", Ours: cold, Baseline: "raw client create+start", Base: rawStart},
-		framework.BenchRow{What: "driver Ensure, cold (no controller)", Ours: driverStart, Baseline: "raw client create+start", Base: rawStart},
-		framework.BenchRow{What: "hot claim → Bound (container already running)", Ours: hotBound, Baseline: "API server create+read of an object", Base: floor},
-		framework.BenchRow{What: "hot claim → Ready", Ours: hotReady, Baseline: "API server create+read of an object", Base: floor},
+		testharness.BenchRow{What: "cold claim → Ready (container made and started)", Ours: cold, Baseline: "raw client create+start", Base: rawStart},
+		testharness.BenchRow{What: "driver Ensure, cold (no controller)", Ours: driverStart, Baseline: "raw client create+start", Base: rawStart},
+		testharness.BenchRow{What: "hot claim → Bound (container already running)", Ours: hotBound, Baseline: "API server create+read of an object", Base: floor},
+		testharness.BenchRow{What: "hot claim → Ready", Ours: hotReady, Baseline: "API server create+read of an object", Base: floor},
 	)
 	ours, raw := execLatencies(n * 2)
-	rows = append(rows, framework.BenchRow{What: "exec `true` through the driver (policy, env, stdio)", Ours: ours, Baseline: "raw client exec of `true`", Base: raw})
+	rows = append(rows, testharness.BenchRow{What: "exec `true` through the driver (policy, env, stdio)", Ours: ours, Baseline: "raw client exec of `true`", Base: raw})
 
-	table := framework.RenderTable(rows) + fmt.Sprintf("\n%d samples per claim figure, %d per exec figure; claim conditions observed through a watch.\n", n, 2*n)
+	table := testharness.RenderTable(rows) + fmt.Sprintf("\n%d samples per claim figure, %d per exec figure; claim conditions observed through a watch.\n", n, 2*n)
 	AddReportEntry("containerd benchmark", table)
 	fmt.Fprintln(GinkgoWriter, table)
 	if out := os.Getenv("SANDBOX_BENCH_OUT"); out != "" {

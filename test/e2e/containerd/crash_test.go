@@ -12,9 +12,9 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // The crash spec kills a containerd of its own, started by the same script
@@ -26,7 +26,7 @@ var _ = Describe("containerd killed and restarted", Ordered, func() {
 	var (
 		daemonEnv []string
 		private   *containerd.Runtime
-		m         *framework.Manager
+		m         *testharness.Manager
 	)
 
 	BeforeAll(func() {

@@ -20,17 +20,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
-const timeout = framework.Timeout
+const timeout = testharness.Timeout
 
 var (
-	newClaim      = framework.NewClaim
-	haveCondition = framework.HaveCondition
-	sandboxIs     = framework.SandboxIs
+	newClaim      = testharness.NewClaim
+	haveCondition = testharness.HaveCondition
+	sandboxIs     = testharness.SandboxIs
 )
 
 func newSandbox(ns, name, agent string, idle time.Duration) *v1alpha1.Sandbox {
@@ -46,7 +46,7 @@ func newSandbox(ns, name, agent string, idle time.Duration) *v1alpha1.Sandbox {
 	}
 }
 
-func recorder() *framework.Recorder { return mgr.Runtimes[v1alpha1.BackendContainerd] }
+func recorder() *testharness.Recorder { return mgr.Runtimes[v1alpha1.BackendContainerd] }
 
 // inContainer runs argv in the instance through the driver and returns
 // its exit code and stdout.
@@ -299,8 +299,8 @@ var _ = Describe("controller restart", func() {
 	})
 })
 
-var _ = framework.DescribeWorktrees("containerd", framework.WorktreeSuite{
-	Env: func() *framework.Env { return env },
+var _ = testharness.DescribeWorktrees("containerd", testharness.WorktreeSuite{
+	Env: func() *testharness.Env { return env },
 	NewSandbox: func(ns, name, agent string) *v1alpha1.Sandbox {
 		return newSandbox(ns, name, agent, time.Minute)
 	},

@@ -20,9 +20,9 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // e2eNamespace keeps the suite's containers apart from anything else on
@@ -39,11 +39,11 @@ const (
 )
 
 var (
-	env   *framework.Env
+	env   *testharness.Env
 	k8s   client.Client
 	drv   *containerd.Runtime
 	image string
-	mgr   *framework.Manager
+	mgr   *testharness.Manager
 	ctx   = context.Background()
 )
 
@@ -59,7 +59,7 @@ var _ = BeforeSuite(func() {
 	}
 	drv = newDriver(addr)
 	image = importImage(drv, tar)
-	env = framework.Start()
+	env = testharness.Start()
 	k8s = env.Client
 	mgr = startManager()
 })
@@ -102,7 +102,7 @@ func importImage(d *containerd.Runtime, tar string) string {
 }
 
 // startManager runs the controllers with the containerd driver only.
-func startManager() *framework.Manager {
+func startManager() *testharness.Manager {
 	return env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendContainerd: drv},
 		controllers.Options{HealthInterval: healthInterval, OrphanInterval: orphanInterval})
 }

@@ -35,7 +35,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 )
 
 type result struct {
@@ -185,8 +185,8 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			},
 		}
 		Expect(env.Client.Create(ctx, sb)).To(Succeed())
-		Expect(env.Client.Create(ctx, framework.NewClaim(ns, claim, "box"))).To(Succeed())
-		Eventually(env.ClaimStatus(ns, claim), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+		Expect(env.Client.Create(ctx, testharness.NewClaim(ns, claim, "box"))).To(Succeed())
+		Eventually(env.ClaimStatus(ns, claim), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
 	})
 
 	// The benchmark joins the suite only when SANDBOX_BENCH_EXECAPI names
@@ -423,16 +423,16 @@ var _ = Describe("namespaces never share an agent", func() {
 			}
 		}
 		Expect(env.Client.Create(ctx, sandbox(nsA))).To(Succeed())
-		Expect(env.Client.Create(ctx, framework.NewClaim(nsA, "a", "alice"))).To(Succeed())
-		Eventually(env.ClaimStatus(nsA, "a"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+		Expect(env.Client.Create(ctx, testharness.NewClaim(nsA, "a", "alice"))).To(Succeed())
+		Eventually(env.ClaimStatus(nsA, "a"), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
 		plan := filepath.Join(env.AreasRoot, agentName, "workspace", "plan.txt")
 		Expect(os.WriteFile(plan, []byte("namespace a's plan"), 0o644)).To(Succeed())
 
 		// Creation timestamps have whole-second resolution.
 		time.Sleep(1100 * time.Millisecond)
 		Expect(env.Client.Create(ctx, sandbox(nsB))).To(Succeed())
-		Expect(env.Client.Create(ctx, framework.NewClaim(nsB, "b", "alice"))).To(Succeed())
-		Eventually(env.ClaimStatus(nsB, "b"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonNameConflict)))
+		Expect(env.Client.Create(ctx, testharness.NewClaim(nsB, "b", "alice"))).To(Succeed())
+		Eventually(env.ClaimStatus(nsB, "b"), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionBound, metav1.ConditionFalse, v1alpha1.ReasonNameConflict)))
 
 		want := fmt.Sprintf("Sandbox %s/alice already uses agent %q", nsA, agentName)
 		res := execIn(ctx, mallory, nsB, "b", nil, nil, "cat", "/workspace/plan.txt")

@@ -23,9 +23,9 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // clusterRoles reads the ClusterRoles of a manifest in config/rbac.
@@ -138,18 +138,18 @@ var _ = Describe("the sandbox-admin, sandbox-edit and sandbox-view roles", Order
 			Spec:       v1alpha1.SandboxSpec{Agent: "edited-" + own, Binaries: []v1alpha1.BinaryName{"sh"}},
 		}
 		Expect(editor.Create(ctx, sb)).To(Succeed())
-		Expect(editor.Create(ctx, framework.NewClaim(own, "mine", "box"))).To(Succeed())
+		Expect(editor.Create(ctx, testharness.NewClaim(own, "mine", "box"))).To(Succeed())
 
 		elsewhere := sb.DeepCopy()
 		elsewhere.Namespace, elsewhere.ResourceVersion = other, ""
 		Expect(apierrors.IsForbidden(editor.Create(ctx, elsewhere))).To(BeTrue(), "an editor created a Sandbox in another namespace")
-		Expect(apierrors.IsForbidden(editor.Create(ctx, framework.NewClaim(other, "theirs", "box")))).To(BeTrue(), "an editor created a claim in another namespace")
+		Expect(apierrors.IsForbidden(editor.Create(ctx, testharness.NewClaim(other, "theirs", "box")))).To(BeTrue(), "an editor created a claim in another namespace")
 		Expect(allowed("editor", "create", "exec", own)).To(BeTrue())
 		Expect(allowed("editor", "create", "exec", other)).To(BeFalse())
 		Expect(allowed("editor", "update", "files", other)).To(BeFalse())
 
 		By("execing in their own claim through the exec API, and being refused in another namespace")
-		Eventually(env.ClaimStatus(own, "mine"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+		Eventually(env.ClaimStatus(own, "mine"), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
 		u, err := testEnv.AddUser(envtest.User{Name: "editor"}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		cert := apiConfig(u.Config())
@@ -171,7 +171,7 @@ var _ = Describe("the sandbox-admin, sandbox-edit and sandbox-view roles", Order
 			Spec:       v1alpha1.SandboxSpec{Agent: "viewed-" + ns, Binaries: []v1alpha1.BinaryName{"sh"}},
 		}
 		Expect(env.Client.Create(ctx, sb)).To(Succeed())
-		Expect(env.Client.Create(ctx, framework.NewClaim(ns, "c", "box"))).To(Succeed())
+		Expect(env.Client.Create(ctx, testharness.NewClaim(ns, "c", "box"))).To(Succeed())
 
 		var list v1alpha1.SandboxList
 		Expect(viewer.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
@@ -179,11 +179,11 @@ var _ = Describe("the sandbox-admin, sandbox-edit and sandbox-view roles", Order
 		mine := sb.DeepCopy()
 		mine.Name, mine.ResourceVersion = "viewers-own", ""
 		Expect(apierrors.IsForbidden(viewer.Create(ctx, mine))).To(BeTrue(), "a viewer created a Sandbox")
-		Expect(apierrors.IsForbidden(viewer.Create(ctx, framework.NewClaim(ns, "viewers-claim", "box")))).To(BeTrue(), "a viewer created a claim")
+		Expect(apierrors.IsForbidden(viewer.Create(ctx, testharness.NewClaim(ns, "viewers-claim", "box")))).To(BeTrue(), "a viewer created a claim")
 		Expect(allowed("viewer", "create", "exec", ns)).To(BeFalse())
 		Expect(allowed("viewer", "get", "files", ns)).To(BeFalse())
 
-		Eventually(env.ClaimStatus(ns, "c"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+		Eventually(env.ClaimStatus(ns, "c"), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
 		u, err := testEnv.AddUser(envtest.User{Name: "viewer"}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		cert := apiConfig(u.Config())
@@ -213,7 +213,7 @@ var _ = Describe("the controller's own ClusterRole", func() {
 		drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "bwrap-"+node)})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(bwrap.DetachTrees(filepath.Join(env.Dir, "bwrap-"+node))).To(Succeed()) })
-		restricted := &framework.Env{Config: cfg, Client: env.Client, Scheme: env.Scheme, AreasRoot: filepath.Join(env.Dir, "areas-"+node), Dir: env.Dir}
+		restricted := &testharness.Env{Config: cfg, Client: env.Client, Scheme: env.Scheme, AreasRoot: filepath.Join(env.Dir, "areas-"+node), Dir: env.Dir}
 		m := restricted.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{NodeName: node})
 		DeferCleanup(m.Stop)
 
@@ -223,9 +223,9 @@ var _ = Describe("the controller's own ClusterRole", func() {
 			Spec:       v1alpha1.SandboxSpec{Agent: "least-" + ns, NodeName: node, Binaries: []v1alpha1.BinaryName{"sh"}},
 		}
 		Expect(env.Client.Create(ctx, sb)).To(Succeed())
-		Expect(env.Client.Create(ctx, framework.NewClaim(ns, "c", "box"))).To(Succeed())
-		Eventually(env.ClaimStatus(ns, "c"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
-		Eventually(env.SandboxStatus(ns, "box"), timeout).Should(HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonRunning)))
+		Expect(env.Client.Create(ctx, testharness.NewClaim(ns, "c", "box"))).To(Succeed())
+		Eventually(env.ClaimStatus(ns, "c"), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+		Eventually(env.SandboxStatus(ns, "box"), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonRunning)))
 		env.DeleteAndWait(sb)
 	})
 })

@@ -30,17 +30,17 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
-const timeout = framework.Timeout
+const timeout = testharness.Timeout
 
 var (
 	testEnv *envtest.Environment
-	env     *framework.Env
-	mgr     *framework.Manager
+	env     *testharness.Env
+	mgr     *testharness.Manager
 	kube    kubernetes.Interface
 	// apiHost is the exec API's base URL; servingCA verifies it.
 	apiHost   string
@@ -90,7 +90,7 @@ var _ = AfterSuite(func() {
 // startEnv starts its own envtest environment, because the suite needs the
 // environment itself (AddUser, the client CA file), and builds the shared
 // harness around it.
-func startEnv() *framework.Env {
+func startEnv() *testharness.Env {
 	scheme := runtime.NewScheme()
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
@@ -101,7 +101,7 @@ func startEnv() *framework.Env {
 	Expect(err).NotTo(HaveOccurred())
 	dir, err := os.MkdirTemp("", "sandbox-execapi-")
 	Expect(err).NotTo(HaveOccurred())
-	return &framework.Env{Config: cfg, Client: c, Scheme: scheme, AreasRoot: filepath.Join(dir, "areas"), Dir: dir}
+	return &testharness.Env{Config: cfg, Client: c, Scheme: scheme, AreasRoot: filepath.Join(dir, "areas"), Dir: dir}
 }
 
 // clientCAFile is the CA that signs envtest's certificate users.

@@ -15,10 +15,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 // The latency table of docs/benchmarks-incus.md: each path through the
@@ -247,8 +247,8 @@ func writeBenchTable(path string, rows []benchRow, lifecycleRuns, execRuns int) 
 	for _, r := range rows {
 		s := slices.Clone(r.samples)
 		slices.Sort(s)
-		ratio := float64(framework.Percentile(r.samples, 0.5)) / float64(framework.Percentile(r.baseline, 0.5))
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f× |\n", r.what, framework.Ms(framework.Percentile(s, 0.5)), framework.Ms(s[0]), framework.Ms(s[len(s)-1]), ratio)
+		ratio := float64(testharness.Percentile(r.samples, 0.5)) / float64(testharness.Percentile(r.baseline, 0.5))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f× |\n", r.what, testharness.Ms(testharness.Percentile(s, 0.5)), testharness.Ms(s[0]), testharness.Ms(s[len(s)-1]), ratio)
 	}
 	fmt.Fprintf(&b, "\n%d runs of each lifecycle path and %d of each exec path (after 5 warm-up runs), interleaved; measured %s.\n\n",
 		lifecycleRuns, execRuns, time.Now().UTC().Format("2006-01-02"))

@@ -21,17 +21,17 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 var (
-	newClaim      = framework.NewClaim
-	haveCondition = framework.HaveCondition
-	sandboxIs     = framework.SandboxIs
+	newClaim      = testharness.NewClaim
+	haveCondition = testharness.HaveCondition
+	sandboxIs     = testharness.SandboxIs
 )
 
 var _ = Describe("Incus lifecycle", func() {
@@ -471,8 +471,8 @@ func deleteProject(project string) {
 	Expect(err).NotTo(HaveOccurred())
 }
 
-var _ = framework.DescribeWorktrees("incus", framework.WorktreeSuite{
-	Env: func() *framework.Env { return env },
+var _ = testharness.DescribeWorktrees("incus", testharness.WorktreeSuite{
+	Env: func() *testharness.Env { return env },
 	NewSandbox: func(ns, name, agent string) *v1alpha1.Sandbox {
 		sb := newSandbox(ns, name)
 		sb.Spec.Agent = agent

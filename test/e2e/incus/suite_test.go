@@ -24,19 +24,19 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
-const timeout = framework.Timeout
+const timeout = testharness.Timeout
 
 var (
-	env    *framework.Env
+	env    *testharness.Env
 	k8s    client.Client
 	driver *incus.Runtime
-	mgr    *framework.Manager
+	mgr    *testharness.Manager
 	image  string
 	ctx    = context.Background()
 )
@@ -62,7 +62,7 @@ var _ = BeforeSuite(func() {
 	if _, err := driver.Client().GetImageAlias(ctx, image); err != nil {
 		testenv.Missing(GinkgoT(), "the incus test image "+image, setupHint+": "+err.Error())
 	}
-	env = framework.Start()
+	env = testharness.Start()
 	k8s = env.Client
 	mgr = startManager()
 })
@@ -93,12 +93,12 @@ var _ = AfterSuite(func() {
 // startManager runs the controllers with the suite's incus driver. The
 // orphan collector runs at start, so instances a killed earlier run left
 // behind are removed before the specs look.
-func startManager() *framework.Manager {
+func startManager() *testharness.Manager {
 	return env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendIncus: driver},
 		controllers.Options{HealthInterval: time.Second})
 }
 
-func rt() *framework.Recorder { return mgr.Runtimes[v1alpha1.BackendIncus] }
+func rt() *testharness.Recorder { return mgr.Runtimes[v1alpha1.BackendIncus] }
 
 // newSandbox is an incus Sandbox whose agent is named after the namespace,
 // so runs never share an instance name.

@@ -29,18 +29,18 @@ import (
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/framework"
 )
 
 var (
-	env  *framework.Env
+	env  *testharness.Env
 	k8s  client.Client
-	mgr  *framework.Manager
+	mgr  *testharness.Manager
 	ctx  = context.Background()
 	srv  string // <scratch>/srv/projects: team-a and team-b below it
-	rec  *framework.Recorder
+	rec  *testharness.Recorder
 	home string
 )
 
@@ -51,7 +51,7 @@ func TestSandboxClass(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	testenv.Binary(GinkgoT(), "bwrap", "install bubblewrap (hack/install-deps.sh)")
-	env = framework.Start()
+	env = testharness.Start()
 	k8s = env.Client
 	installAdmission()
 
@@ -174,7 +174,7 @@ var _ = Describe("SandboxClass", Ordered, func() {
 				return fmt.Errorf("admitted")
 			}
 			return nil
-		}, framework.Timeout).Should(Succeed(), "the admission policy should enforce team-a")
+		}, testharness.Timeout).Should(Succeed(), "the admission policy should enforce team-a")
 	})
 
 	It("refuses at admission what team-a forbids, with the controller's words", func() {
@@ -202,7 +202,7 @@ var _ = Describe("SandboxClass", Ordered, func() {
 				return "admitted"
 			}
 			return err.Error()
-		}, framework.Timeout).Should(ContainSubstring(expected(def, sb)))
+		}, testharness.Timeout).Should(ContainSubstring(expected(def, sb)))
 	})
 
 	It("reports what a class changed after admission forbids, and starts nothing", func() {
@@ -211,20 +211,20 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		for _, tc := range forbidden() {
 			sb := sandbox(ns, "late-"+tc.name, "late", tc.mounts, tc.devices)
 			Expect(k8s.Create(ctx, sb)).To(Succeed(), tc.name)
-			Expect(k8s.Create(ctx, framework.NewClaim(ns, sb.Name+"-claim", sb.Name))).To(Succeed())
+			Expect(k8s.Create(ctx, testharness.NewClaim(ns, sb.Name+"-claim", sb.Name))).To(Succeed())
 			sbs = append(sbs, sb)
 		}
 		for _, sb := range sbs {
-			Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(
-				HaveField("Conditions", framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonClassForbids)))
+			Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(
+				HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonClassForbids)))
 			Expect(conditionMessage(ns, sb.Name)).To(Equal(`spec.className: SandboxClass "late" does not exist`))
 		}
 		Expect(k8s.Create(ctx, teamA("late"))).To(Succeed())
 		for _, sb := range sbs {
 			want := expected(teamA("late"), sb)
-			Eventually(func() string { return conditionMessage(ns, sb.Name) }, framework.Timeout).Should(Equal(want), sb.Name)
+			Eventually(func() string { return conditionMessage(ns, sb.Name) }, testharness.Timeout).Should(Equal(want), sb.Name)
 			Expect(env.SandboxStatus(ns, sb.Name)()).To(HaveField("Conditions",
-				framework.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonClassForbids)))
+				testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonClassForbids)))
 		}
 		for _, sb := range sbs {
 			nothingStarted(sb)
@@ -235,8 +235,8 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(os.Symlink("app", filepath.Join(srv, "team-a", "app-link"))).To(Succeed())
 		sb := sandbox(ns, "allowed", "team-a", mount(filepath.Join(srv, "team-a", "app-link")), v1alpha1.Devices{})
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
-		Expect(k8s.Create(ctx, framework.NewClaim(ns, "allowed-claim", sb.Name))).To(Succeed())
-		Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(framework.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "allowed-claim", sb.Name))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		in := described(sb)
 		Expect(in.Mounts).To(HaveLen(1))
 		Expect(in.Mounts[0].Source).To(Equal(filepath.Join(srv, "team-a", "app")), "the driver binds the source the class checked")
@@ -250,12 +250,12 @@ var _ = Describe("SandboxClass", Ordered, func() {
 			cls.Spec = teamA("team-a").Spec
 			Expect(k8s.Update(ctx, &cls)).To(Succeed())
 		})
-		Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(framework.SandboxIs(1, metav1.ConditionFalse, v1alpha1.ReasonClassForbids))
+		Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(testharness.SandboxIs(1, metav1.ConditionFalse, v1alpha1.ReasonClassForbids))
 		Expect(conditionMessage(ns, sb.Name)).To(ContainSubstring(`app-link" (on the node: "` + filepath.Join(srv, "team-a", "app") + `") lies outside the mount source roots SandboxClass "team-a" allows`))
 		Eventually(func() (bool, error) {
 			st, err := rec.Inspect(ctx, v1alpha1.InstanceName(sb.Spec.Agent))
 			return st.Running, err
-		}, framework.Timeout).Should(BeFalse(), "the instance its class no longer allows must stop")
+		}, testharness.Timeout).Should(BeFalse(), "the instance its class no longer allows must stop")
 	})
 
 	It("requires the verb use on a named class", func() {
@@ -281,7 +281,7 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "use-team-a"},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "use-team-a"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}})).To(Succeed())
-		Eventually(func() error { return as.Create(ctx, sandbox(ns, "use", "team-a", nil, v1alpha1.Devices{})) }, framework.Timeout).Should(Succeed())
+		Eventually(func() error { return as.Create(ctx, sandbox(ns, "use", "team-a", nil, v1alpha1.Devices{})) }, testharness.Timeout).Should(Succeed())
 	})
 
 	It("gives a new agent a host id of its class's agentIDs", func() {
@@ -290,8 +290,8 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(k8s.Create(ctx, cls)).To(Succeed())
 		sb := sandbox(ns, "ids", "ids", nil, v1alpha1.Devices{})
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
-		Expect(k8s.Create(ctx, framework.NewClaim(ns, "ids-claim", sb.Name))).To(Succeed())
-		Eventually(env.SandboxStatus(ns, sb.Name), framework.Timeout).Should(framework.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "ids-claim", sb.Name))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		fi, err := os.Stat(filepath.Join(env.AreasRoot, sb.Spec.Agent))
 		Expect(err).NotTo(HaveOccurred())
 		uid := fi.Sys().(*syscall.Stat_t).Uid
@@ -306,7 +306,7 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), &cur)).To(Succeed())
 		cur.Spec.ClassName = "ids-other"
 		Expect(k8s.Update(ctx, &cur)).To(Succeed())
-		Eventually(func() string { return conditionMessage(ns, sb.Name) }, framework.Timeout).Should(
+		Eventually(func() string { return conditionMessage(ns, sb.Name) }, testharness.Timeout).Should(
 			ContainSubstring(fmt.Sprintf(`spec.agent: agent %q runs as host id %d, outside the ids 2000000200:10 that SandboxClass "ids-other" allows`, sb.Spec.Agent, uid)))
 	})
 })

@@ -1,9 +1,9 @@
-// Package framework is the shared harness of the envtest suites: a real
+// Package testharness is the shared harness of the envtest suites: a real
 // kube-apiserver and etcd with the project's CRDs, the controllers started
 // in a goroutine over real runtime drivers, a recorder around each driver,
 // and matchers that read status through a direct client (never the
 // manager's cache). It is test code: nothing outside *_test.go imports it.
-package framework
+package testharness
 
 import (
 	"context"
