@@ -27,14 +27,20 @@ func SharedDir(t testing.TB) string {
 func GiveTo(t testing.TB, id uint32, paths ...string) {
 	t.Helper()
 	for _, root := range paths {
-		err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			return os.Lchown(p, int(id), int(id))
-		})
-		if err != nil {
+		if err := ChownTree(root, id, id); err != nil {
 			t.Fatalf("giving %s to id %d: %v", root, id, err)
 		}
 	}
+}
+
+// ChownTree makes uid and gid the owners of root and everything beneath
+// it, links themselves rather than what they point to. Every suite's
+// helper that hands a fixture to an agent's id uses it.
+func ChownTree(root string, uid, gid uint32) error {
+	return filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(uid), int(gid))
+	})
 }

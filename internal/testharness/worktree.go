@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,12 +38,7 @@ func GiveToAgent(e *Env, dir, agent string) {
 		return err
 	}, Timeout).Should(Succeed(), "the agent's directory records its identity")
 	st := fi.Sys().(*syscall.Stat_t)
-	Expect(filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, int(st.Uid), int(st.Gid))
-	})).To(Succeed())
+	Expect(testenv.ChownTree(dir, st.Uid, st.Gid)).To(Succeed())
 	for d := filepath.Dir(dir); strings.HasPrefix(d, e.Dir); d = filepath.Dir(d) {
 		Expect(os.Chmod(d, 0o755)).To(Succeed())
 	}

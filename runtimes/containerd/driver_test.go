@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -165,13 +164,7 @@ func area(in runtimes.Instance, target string) string {
 // giveTo hands the tree at root to the agent's host identity.
 func giveTo(t *testing.T, in runtimes.Instance, root string) {
 	t.Helper()
-	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, int(in.Identity.UID), int(in.Identity.GID))
-	})
-	if err != nil {
+	if err := testenv.ChownTree(root, in.Identity.UID, in.Identity.GID); err != nil {
 		t.Fatalf("giving %s to the agent: %v", root, err)
 	}
 }

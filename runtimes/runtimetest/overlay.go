@@ -5,12 +5,12 @@ package runtimetest
 import (
 	"bytes"
 	"context"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -126,13 +126,7 @@ func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 
 func giveTo(t T, id uint32, root string) {
 	t.Helper()
-	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, int(id), int(id))
-	})
-	if err != nil {
+	if err := testenv.ChownTree(root, id, id); err != nil {
 		t.Fatalf("giving %s to the agent's id %d: %v", root, id, err)
 	}
 }

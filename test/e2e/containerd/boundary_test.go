@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -315,12 +314,7 @@ func sharedDir() string {
 func giveTo(id uint32, paths ...string) {
 	GinkgoHelper()
 	for _, root := range paths {
-		Expect(filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			return os.Lchown(p, int(id), int(id))
-		})).To(Succeed())
+		Expect(testenv.ChownTree(root, id, id)).To(Succeed())
 	}
 }
 

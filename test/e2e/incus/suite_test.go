@@ -7,7 +7,6 @@ package incus_test
 
 import (
 	"context"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,13 +137,7 @@ func agentID(sb *v1alpha1.Sandbox) runtimes.Identity {
 // administrator hands an agent the projects it may change.
 func giveTo(sb *v1alpha1.Sandbox, root string) {
 	id := agentID(sb)
-	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, int(id.UID), int(id.GID))
-	})
-	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	ExpectWithOffset(1, testenv.ChownTree(root, id.UID, id.GID)).To(Succeed())
 }
 
 func areaPath(sb *v1alpha1.Sandbox, area string) string {
