@@ -100,22 +100,32 @@ type conditionChange struct {
 	remove    bool
 }
 
+// conditionChanges collects what a derivation decides, every condition
+// stamped with the generation it was derived from.
+type conditionChanges struct {
+	generation int64
+	list       []conditionChange
+}
+
+func (c *conditionChanges) set(typ string, ok bool, reason, msg string) {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	c.list = append(c.list, conditionChange{condition: metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: c.generation}})
+}
+
+func (c *conditionChanges) remove(typ string) {
+	c.list = append(c.list, conditionChange{condition: metav1.Condition{Type: typ}, remove: true})
+}
+
 // sandboxConditions computes the Sandbox's conditions from the facts. A
 // condition the facts say nothing about is left out, so it keeps what an
 // earlier reconcile said.
 func sandboxConditions(f sandboxFacts) []conditionChange {
-	var out []conditionChange
-	set := func(typ string, ok bool, reason, msg string) {
-		status := metav1.ConditionFalse
-		if ok {
-			status = metav1.ConditionTrue
-		}
-		out = append(out, conditionChange{condition: metav1.Condition{
-			Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: f.generation}})
-	}
-	remove := func(typ string) {
-		out = append(out, conditionChange{condition: metav1.Condition{Type: typ}, remove: true})
-	}
+	changes := &conditionChanges{generation: f.generation}
+	set, remove := changes.set, changes.remove
 
 	switch f.enforcement {
 	case enforcementNone:
@@ -175,7 +185,7 @@ func sandboxConditions(f sandboxFacts) []conditionChange {
 			set(v1alpha1.ConditionGitHealthy, g.healthy, g.reason, g.message)
 		}
 	}
-	return out
+	return changes.list
 }
 
 // enforcementOffMessage is what SandboxEnforced says, and the Warning

@@ -60,18 +60,8 @@ type claimFacts struct {
 // claimConditions computes the claim's conditions from the facts; a
 // condition the facts say nothing about is left out.
 func claimConditions(f claimFacts) []conditionChange {
-	var out []conditionChange
-	set := func(typ string, ok bool, reason, msg string) {
-		status := metav1.ConditionFalse
-		if ok {
-			status = metav1.ConditionTrue
-		}
-		out = append(out, conditionChange{condition: metav1.Condition{
-			Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: f.generation}})
-	}
-	remove := func(typ string) {
-		out = append(out, conditionChange{condition: metav1.Condition{Type: typ}, remove: true})
-	}
+	changes := &conditionChanges{generation: f.generation}
+	set, remove := changes.set, changes.remove
 	notBound := func(reason, msg string) {
 		set(v1alpha1.ConditionBound, false, reason, msg)
 		set(v1alpha1.ConditionReady, false, reason, msg)
@@ -111,7 +101,7 @@ func claimConditions(f claimFacts) []conditionChange {
 		set(v1alpha1.ConditionWorktreeReady, true, v1alpha1.ReasonWorktreeCreated, f.worktreeMessage)
 		set(v1alpha1.ConditionGitHealthy, f.git.healthy, f.git.reason, f.git.message)
 	}
-	return out
+	return changes.list
 }
 
 // sandboxReadyCondition is the Sandbox's Ready condition, copied.
