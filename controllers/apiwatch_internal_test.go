@@ -76,6 +76,47 @@ func TestPatientListWatchRetriesOnlyWhileTheAPIServerIsAway(t *testing.T) {
 		})
 	}
 
+	t.Run("after an absence the server must be ready before it is asked again", func(t *testing.T) {
+		for _, op := range []string{"list", "watch"} {
+			s := &scriptedListWatch{errs: []error{refused}}
+			var asked, callsWhenReady int
+			p := &patientListWatch{lw: s, every: time.Millisecond, ready: func(context.Context) error {
+				asked++
+				if asked < 3 {
+					return unavailable
+				}
+				callsWhenReady = s.calls
+				return nil
+			}}
+			var err error
+			if op == "list" {
+				_, err = p.ListWithContext(context.Background(), metav1.ListOptions{})
+			} else {
+				_, err = p.WatchWithContext(context.Background(), metav1.ListOptions{})
+			}
+			// Refused once: then only readiness is asked (twice not
+			// ready, then ready) before the second and last call.
+			if err != nil || s.calls != 2 || asked != 3 || callsWhenReady != 1 {
+				t.Fatalf("%s: %v after %d calls, readiness asked %d times (ready after call %d); want success after 2 calls, 3 asks, ready after call 1",
+					op, err, s.calls, asked, callsWhenReady)
+			}
+			if p.away.Load() {
+				t.Fatalf("%s: still marked away after the server came back", op)
+			}
+		}
+	})
+
+	t.Run("a server that never went away is not asked for readiness", func(t *testing.T) {
+		s := &scriptedListWatch{}
+		p := &patientListWatch{lw: s, every: time.Millisecond, ready: func(context.Context) error {
+			t.Fatal("readiness asked of a server that answered")
+			return nil
+		}}
+		if _, err := p.WatchWithContext(context.Background(), metav1.ListOptions{}); err != nil || s.calls != 1 {
+			t.Fatalf("%v after %d calls", err, s.calls)
+		}
+	})
+
 	t.Run("a stopped informer stops asking", func(t *testing.T) {
 		s := &scriptedListWatch{errs: make([]error, 1000)}
 		for i := range s.errs {

@@ -5,6 +5,8 @@ import (
 	"runtime/debug"
 	"strconv"
 
+	"k8s.io/client-go/rest"
+
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -72,7 +74,7 @@ func parseLogLevel(level string) (zapcore.Level, error) {
 }
 
 // cacheOptions are the informer caches' options. Watches resume within
-// about half a second of an API server outage (controllers.NewInformer).
+// about half a second of an API server outage (controllers.NewInformerFor).
 // Managed fields are dropped before an object is stored: the controller
 // never reads them, and at a thousand Sandboxes and claims they are a large
 // share of the cache. Dropping them is safe for writes too: an Update
@@ -80,9 +82,9 @@ func parseLogLevel(level string) (zapcore.Level, error) {
 // last-applied-configuration annotation is kept although it is never read:
 // the controllers Update whole objects, and an Update without it would
 // remove it from the server, breaking the next `kubectl apply`.
-func cacheOptions() cache.Options {
+func cacheOptions(cfg *rest.Config) cache.Options {
 	return cache.Options{
-		NewInformer:      controllers.NewInformer,
+		NewInformer:      controllers.NewInformerFor(cfg),
 		DefaultTransform: cache.TransformStripManagedFields(),
 	}
 }

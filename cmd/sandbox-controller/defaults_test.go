@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/client-go/rest"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -78,7 +80,7 @@ func TestCacheDropsManagedFields(t *testing.T) {
 		Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{}"},
 		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}},
 	}}
-	transform := cacheOptions().DefaultTransform
+	transform := cacheOptions(&rest.Config{Host: "https://127.0.0.1:1"}).DefaultTransform
 	if transform == nil {
 		t.Fatal("the cache has no default transform")
 	}

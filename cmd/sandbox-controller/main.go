@@ -170,7 +170,7 @@ Ctrl-C stops the controller and the control plane.
 		HealthProbeBindAddress: f.probeAddr,
 		LeaderElection:         f.leaderElect,
 		LeaderElectionID:       "sandbox-controller.cireilclaw.dev",
-		Cache:                  cacheOptions(),
+		Cache:                  cacheOptions(cfg),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

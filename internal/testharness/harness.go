@@ -121,7 +121,7 @@ func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts c
 	m, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme:  e.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache:   cache.Options{NewInformer: controllers.NewInformer},
+		Cache:   cache.Options{NewInformer: controllers.NewInformerFor(e.Config)},
 		// Suites restart the manager in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})

@@ -8,6 +8,7 @@
 //	CHAOS_DURATION  how long claims churn (default 60s)
 //	CHAOS_SEED      seed of every random choice (default: the clock; logged)
 //	CHAOS_OUTAGES   API server outages, comma-separated (default 5s)
+//	CHAOS_KEEP      set: keep the run's directory (logs) even when it passes
 //	CHAOS_BACKENDS  bwrap (default) or bwrap,containerd (needs
 //	                hack/containerd.sh env; containerd is then killed too)
 //	CHAOS_REPORT    a file the figures are appended to, one table row
@@ -244,7 +245,7 @@ func start(t *testing.T, cfg config) *run {
 		if err := bwrap.DetachTrees(filepath.Join(r.state, "bwrap")); err != nil {
 			t.Errorf("detaching the bwrap mount trees: %v", err)
 		}
-		if t.Failed() {
+		if t.Failed() || os.Getenv("CHAOS_KEEP") != "" {
 			t.Logf("kept %s for a look (controller.log, kube-apiserver.log)", dir)
 			return
 		}
