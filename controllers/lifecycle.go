@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -138,12 +139,12 @@ func (s *shutdownStopper) Start(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		in, err := runtimes.Describe(sb.Namespace+"/"+sb.Name, &sb.Spec, s.opts.Host)
+		in, err := instance.FromSandbox(sb, nil, s.opts.Host, nil)
 		if err != nil || !in.StopOnExit {
 			continue
 		}
 		st, err := rt.Inspect(stopCtx, in.Name)
-		if err != nil || !st.Running || st.Owner != sb.Namespace+"/"+sb.Name {
+		if err != nil || !st.Running || st.Owner != in.Owner {
 			continue
 		}
 		if err := rt.Stop(stopCtx, in.Name); err != nil {

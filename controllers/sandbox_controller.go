@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -108,7 +109,7 @@ type sandboxScope struct {
 	// applied (resolved mount sources, default limits) and the host
 	// options that give the agent an id of its class.
 	spec *v1alpha1.SandboxSpec
-	host runtimes.Options
+	host instance.Host
 	// facts are what the phases found; the status is derived from them
 	// once, at the end (sandboxConditions).
 	facts sandboxFacts
@@ -137,7 +138,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	}
 
 	read := snapshot(sb)
-	s := &sandboxScope{sb: sb, owner: req.String()}
+	s := &sandboxScope{sb: sb, owner: instance.Owner(req.Namespace, req.Name)}
 	sb.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	defer func() {
 		s.facts.generation, s.facts.instance, s.facts.live = sb.Generation, sb.Status.Instance, s.live
@@ -224,14 +225,12 @@ func (r *SandboxReconciler) enabledBackends() []string {
 }
 
 func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool, error) {
-	in, err := runtimes.Describe(s.owner, s.spec, s.host)
+	in, err := instance.FromSandbox(s.sb, s.spec, s.host, s.claims)
 	if err != nil {
 		s.facts.fail(v1alpha1.ReasonInvalidSpec, err.Error())
 		return true, nil
 	}
-	binds, dirs := gitDirBinds(in, s.claims)
-	in.AddBinds(binds...)
-	s.instance, s.gitDirs = in, dirs
+	s.instance, s.gitDirs = in, instance.GitDirs(in)
 	return false, nil
 }
 
@@ -431,7 +430,7 @@ func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
 	st, err := s.rt.Ensure(ctx, s.instance)
 	if err != nil {
 		s.facts.failErr(err)
-		r.Recorder.Eventf(s.sb, "Warning", string(runtimes.ReasonOf(err)), "ensuring instance %s: %v", s.instance.Name, err)
+		r.Recorder.Eventf(s.sb, "Warning", instance.ErrorReason(err), "ensuring instance %s: %v", s.instance.Name, err)
 		return err
 	}
 	if !s.state.Running {

@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
-	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 const timeout = testharness.Timeout
@@ -216,7 +216,7 @@ var _ = Describe("Name conflicts", func() {
 	It("does not bind a claim on a Sandbox whose instance something else owns", func() {
 		ns := newNamespace()
 		const agent = "foreign-owned"
-		foreign, err := runtimes.Describe("elsewhere/foreign", &v1alpha1.SandboxSpec{Agent: agent}, runtimes.Options{AreasRoot: areasRoot})
+		foreign, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "elsewhere", Name: "foreign"}, Spec: v1alpha1.SandboxSpec{Agent: agent}}, nil, instance.Host{AreasRoot: areasRoot}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		_, err = mgr.rt.Ensure(ctx, foreign)
 		Expect(err).NotTo(HaveOccurred())
@@ -273,7 +273,7 @@ var _ = Describe("Controller restart", Ordered, func() {
 
 		By("an instance whose Sandbox is gone is left behind while the controller is down")
 		ghostSpec := &v1alpha1.SandboxSpec{Agent: "ghost"}
-		ghost, err := runtimes.Describe("nowhere/ghost", ghostSpec, runtimes.Options{AreasRoot: areasRoot})
+		ghost, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "nowhere", Name: "ghost"}, Spec: *ghostSpec}, nil, instance.Host{AreasRoot: areasRoot}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		mgr.stop()
 		_, err = mgr.rt.Ensure(ctx, ghost)

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -90,7 +91,7 @@ func (f *sandboxFacts) fail(reason, message string) {
 
 // failErr records a runtime error with the reason it carries.
 func (f *sandboxFacts) failErr(err error) {
-	f.fail(string(runtimes.ReasonOf(err)), err.Error())
+	f.fail(instance.ErrorReason(err), err.Error())
 }
 
 // conditionChange is one condition to set, or to remove when remove is
@@ -177,7 +178,7 @@ func sandboxConditions(f sandboxFacts) []conditionChange {
 		if h := f.overlay; h == nil {
 			remove(v1alpha1.ConditionOverlayHealthy)
 		} else {
-			set(v1alpha1.ConditionOverlayHealthy, h.Healthy, h.Reason, h.Message)
+			set(v1alpha1.ConditionOverlayHealthy, h.Healthy, instance.Reason(h.Reason), h.Message)
 		}
 		if g := gitSummary(f.claims); g == nil {
 			remove(v1alpha1.ConditionGitHealthy)

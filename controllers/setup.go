@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -29,7 +30,7 @@ type Options struct {
 	// Runtimes maps each enabled backend to its driver.
 	Runtimes map[v1alpha1.Backend]runtimes.Runtime
 	// Host gives the areas root and home directory for instance descriptions.
-	Host runtimes.Options
+	Host instance.Host
 	// NodeName limits the controllers to Sandboxes naming this node; empty
 	// means Sandboxes without a node name.
 	NodeName string

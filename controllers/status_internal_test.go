@@ -181,7 +181,7 @@ func TestSandboxConditions(t *testing.T) {
 		{
 			name: "overlay health is the driver's, worktrees are summarised from live claims",
 			facts: sandboxFacts{converged: true,
-				overlay: &runtimes.Health{Reason: v1alpha1.ReasonUpperDirOverLimit, Message: "over its sizeLimit"},
+				overlay: &runtimes.Health{Reason: runtimes.ReasonUpperDirOverLimit, Message: "over its sizeLimit"},
 				claims:  []v1alpha1.SessionClaim{worktreeClaim("a", true, v1alpha1.ReasonHealthy), worktreeClaim("b", false, v1alpha1.ReasonGitdirMissing), deleting}},
 			expect: map[string]want{
 				v1alpha1.ConditionOverlayHealthy: {status: F, reason: v1alpha1.ReasonUpperDirOverLimit, message: "over its sizeLimit"},
@@ -190,7 +190,7 @@ func TestSandboxConditions(t *testing.T) {
 		},
 		{
 			name:  "every worktree healthy",
-			facts: sandboxFacts{converged: true, overlay: &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy, Message: "ok"}, claims: []v1alpha1.SessionClaim{worktreeClaim("a", true, v1alpha1.ReasonHealthy), {}}},
+			facts: sandboxFacts{converged: true, overlay: &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy, Message: "ok"}, claims: []v1alpha1.SessionClaim{worktreeClaim("a", true, v1alpha1.ReasonHealthy), {}}},
 			expect: map[string]want{
 				v1alpha1.ConditionOverlayHealthy: {status: T, reason: v1alpha1.ReasonHealthy, message: "ok"},
 				v1alpha1.ConditionGitHealthy:     {status: T, reason: v1alpha1.ReasonHealthy, message: "1 worktree(s) healthy"},
@@ -207,7 +207,7 @@ func TestSandboxConditions(t *testing.T) {
 func TestFailErrUsesTheRuntimeReason(t *testing.T) {
 	var f sandboxFacts
 	f.failErr(runtimes.Errorf(runtimes.ReasonUnavailable, "inspecting", "i", "%w", errors.New("connection refused")))
-	if f.problem == nil || f.problem.reason != string(runtimes.ReasonUnavailable) || !strings.Contains(f.problem.message, "connection refused") {
+	if f.problem == nil || f.problem.reason != v1alpha1.ReasonRuntimeUnavailable || !strings.Contains(f.problem.message, "connection refused") {
 		t.Fatalf("problem = %+v", f.problem)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -55,7 +55,12 @@ func (r *SessionClaimReconciler) resolveRepo(ctx context.Context, c *v1alpha1.Se
 	if len(violations) > 0 {
 		return nil, fmt.Errorf("the SandboxClass of Sandbox %s forbids its spec: %s", sb.Name, strings.Join(violations, "; "))
 	}
-	in, err := runtimes.Describe(sb.Namespace+"/"+sb.Name, res.Spec, res.Host)
+	// Without the claims, the instance lacks the git directory binds the
+	// Sandbox reconciler adds: this reconciler reads only its name, its
+	// identity and the Sandbox's own mounts (git directories lie at host
+	// paths outside /workspace, never a repository's mount), and compares
+	// no ConfigHash.
+	in, err := instance.FromSandbox(sb, res.Spec, res.Host, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -299,31 +304,4 @@ func (r *SessionClaimReconciler) healthInterval() time.Duration {
 		return r.HealthInterval
 	}
 	return 30 * time.Second
-}
-
-// gitDirBinds are the git directories of the claims' worktrees, each bound
-// at its own host path. Only directories inside one of the Sandbox's rw
-// mount sources count, so a claim status cannot widen what the sandbox sees.
-func gitDirBinds(in runtimes.Instance, claims []v1alpha1.SessionClaim) ([]runtimes.Bind, []string) {
-	var binds []runtimes.Bind
-	var dirs []string
-	for _, c := range claims {
-		if c.Status.Worktree == nil || c.Status.Worktree.GitCommonDir == "" || c.Status.Worktree.RelativePaths {
-			continue
-		}
-		d := filepath.Clean(c.Status.Worktree.GitCommonDir)
-		if slices.Contains(dirs, d) {
-			continue
-		}
-		inside := slices.ContainsFunc(in.Mounts, func(m runtimes.Bind) bool {
-			return !m.ReadOnly && strings.HasPrefix(d, m.Source+"/")
-		})
-		if !inside {
-			continue
-		}
-		dirs = append(dirs, d)
-		binds = append(binds, runtimes.Bind{Source: d, Target: d})
-	}
-	slices.Sort(dirs)
-	return binds, dirs
 }

@@ -59,7 +59,8 @@ answers() { [ -S "$SOCK" ] && timeout 5 "$BIN/ctr" --address "$SOCK" tasks ls -q
 running_pid() {
   local pid
   pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$BIN/containerd" ] && echo "$pid"
+  # Both sides resolved: bin/ may be reached through a link.
+  [ -n "$pid" ] && [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$BIN/containerd")" ] && echo "$pid"
 }
 
 install_runc() {

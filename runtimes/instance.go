@@ -5,14 +5,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
-	"sync"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 )
@@ -58,15 +56,17 @@ type Instance struct {
 	// Areas are the standard areas, host source to sandbox target.
 	Areas []Bind `json:"areas"`
 	// Mounts are the custom mounts, targets already below /workspace/.
-	Mounts     []Bind                   `json:"mounts"`
-	Binaries   []string                 `json:"binaries"`
-	Devices    v1alpha1.Devices         `json:"devices"`
-	Env        []string                 `json:"passthrough"`
-	Image      string                   `json:"image,omitempty"`
-	Containerd *v1alpha1.ContainerdSpec `json:"containerd,omitempty"`
-	Incus      *v1alpha1.IncusSpec      `json:"incus,omitempty"`
+	Mounts   []Bind   `json:"mounts"`
+	Binaries []string `json:"binaries"`
+	Devices  Devices  `json:"devices"`
+	Env      []string `json:"passthrough"`
+	Image    string   `json:"image,omitempty"`
+	// Containerd and Incus are the settings of those backends; nil for
+	// the others.
+	Containerd *ContainerdConfig `json:"containerd,omitempty"`
+	Incus      *IncusConfig      `json:"incus,omitempty"`
 	// Identity is the unprivileged host user and group the agent's commands
-	// and files belong to; never 0 (see Options.Identity).
+	// and files belong to; never 0.
 	Identity Identity `json:"identity"`
 	// StopOnExit asks the controller to stop the instance when it shuts
 	// down (incus shutdownOnExit, default true).
@@ -76,135 +76,99 @@ type Instance struct {
 	ConfigHash string `json:"-"`
 }
 
+// Devices are the host devices the sandbox sees.
+type Devices struct {
+	// USB: the host's USB device nodes.
+	USB bool `json:"usb,omitempty"`
+	// All: the host's /dev, far broader than USB.
+	All bool `json:"all,omitempty"`
+}
+
+// ContainerdConfig is what the containerd driver takes beyond the fields
+// every driver shares.
+type ContainerdConfig struct {
+	// Image repeats Instance.Image, where drivers read it: the encoding of
+	// an Instance (its ConfigHash, the description a container records)
+	// has always carried it here too.
+	Image string `json:"image"`
+	// MemoryLimit caps the container's memory; nil for no limit.
+	MemoryLimit *Size `json:"memoryLimit,omitempty"`
+	// PidsLimit caps the container's processes; zero for no limit.
+	PidsLimit int64 `json:"pidsLimit,omitempty"`
+	// RootfsSizeLimit is what the writable layer may hold before the
+	// health check reports it; nil for no limit.
+	RootfsSizeLimit *Size `json:"rootfsSizeLimit,omitempty"`
+}
+
+// IncusConfig is what the Incus driver takes beyond the fields every
+// driver shares.
+type IncusConfig struct {
+	// Image repeats Instance.Image, where drivers read it (see
+	// ContainerdConfig.Image).
+	Image string `json:"image"`
+	// Profiles are applied when the instance is created.
+	Profiles []string `json:"profiles,omitempty"`
+	// Project is the Incus project; empty for the client's current one.
+	Project string `json:"project,omitempty"`
+	// ShutdownOnExit is the Sandbox's setting as written (nil when unset).
+	// No driver reads it, the controller reads Instance.StopOnExit; it is
+	// here because the encoding of an Instance has always carried it.
+	ShutdownOnExit *bool `json:"shutdownOnExit,omitempty"`
+	// RootSizeLimit is what the root volume may hold before the health
+	// check reports it; nil for no limit.
+	RootSizeLimit *Size `json:"rootSizeLimit,omitempty"`
+}
+
+// Size is a number of bytes together with the quantity it was written as
+// ("512Mi", in its canonical form). An Instance encodes the quantity, so
+// its encoding, and with it the ConfigHash and the descriptions drivers
+// recorded, is what it was when the Instance held the API's quantities.
+type Size struct {
+	Bytes int64
+	Text  string
+}
+
+// SizeOf is the Size of a quantity in its canonical form.
+func SizeOf(quantity string) (*Size, error) {
+	q, err := resource.ParseQuantity(quantity)
+	if err != nil {
+		return nil, fmt.Errorf("size %q: %w", quantity, err)
+	}
+	return &Size{Bytes: q.Value(), Text: q.String()}, nil
+}
+
+// BytesOf is the number of bytes of s, zero for nil (no limit).
+func (s *Size) BytesOf() int64 {
+	if s == nil {
+		return 0
+	}
+	return s.Bytes
+}
+
+func (s Size) MarshalJSON() ([]byte, error) { return json.Marshal(s.Text) }
+
+func (s *Size) UnmarshalJSON(b []byte) error {
+	var text string
+	if err := json.Unmarshal(b, &text); err != nil {
+		return fmt.Errorf("a size is a quantity string: %w", err)
+	}
+	v, err := SizeOf(text)
+	if err != nil {
+		return err
+	}
+	*s = *v
+	return nil
+}
+
 // Identity is a host user and group id pair.
 type Identity struct {
 	UID uint32 `json:"uid"`
 	GID uint32 `json:"gid"`
 }
 
-// Options are the host facts Describe needs.
-type Options struct {
-	// AreasRoot holds one directory per agent.
-	AreasRoot string
-	// Home expands mount sources that begin with ~/.
-	Home string
-	// Identities hands each agent its host id. Nil means: the caller's own
-	// id when it is not root, else ids of areas.DefaultIDRange allocated
-	// in AreasRoot.
-	Identities *areas.Identities
-}
-
-// identityFor is the host identity of agent under opts.
-func identityFor(agent string, opts Options) (Identity, error) {
-	ids := opts.Identities
-	if ids == nil {
-		if uid := os.Geteuid(); uid != 0 {
-			return Identity{UID: uint32(uid), GID: uint32(os.Getegid())}, nil
-		}
-		var err error
-		if ids, err = defaultIdentities(opts.AreasRoot); err != nil {
-			return Identity{}, err
-		}
-	}
-	id, err := ids.For(agent)
-	if err != nil {
-		return Identity{}, fmt.Errorf("giving agent %s a host identity: %w", agent, err)
-	}
-	return Identity{UID: id, GID: id}, nil
-}
-
-var (
-	defaultIDsMu sync.Mutex
-	defaultIDs   = map[string]*areas.Identities{}
-)
-
-// defaultIdentities shares one allocator per areas root, so that agents
-// described concurrently never race for one id.
-func defaultIdentities(root string) (*areas.Identities, error) {
-	defaultIDsMu.Lock()
-	defer defaultIDsMu.Unlock()
-	if ids := defaultIDs[root]; ids != nil {
-		return ids, nil
-	}
-	ids, err := areas.NewIdentities(root, areas.DefaultIDRange)
-	if err != nil {
-		return nil, err
-	}
-	defaultIDs[root] = ids
-	return ids, nil
-}
-
-// Describe builds the Instance for a Sandbox spec. It applies the admission
-// rules again and refuses a spec that breaks one.
-func Describe(owner string, spec *v1alpha1.SandboxSpec, opts Options) (Instance, error) {
-	if errs := v1alpha1.ValidateSandboxSpec(spec); len(errs) > 0 {
-		return Instance{}, fmt.Errorf("sandbox %s: %w", owner, errs.ToAggregate())
-	}
-	if !filepath.IsAbs(opts.AreasRoot) {
-		return Instance{}, fmt.Errorf("areas root %q must be an absolute path", opts.AreasRoot)
-	}
-	agentDir := filepath.Join(opts.AreasRoot, spec.Agent)
-	id, err := identityFor(spec.Agent, opts)
-	if err != nil {
-		return Instance{}, err
-	}
-	in := Instance{
-		Identity: id,
-		Name:     v1alpha1.InstanceName(spec.Agent),
-		Agent:    spec.Agent,
-		Owner:    owner,
-		AgentDir: agentDir,
-		Devices:  spec.Devices,
-	}
-	for _, a := range StandardAreas {
-		in.Areas = append(in.Areas, Bind{Source: filepath.Join(agentDir, a.Name), Target: a.Target, ReadOnly: a.ReadOnly})
-	}
-	for _, m := range spec.Mounts {
-		src := m.Source
-		if strings.HasPrefix(src, "~/") {
-			if opts.Home == "" {
-				return Instance{}, fmt.Errorf("mount %q: source begins with ~/ but the controller has no home directory", m.Target)
-			}
-			src = filepath.Join(opts.Home, src[2:])
-		}
-		b := Bind{
-			Source:   filepath.Clean(src),
-			Target:   "/workspace/" + m.Target,
-			ReadOnly: m.Mode != v1alpha1.MountReadWrite && m.Mode != v1alpha1.MountOverlay,
-		}
-		if m.Mode == v1alpha1.MountOverlay {
-			l := overlay.For(agentDir, b.Source, m.Target)
-			l.Owner = id.UID
-			if m.SizeLimit != nil {
-				l.SizeLimit = m.SizeLimit.Value()
-			}
-			b.Source, b.Overlay = l.Merged, &l
-		}
-		in.Mounts = append(in.Mounts, b)
-	}
-	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
-	for _, b := range spec.Binaries {
-		in.Binaries = append(in.Binaries, string(b))
-	}
-	sort.Strings(in.Binaries)
-	for _, e := range spec.Env.Passthrough {
-		in.Env = append(in.Env, string(e))
-	}
-	sort.Strings(in.Env)
-	switch spec.BackendOrDefault() {
-	case v1alpha1.BackendContainerd:
-		in.Image = spec.Containerd.Image
-		in.Containerd = spec.Containerd.DeepCopy()
-	case v1alpha1.BackendIncus:
-		in.Image = spec.Incus.Image
-		in.Incus = spec.Incus.DeepCopy()
-		in.StopOnExit = spec.Incus.ShutdownOnExit == nil || *spec.Incus.ShutdownOnExit
-	}
-	in.ConfigHash = hashOf(in)
-	return in, nil
-}
-
-func hashOf(in Instance) string {
+// Hash identifies the configuration of in, everything but its owner and
+// its ConfigHash; the describer sets ConfigHash to it.
+func (in Instance) Hash() string {
 	// Owner is not part of the configuration: adopting an instance under the
 	// same owner must not look like a change.
 	in.Owner = ""
@@ -225,7 +189,7 @@ func (in *Instance) AddBinds(binds ...Bind) {
 		in.Mounts = append(in.Mounts, b)
 	}
 	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
-	in.ConfigHash = hashOf(*in)
+	in.ConfigHash = in.Hash()
 }
 
 // LayoutAreas creates the agent's directory and its standard areas when

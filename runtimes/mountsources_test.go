@@ -62,7 +62,7 @@ func TestCheckMountSources(t *testing.T) {
 				t.Fatalf("CheckMountSources: nil, want an error containing %q", tc.want)
 			}
 			if ReasonOf(err) != ReasonMountSourceMissing {
-				t.Errorf("reason %s, want %s", ReasonOf(err), ReasonMountSourceMissing)
+				t.Errorf("reason %v, want %v", ReasonOf(err), ReasonMountSourceMissing)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not contain %q", err, tc.want)

@@ -3,8 +3,6 @@ package runtimes
 import (
 	"fmt"
 	"slices"
-
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
 
 // Mounts with mode overlay are kernel overlayfs mounts the driver makes on
@@ -58,24 +56,24 @@ func OverlayMountsHealth(in Instance, running bool) *Health {
 	if n == 0 {
 		return nil
 	}
-	return &Health{Healthy: true, Reason: v1alpha1.ReasonHealthy, Message: fmt.Sprintf("%d overlay mount(s) present, mounted and within their limits", n)}
+	return &Health{Healthy: true, Reason: ReasonHealthy, Message: fmt.Sprintf("%d overlay mount(s) present, mounted and within their limits", n)}
 }
 
 func overlayMountHealth(m Bind) *Health {
 	l := m.Overlay
 	if ok, err := l.UpperExists(); err != nil || !ok {
-		return &Health{Reason: v1alpha1.ReasonSnapshotMissing, Message: fmt.Sprintf("the upper layer %s of overlay mount %s is gone (%v)", l.Upper, m.Target, err)}
+		return &Health{Reason: ReasonSnapshotMissing, Message: fmt.Sprintf("the upper layer %s of overlay mount %s is gone (%v)", l.Upper, m.Target, err)}
 	}
 	if ok, err := l.Mounted(); err != nil || !ok {
-		return &Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("overlay mount %s is not mounted at %s (%v)", m.Target, l.Merged, err)}
+		return &Health{Reason: ReasonNotMounted, Message: fmt.Sprintf("overlay mount %s is not mounted at %s (%v)", m.Target, l.Merged, err)}
 	}
 	if l.SizeLimit > 0 {
 		size, err := l.Size()
 		if err != nil {
-			return &Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("overlay mount %s: %v", m.Target, err)}
+			return &Health{Reason: ReasonNotMounted, Message: fmt.Sprintf("overlay mount %s: %v", m.Target, err)}
 		}
 		if size > l.SizeLimit {
-			return &Health{Reason: v1alpha1.ReasonUpperDirOverLimit, Message: fmt.Sprintf("the upper layer of overlay mount %s holds %d bytes, over its sizeLimit of %d", m.Target, size, l.SizeLimit)}
+			return &Health{Reason: ReasonUpperDirOverLimit, Message: fmt.Sprintf("the upper layer of overlay mount %s holds %d bytes, over its sizeLimit of %d", m.Target, size, l.SizeLimit)}
 		}
 	}
 	return nil

@@ -51,11 +51,12 @@ type State struct {
 	Overlay *Health
 }
 
-// Health is a condition a driver observed: Reason is one of the condition
-// reasons of the API (Healthy, SnapshotMissing, NotMounted, UpperDirOverLimit).
+// Health is how a driver found an instance's storage: Reason is one of
+// ReasonHealthy, ReasonSnapshotMissing, ReasonNotMounted,
+// ReasonUpperDirOverLimit.
 type Health struct {
 	Healthy bool
-	Reason  string
+	Reason  Reason
 	Message string
 }
 
@@ -74,21 +75,60 @@ type ExitStatus struct {
 	Code int
 }
 
-// Reason classifies a runtime error; it is the condition reason the
-// controller reports.
-type Reason string
+// Reason is what a driver says about an instance: why an operation failed
+// (Error) or how its storage is (Health). It is the driver's word, not a
+// condition reason: the controller maps each Reason to the API's condition
+// reason (controllers/reasons.go), and a test there fails for a Reason
+// without one, so that every reason string is written once, in the API.
+type Reason int
 
 const (
-	ReasonUnavailable   Reason = "RuntimeUnavailable"
-	ReasonNameConflict  Reason = "NameConflict"
-	ReasonImageNotFound Reason = "ImageNotFound"
-	ReasonNotFound      Reason = "InstanceNotFound"
-	ReasonRefused       Reason = "CommandRefused"
-	ReasonFailed        Reason = "RuntimeError"
+	// ReasonFailed: the runtime refused an operation; the message says which.
+	ReasonFailed Reason = iota
+	// ReasonUnavailable: the runtime's daemon or tool cannot be reached.
+	ReasonUnavailable
+	// ReasonNameConflict: the instance exists and another owner made it.
+	ReasonNameConflict
+	// ReasonImageNotFound: the image is not present where the runtime looks.
+	ReasonImageNotFound
+	// ReasonNotFound: the instance does not exist or is not running.
+	ReasonNotFound
+	// ReasonRefused: the policy or the runtime refused the command or the
+	// instance description; nothing ran.
+	ReasonRefused
 	// ReasonMountSourceMissing: a custom mount's host source is missing,
 	// not a directory, or a symbolic-link loop (CheckMountSources).
-	ReasonMountSourceMissing Reason = "MountSourceMissing"
+	ReasonMountSourceMissing
+	// ReasonIdmapNotPermitted: the Incus project or server forbids the
+	// raw.idmap entry that maps the agent's host UID and GID into the
+	// container.
+	ReasonIdmapNotPermitted
+	// ReasonHostDisksNotPermitted: the Incus project forbids disk devices
+	// backed by host paths, which the areas and mounts are.
+	ReasonHostDisksNotPermitted
+
+	// ReasonHealthy: the writable root and the overlay mounts are present,
+	// mounted and within their limits.
+	ReasonHealthy
+	// ReasonSnapshotMissing: a container's snapshot or an upper layer is gone.
+	ReasonSnapshotMissing
+	// ReasonNotMounted: a writable root or an overlay mount is not mounted,
+	// or a lower layer is missing.
+	ReasonNotMounted
+	// ReasonUpperDirOverLimit: a writable layer exceeds its size limit.
+	ReasonUpperDirOverLimit
+
+	reasonCount
 )
+
+// Reasons lists every Reason, for the table that maps them.
+func Reasons() []Reason {
+	out := make([]Reason, 0, reasonCount)
+	for r := range reasonCount {
+		out = append(out, r)
+	}
+	return out
+}
 
 // Error is a runtime failure with the reason it maps to.
 type Error struct {

@@ -56,6 +56,12 @@ const (
 	ReasonRestartRequired = "RestartRequired"
 	// ReasonImageNotFound: the image is not present where the runtime looks.
 	ReasonImageNotFound = "ImageNotFound"
+	// ReasonInstanceNotFound: the runtime has no such instance, or it is
+	// not running, when an operation needs it.
+	ReasonInstanceNotFound = "InstanceNotFound"
+	// ReasonCommandRefused: the exec policy or the runtime refused a command
+	// or the instance's description; nothing ran.
+	ReasonCommandRefused = "CommandRefused"
 	// ReasonIdmapNotPermitted: the Incus project does not permit raw.idmap
 	// or the controller's UID and GID; the message names the settings.
 	ReasonIdmapNotPermitted = "IdmapNotPermitted"
@@ -101,7 +107,9 @@ const (
 	// controller's environment disables the sandbox.
 	ReasonSandboxDisabled = "SandboxDisabled"
 
-	// ReasonHealthy: the writable root is present, mounted and within its limit.
+	// ReasonHealthy: the writable root (containerd, incus) and the overlay
+	// mounts are present, mounted and within their limits; GitHealthy: the
+	// worktree's links and HEAD check out.
 	ReasonHealthy = "Healthy"
 	// ReasonSnapshotMissing: the container's snapshot is gone.
 	ReasonSnapshotMissing = "SnapshotMissing"
@@ -126,7 +134,3 @@ const (
 // Finalizer is set on both kinds so that the controller releases what it
 // made (the claim's hold, the runtime instance) before an object goes.
 const Finalizer = "sandbox.cireilclaw.dev/finalizer"
-
-// OwnerLabel marks runtime instances with the Sandbox that owns them,
-// as <namespace>/<name>, so orphans can be found.
-const OwnerLabel = "sandbox.cireilclaw.dev/owner"

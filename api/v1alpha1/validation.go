@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/cireilclaw/sandbox-controller/internal/commandname"
 )
 
 // The messages of the admission rules. Each one is also the message of a CEL
@@ -21,9 +23,9 @@ const (
 	MsgMountSizeLimit     = "sizeLimit applies to mounts with mode overlay only"
 	MsgMountSizePositive  = "sizeLimit must be more than zero (leave it out for no limit)"
 	MsgMountOverlap       = "mount targets must not overlap: configure sibling targets rather than nesting one below another"
-	MsgBinarySpace        = "binaries must not contain spaces; arguments are passed separately"
-	MsgBinaryMeta         = "binaries must not contain shell metacharacters; arguments are passed separately"
-	MsgBinarySlash        = "binaries are command names, not paths: they must not contain '/'"
+	MsgBinarySpace        = commandname.MsgSpace
+	MsgBinaryMeta         = commandname.MsgMeta
+	MsgBinarySlash        = commandname.MsgSlash
 	MsgEnvName            = "environment variable names contain only letters, digits and '_' and do not start with a digit"
 	MsgAgentLabel         = "agent must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit"
 	MsgAgentImmutable     = "agent is immutable: create a new Sandbox for another agent"
@@ -40,7 +42,7 @@ const (
 
 // ShellMetacharacters are the characters a binary name (and the command of
 // an exec request) must not contain: each means something to a shell.
-const ShellMetacharacters = "|&;<>()$`\\\"'*?[]{}#~!"
+const ShellMetacharacters = commandname.ShellMetacharacters
 
 // MaxAgentLength keeps cireilclaw-{agent} within the 63 characters that
 // instance names and label values allow.
@@ -225,26 +227,6 @@ func OverlappingTargets(mounts []Mount) (int, int, bool) {
 	return 0, 0, false
 }
 
-// CheckBinaryName returns the rule a binary name breaks, or "".
-func CheckBinaryName(name string) string {
-	if _, ok := FirstForbidden(name); ok {
-		if strings.ContainsAny(name, " \t\n\r\v\f") {
-			return MsgBinarySpace
-		}
-		return MsgBinaryMeta
-	}
-	if strings.Contains(name, "/") {
-		return MsgBinarySlash
-	}
-	return ""
-}
-
-// FirstForbidden returns the first whitespace or shell metacharacter in s.
-func FirstForbidden(s string) (rune, bool) {
-	for _, r := range s {
-		if r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f' || strings.ContainsRune(ShellMetacharacters, r) {
-			return r, true
-		}
-	}
-	return 0, false
-}
+// CheckBinaryName returns the rule a binary name breaks, or "": the rule
+// of internal/commandname, which the exec policy applies to every command.
+func CheckBinaryName(name string) string { return commandname.Check(name) }

@@ -25,6 +25,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -184,7 +185,7 @@ Ctrl-C stops the controller and the control plane.
 	if err != nil {
 		return fmt.Errorf("--agent-ids: %w", err)
 	}
-	host := runtimes.Options{AreasRoot: areasRoot, Home: home, Identities: ids}
+	host := instance.Host{AreasRoot: areasRoot, Home: home, Identities: ids}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Runtimes:       rts,
 		Host:           host,

@@ -24,6 +24,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -82,7 +83,7 @@ func execClusterWithAreas(t *testing.T) (string, string) {
 	api, err := execapi.New(execapi.Config{}, execapi.Options{
 		Reader:     c,
 		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: scriptedRuntime{}},
-		Host:       runtimes.Options{AreasRoot: areasRoot},
+		Host:       instance.Host{AreasRoot: areasRoot},
 		Auth:       execapi.Auth{Authenticator: authn, Authorizer: allow},
 		Registerer: prometheus.NewRegistry(),
 		Log:        logr.Discard(),

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxtoml"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -28,7 +29,7 @@ func (f *sandboxFlags) instance() (runtimes.Instance, error) {
 		return runtimes.Instance{}, fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
 	}
 	home, _ := os.UserHomeDir()
-	return runtimes.Describe(sandboxtoml.Owner(f.agent), spec, runtimes.Options{AreasRoot: root, Home: home})
+	return instance.Standalone(spec, instance.Host{AreasRoot: root, Home: home})
 }
 
 // view opens the agent's file view (areas and mounts) through internal/areas,

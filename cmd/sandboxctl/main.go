@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxtoml"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -174,7 +175,7 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source) (*sandboxtoml.Runner, erro
 		return nil, err
 	}
 	home, _ := os.UserHomeDir()
-	return sandboxtoml.NewRunner(src, rt, v1alpha1.BackendBwrap, runtimes.Options{AreasRoot: root, Home: home}), nil
+	return sandboxtoml.NewRunner(src, rt, v1alpha1.BackendBwrap, instance.Host{AreasRoot: root, Home: home}), nil
 }
 
 func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {

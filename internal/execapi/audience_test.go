@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -80,7 +81,7 @@ func TestTokensNeedTheExecAudience(t *testing.T) {
 			s, err := New(Config{}, Options{
 				Reader:     fake.NewClientBuilder().WithScheme(scheme).Build(),
 				Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{},
-				Host:       runtimes.Options{AreasRoot: t.TempDir()},
+				Host:       instance.Host{AreasRoot: t.TempDir()},
 				Auth:       auth,
 				Registerer: prometheus.NewRegistry(),
 				Log:        logr.Discard(),

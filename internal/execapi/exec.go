@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/authentication/user"
 
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -25,7 +27,7 @@ const (
 	reasonNonZeroExitCode = metav1.StatusReason("NonZeroExitCode")
 	causeExitCode         = metav1.CauseType("ExitCode")
 	// reasonCommandRefused marks a command the policy refused; nothing ran.
-	reasonCommandRefused = metav1.StatusReason("CommandRefused")
+	reasonCommandRefused = metav1.StatusReason(v1alpha1.ReasonCommandRefused)
 )
 
 // execRequest is what the query of an exec request asks for.
@@ -167,7 +169,7 @@ func (s *Server) execStatus(ctx context.Context, res runtimes.ExitStatus, err er
 	case err != nil && runtimes.ReasonOf(err) == runtimes.ReasonRefused:
 		return failure(reasonCommandRefused, err.Error()), outcomeRefused
 	case err != nil:
-		return failure(metav1.StatusReason(runtimes.ReasonOf(err)), err.Error()), outcomeFailed
+		return failure(metav1.StatusReason(instance.ErrorReason(err)), err.Error()), outcomeFailed
 	case res.Code == 0:
 		return metav1.Status{Status: metav1.StatusSuccess}, outcomeExited
 	default:

@@ -16,6 +16,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -26,7 +27,7 @@ type Options struct {
 	// Runtimes are the drivers of the enabled backends, the controllers' own.
 	Runtimes map[v1alpha1.Backend]runtimes.Runtime
 	// Host gives the areas root and home directory, as for the controllers.
-	Host runtimes.Options
+	Host instance.Host
 	// NodeName is the node this controller serves; claims whose Sandbox
 	// names another node are refused.
 	NodeName string

@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -147,7 +148,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	s, err := New(cfg, Options{
 		Reader:     c,
 		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: f.rt},
-		Host:       runtimes.Options{AreasRoot: f.areas, Home: "/nonexistent"},
+		Host:       instance.Host{AreasRoot: f.areas, Home: "/nonexistent"},
 		Auth:       Auth{Authenticator: authn, Authorizer: authorizer.AuthorizerFunc(authz.Authorize)},
 		Registerer: f.reg,
 		Log:        logr.Discard(),

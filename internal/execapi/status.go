@@ -6,6 +6,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
 
 // Refusal reasons: the label values of the refusals metric and the reason
@@ -13,7 +15,7 @@ import (
 const (
 	refusalUnauthenticated = "Unauthenticated"
 	refusalForbidden       = "Forbidden"
-	refusalCommandRefused  = "CommandRefused"
+	refusalCommandRefused  = v1alpha1.ReasonCommandRefused
 	refusalEscape          = "PathEscape"
 	refusalReadOnly        = "ReadOnly"
 	refusalMountPoint      = "MountPoint"

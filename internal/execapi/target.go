@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/tenancy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -83,7 +84,7 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 	if len(violations) > 0 {
 		return nil, notReady("the SandboxClass of Sandbox %s/%s forbids its spec: %s", ns, sb.Name, strings.Join(violations, "; "))
 	}
-	in, err := runtimes.Describe(ns+"/"+sb.Name, res.Spec, res.Host)
+	in, err := instance.FromSandbox(&sb, res.Spec, res.Host, nil)
 	if err != nil {
 		return nil, &apiError{code: http.StatusConflict, msg: err.Error()}
 	}

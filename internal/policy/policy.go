@@ -13,7 +13,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/commandname"
 )
 
 // ErrRefused is wrapped by every refusal, so callers can tell a refused
@@ -28,14 +28,14 @@ func CheckArgv(allowed []string, argv []string) error {
 		return fmt.Errorf("%w: no command given", ErrRefused)
 	}
 	cmd := argv[0]
-	if r, ok := v1alpha1.FirstForbidden(cmd); ok {
+	if r, ok := commandname.FirstForbidden(cmd); ok {
 		what := "shell metacharacter"
 		if isSpace(r) {
 			what = "whitespace"
 		}
 		return fmt.Errorf("%w: command %q contains the %s %q; pass arguments separately, never as one string", ErrRefused, cmd, what, r)
 	}
-	if msg := v1alpha1.CheckBinaryName(cmd); msg != "" {
+	if msg := commandname.Check(cmd); msg != "" {
 		return fmt.Errorf("%w: command %q: %s", ErrRefused, cmd, msg)
 	}
 	if !slices.Contains(allowed, cmd) {

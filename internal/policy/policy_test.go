@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/commandname"
 )
 
 func TestCheckArgv(t *testing.T) {
@@ -25,8 +25,8 @@ func TestCheckArgv(t *testing.T) {
 		{"empty argv", nil, "no command given"},
 		{"empty command", []string{""}, "no command given"},
 		{"not allowlisted", []string{"curl"}, "not in the sandbox's binaries allowlist"},
-		{"path is refused", []string{"/usr/bin/git"}, v1alpha1.MsgBinarySlash},
-		{"relative path is refused", []string{"./git"}, v1alpha1.MsgBinarySlash},
+		{"path is refused", []string{"/usr/bin/git"}, commandname.MsgSlash},
+		{"relative path is refused", []string{"./git"}, commandname.MsgSlash},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestCheckArgv(t *testing.T) {
 // each whitespace character, alone and inside an allowed name, and wants the
 // refusal to name the character.
 func TestCheckArgvRejectsEveryMetacharacter(t *testing.T) {
-	chars := []rune(v1alpha1.ShellMetacharacters + " \t\n\r\v\f")
+	chars := []rune(commandname.ShellMetacharacters + " \t\n\r\v\f")
 	if len(chars) < 26 {
 		t.Fatalf("only %d forbidden characters, the table shrank", len(chars))
 	}

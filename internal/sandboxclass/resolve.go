@@ -11,10 +11,10 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
-	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 )
 
-// Resolved is what a Sandbox is described from (runtimes.Describe) under
+// Resolved is what a Sandbox is described from (instance.FromSandbox) under
 // its class.
 type Resolved struct {
 	// Class is the Sandbox's class; nil when no class applies.
@@ -22,7 +22,7 @@ type Resolved struct {
 	// Spec is the Sandbox's spec with its class applied (Effective).
 	Spec *v1alpha1.SandboxSpec
 	// Host hands the agent an id of its class's block.
-	Host runtimes.Options
+	Host instance.Host
 }
 
 // Resolve finds the class of spec among the cluster's SandboxClasses and
@@ -30,7 +30,7 @@ type Resolved struct {
 // each name a field and the class's rule, and Resolved must not be used:
 // nothing of the Sandbox may start and no area may be created for it.
 // Resolve itself creates nothing: an agent's id is only read here.
-func Resolve(ctx context.Context, c client.Reader, spec *v1alpha1.SandboxSpec, host runtimes.Options) (Resolved, []string, error) {
+func Resolve(ctx context.Context, c client.Reader, spec *v1alpha1.SandboxSpec, host instance.Host) (Resolved, []string, error) {
 	var list v1alpha1.SandboxClassList
 	if err := c.List(ctx, &list); err != nil {
 		return Resolved{}, nil, fmt.Errorf("listing SandboxClasses for the Sandbox of agent %s: %w", spec.Agent, err)
@@ -50,7 +50,7 @@ func Resolve(ctx context.Context, c client.Reader, spec *v1alpha1.SandboxSpec, h
 		return Resolved{Class: class, Spec: out, Host: host}, nil, nil
 	}
 	// Without an allocator, an unprivileged controller runs every agent
-	// as itself (runtimes.Options.Identities).
+	// as itself (instance.Host.Identities).
 	if host.Identities == nil && os.Geteuid() != 0 {
 		own := areas.IDRange{First: uint32(os.Geteuid()), Count: 1}
 		ids, msg := AgentIDs(class, areas.IDRange{First: 1, Count: 1<<32 - 2})

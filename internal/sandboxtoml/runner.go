@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -28,7 +29,7 @@ type Runner struct {
 	src     Source
 	rt      runtimes.Runtime
 	backend v1alpha1.Backend
-	opts    runtimes.Options
+	opts    instance.Host
 
 	mu sync.Mutex
 	// applied is the generation the runtime was last ensured with.
@@ -38,13 +39,9 @@ type Runner struct {
 
 // NewRunner runs commands from src with rt, a driver for backend. opts say
 // where the agent areas are and how ~/ expands.
-func NewRunner(src Source, rt runtimes.Runtime, backend v1alpha1.Backend, opts runtimes.Options) *Runner {
+func NewRunner(src Source, rt runtimes.Runtime, backend v1alpha1.Backend, opts instance.Host) *Runner {
 	return &Runner{src: src, rt: rt, backend: backend, opts: opts}
 }
-
-// Owner is what the standalone runner records as an instance's owner, in
-// place of the <namespace>/<name> of a Sandbox.
-func Owner(agent string) string { return "sandboxctl/" + agent }
 
 // Exec runs one command with the current configuration.
 func (r *Runner) Exec(ctx context.Context, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
@@ -68,7 +65,7 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 	if b := snap.Spec.BackendOrDefault(); b != r.backend {
 		return "", fmt.Errorf("running a command for agent %s: the configuration selects backend %s, but this runner drives %s; convert the file to a Sandbox manifest for a controller with that backend", snap.Spec.Agent, b, r.backend)
 	}
-	in, err := runtimes.Describe(Owner(snap.Spec.Agent), snap.Spec, r.opts)
+	in, err := instance.Standalone(snap.Spec, r.opts)
 	if err != nil {
 		return "", fmt.Errorf("describing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -174,7 +175,7 @@ func TestReloadUnderRunningCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runner := NewRunner(w, rt, v1alpha1.BackendBwrap, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+	runner := NewRunner(w, rt, v1alpha1.BackendBwrap, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 
 	var writes atomic.Int64
 	stop := make(chan struct{})

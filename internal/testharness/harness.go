@@ -34,6 +34,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -134,7 +135,7 @@ func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts c
 		opts.Runtimes[b] = rec
 	}
 	if opts.Host.AreasRoot == "" {
-		opts.Host = runtimes.Options{AreasRoot: e.AreasRoot, Home: "/nonexistent-home"}
+		opts.Host = instance.Host{AreasRoot: e.AreasRoot, Home: "/nonexistent-home"}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	run.cancel = cancel

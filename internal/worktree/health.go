@@ -9,16 +9,18 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
 
-// Reasons of a worktree's health; they are the GitHealthy condition reasons.
+// Reasons of a worktree's health: the API's GitHealthy condition reasons.
 const (
-	ReasonHealthy          = "Healthy"
-	ReasonGitdirMissing    = "GitdirMissing"
-	ReasonGitdirMismatch   = "GitdirMismatch"
-	ReasonWorktreeLocked   = "WorktreeLocked"
-	ReasonWorktreePrunable = "WorktreePrunable"
-	ReasonHeadUnresolvable = "HeadUnresolvable"
+	ReasonHealthy          = v1alpha1.ReasonHealthy
+	ReasonGitdirMissing    = v1alpha1.ReasonGitdirMissing
+	ReasonGitdirMismatch   = v1alpha1.ReasonGitdirMismatch
+	ReasonWorktreeLocked   = v1alpha1.ReasonWorktreeLocked
+	ReasonWorktreePrunable = v1alpha1.ReasonWorktreePrunable
+	ReasonHeadUnresolvable = v1alpha1.ReasonHeadUnresolvable
 )
 
 // Health is what Check found.

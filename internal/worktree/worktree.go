@@ -127,7 +127,7 @@ func CheckSpec(spec Spec) error {
 }
 
 // ReasonInvalidSpec says the worktree's name or ref breaks a rule.
-const ReasonInvalidSpec = "InvalidSpec"
+const ReasonInvalidSpec = v1alpha1.ReasonInvalidSpec
 
 // Add adds the worktree without checking files out; Checkout does that
 // inside the sandbox. Adding a worktree that exists already returns it.

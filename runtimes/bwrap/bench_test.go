@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -47,7 +48,7 @@ func newLatencyModes(tb testing.TB) latencyModes {
 		tb.Fatal(err)
 	}
 	spec := &v1alpha1.SandboxSpec{Agent: "bench", Binaries: []v1alpha1.BinaryName{"true"}}
-	in, err := runtimes.Describe("default/bench", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+	in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {
 		tb.Fatal(err)
 	}

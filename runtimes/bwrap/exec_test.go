@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/commandname"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -47,7 +49,7 @@ func newSandbox(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, 
 	if spec.Binaries == nil {
 		spec.Binaries = []v1alpha1.BinaryName{"sh", "env", "stat", "head", "cat", "ls", "tr", "sort", "wc"}
 	}
-	in, err := runtimes.Describe("default/bea", &spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas"), Home: dir})
+	in, err := instance.Standalone(&spec, instance.Host{AreasRoot: filepath.Join(dir, "areas"), Home: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +192,7 @@ func TestTmpIsFresh64MiBPerCommand(t *testing.T) {
 // anything runs.
 func TestEveryMetacharacterAndSpaceIsRejected(t *testing.T) {
 	s := newSandbox(t, v1alpha1.SandboxSpec{}, nil, bwrap.Host{})
-	for _, r := range v1alpha1.ShellMetacharacters + " \t\n" {
+	for _, r := range commandname.ShellMetacharacters + " \t\n" {
 		cmd := "sh" + string(r) + "x"
 		t.Run(fmt.Sprintf("reject/%q", r), func(t *testing.T) {
 			marker := filepath.Join(s.agentDir, "workspace", "ran")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -25,7 +26,7 @@ func ensured(t *testing.T) (*bwrap.Runtime, runtimes.Instance, string) {
 		t.Fatal(err)
 	}
 	spec := &v1alpha1.SandboxSpec{Agent: "ada", Binaries: []v1alpha1.BinaryName{"sh", "cat"}}
-	in, err := runtimes.Describe("default/ada", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+	in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {
 		t.Fatal(err)
 	}

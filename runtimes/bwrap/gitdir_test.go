@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -42,7 +43,7 @@ func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
 		Binaries: []v1alpha1.BinaryName{"cat", "sh"},
 		Mounts:   []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}},
 	}
-	in, err := runtimes.Describe("default/gitdir", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+	in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {
 		t.Fatal(err)
 	}

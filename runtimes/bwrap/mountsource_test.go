@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -23,7 +24,7 @@ func TestEnsureRefusesMountSourcesABindCannotUse(t *testing.T) {
 	runtimetest.MountSourcesRefused(t, rt, func(src string) runtimes.Instance {
 		spec := &v1alpha1.SandboxSpec{Agent: "src", Binaries: []v1alpha1.BinaryName{"true"},
 			Mounts: []v1alpha1.Mount{{Source: src, Target: "data"}}}
-		in, err := runtimes.Describe("default/src", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+		in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 		if err != nil {
 			t.Fatal(err)
 		}

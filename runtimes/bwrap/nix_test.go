@@ -13,6 +13,7 @@ import (
 	"debug/elf"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -237,7 +238,7 @@ func runTool(t *testing.T, host Host) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := runtimes.Describe("default/nix", &v1alpha1.SandboxSpec{Agent: "nix", Binaries: []v1alpha1.BinaryName{"tool"}}, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+	in, err := instance.Standalone(&v1alpha1.SandboxSpec{Agent: "nix", Binaries: []v1alpha1.BinaryName{"tool"}}, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {
 		t.Fatal(err)
 	}

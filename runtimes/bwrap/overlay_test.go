@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -34,7 +35,7 @@ func overlayInstance(t *testing.T) (*bwrap.Runtime, runtimes.Instance, string) {
 		Mounts: []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay,
 			SizeLimit: ptr.To(resource.MustParse("100Ki"))}},
 	}
-	in, err := runtimes.Describe("default/ovl", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+	in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestOverlayUnmountedBehindTheDriversBackIsNotMounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := rt.Inspect(ctx, in.Name)
-	if err != nil || st.Overlay == nil || st.Overlay.Healthy || st.Overlay.Reason != v1alpha1.ReasonNotMounted {
+	if err != nil || st.Overlay == nil || st.Overlay.Healthy || st.Overlay.Reason != runtimes.ReasonNotMounted {
 		t.Fatalf("Inspect with the overlay unmounted: %+v, %v", st.Overlay, err)
 	}
 }

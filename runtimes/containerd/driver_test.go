@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -81,7 +82,7 @@ func daemon(t *testing.T, mutate func(*containerd.Config)) (*containerd.Runtime,
 }
 
 // instance describes a containerd sandbox for agent, removed after the test.
-func instance(t *testing.T, rt *containerd.Runtime, image, agent string, mutate func(*v1alpha1.SandboxSpec)) runtimes.Instance {
+func newInstance(t *testing.T, rt *containerd.Runtime, image, agent string, mutate func(*v1alpha1.SandboxSpec)) runtimes.Instance {
 	t.Helper()
 	spec := &v1alpha1.SandboxSpec{
 		Agent:      agent,
@@ -92,7 +93,7 @@ func instance(t *testing.T, rt *containerd.Runtime, image, agent string, mutate 
 	if mutate != nil {
 		mutate(spec)
 	}
-	in, err := runtimes.Describe("unit/"+agent, spec, runtimes.Options{AreasRoot: areasRoot(t, agent)})
+	in, err := instance.Standalone(spec, instance.Host{AreasRoot: areasRoot(t, agent)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func giveTo(t *testing.T, in runtimes.Instance, root string) {
 // host; an identity of 0 is refused before anything is made.
 func TestAgentRunsUnprivileged(t *testing.T) {
 	rt, image := daemon(t, nil)
-	in := instance(t, rt, image, "unit-identity", nil)
+	in := newInstance(t, rt, image, "unit-identity", nil)
 	if in.Identity.UID == 0 {
 		t.Fatalf("Describe gave the agent uid 0")
 	}
@@ -207,7 +208,7 @@ func TestAgentRunsUnprivileged(t *testing.T) {
 	root.Name = "unit-identity-root"
 	root.Identity = runtimes.Identity{}
 	if _, err := rt.Ensure(context.Background(), root); runtimes.ReasonOf(err) != runtimes.ReasonRefused || !strings.Contains(err.Error(), "host root") {
-		t.Errorf("Ensure with identity 0: %v, want %s naming host root", err, runtimes.ReasonRefused)
+		t.Errorf("Ensure with identity 0: %v, want %v naming host root", err, runtimes.ReasonRefused)
 	}
 	if st := inspect(t, rt, root.Name); st.Exists {
 		t.Errorf("a container was made for identity 0: %+v", st)
@@ -217,7 +218,7 @@ func TestAgentRunsUnprivileged(t *testing.T) {
 func TestLifecycleKeepsRootStateAndAreas(t *testing.T) {
 	rt, image := daemon(t, nil)
 	ctx := context.Background()
-	in := instance(t, rt, image, "unit-life", nil)
+	in := newInstance(t, rt, image, "unit-life", nil)
 
 	st := ensure(t, rt, in)
 	if !st.Exists || !st.Running || st.Owner != in.Owner || st.ConfigHash != in.ConfigHash {
@@ -257,7 +258,7 @@ func TestLifecycleKeepsRootStateAndAreas(t *testing.T) {
 		t.Fatalf("after Stop: %+v", st)
 	}
 	if _, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"true"}}); runtimes.ReasonOf(err) != runtimes.ReasonNotFound {
-		t.Errorf("Exec in a stopped container: %v, want %s", err, runtimes.ReasonNotFound)
+		t.Errorf("Exec in a stopped container: %v, want %v", err, runtimes.ReasonNotFound)
 	}
 	ensure(t, rt, in)
 	if _, out, _ := run(t, rt, in.Name, "", "cat", "/var/tmp/state"); out != "kept\n" {
@@ -291,7 +292,7 @@ func TestExecStreamsAndRefuses(t *testing.T) {
 	rt, image := daemon(t, func(c *containerd.Config) {
 		c.LookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	})
-	in := instance(t, rt, image, "unit-exec", func(s *v1alpha1.SandboxSpec) {
+	in := newInstance(t, rt, image, "unit-exec", func(s *v1alpha1.SandboxSpec) {
 		s.Env.Passthrough = []v1alpha1.EnvVarName{"TOKEN"}
 	})
 	ensure(t, rt, in)
@@ -336,7 +337,7 @@ func TestExecStreamsAndRefuses(t *testing.T) {
 		t.Run("refuses "+tt.name, func(t *testing.T) {
 			_, err := rt.Exec(context.Background(), in.Name, tt.req)
 			if runtimes.ReasonOf(err) != runtimes.ReasonRefused || !errors.Is(err, policy.ErrRefused) {
-				t.Errorf("Exec %q: %v, want %s", tt.req.Argv, err, runtimes.ReasonRefused)
+				t.Errorf("Exec %q: %v, want %v", tt.req.Argv, err, runtimes.ReasonRefused)
 			}
 			if _, err := os.Stat(filepath.Join(area(in, "/workspace"), "refused")); err == nil {
 				t.Error("the refused command ran")
@@ -371,10 +372,10 @@ func TestExecStreamsAndRefuses(t *testing.T) {
 
 func TestImageNotFoundIsNeverPulled(t *testing.T) {
 	rt, _ := daemon(t, nil)
-	in := instance(t, rt, "localhost/sandbox-controller/absent:1", "unit-noimage", nil)
+	in := newInstance(t, rt, "localhost/sandbox-controller/absent:1", "unit-noimage", nil)
 	_, err := rt.Ensure(context.Background(), in)
 	if runtimes.ReasonOf(err) != runtimes.ReasonImageNotFound {
-		t.Fatalf("Ensure with an absent image: %v, want %s", err, runtimes.ReasonImageNotFound)
+		t.Fatalf("Ensure with an absent image: %v, want %v", err, runtimes.ReasonImageNotFound)
 	}
 	for _, want := range []string{"creating container " + in.Name, `"localhost/sandbox-controller/absent:1"`, `namespace "` + testNamespace + `"`} {
 		if !strings.Contains(err.Error(), want) {
@@ -389,7 +390,7 @@ func TestImageNotFoundIsNeverPulled(t *testing.T) {
 func TestSpecChanges(t *testing.T) {
 	rt, image := daemon(t, nil)
 	base := func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh", "cat"} }
-	in := instance(t, rt, image, "unit-change", base)
+	in := newInstance(t, rt, image, "unit-change", base)
 	ensure(t, rt, in)
 	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /var/tmp/state")
 
@@ -397,7 +398,7 @@ func TestSpecChanges(t *testing.T) {
 	// because each builds on the container the previous one left.
 	{
 		t.Log("a new allowlist applies without a restart")
-		wider := instance(t, rt, image, "unit-change", func(s *v1alpha1.SandboxSpec) { base(s); s.Binaries = append(s.Binaries, "true") })
+		wider := newInstance(t, rt, image, "unit-change", func(s *v1alpha1.SandboxSpec) { base(s); s.Binaries = append(s.Binaries, "true") })
 		before := inspect(t, rt, in.Name)
 		st := ensure(t, rt, wider)
 		if st.RestartRequired != "" || st.ConfigHash != wider.ConfigHash {
@@ -421,7 +422,7 @@ func TestSpecChanges(t *testing.T) {
 		if err := os.Chmod(src, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		mounted := instance(t, rt, image, "unit-change", func(s *v1alpha1.SandboxSpec) {
+		mounted := newInstance(t, rt, image, "unit-change", func(s *v1alpha1.SandboxSpec) {
 			base(s)
 			s.Binaries = append(s.Binaries, "true")
 			s.Mounts = []v1alpha1.Mount{{Source: src, Target: "docs", Mode: v1alpha1.MountReadOnly}}
@@ -447,7 +448,7 @@ func TestSpecChanges(t *testing.T) {
 
 func TestLimits(t *testing.T) {
 	rt, image := daemon(t, nil)
-	in := instance(t, rt, image, "unit-limits", func(s *v1alpha1.SandboxSpec) {
+	in := newInstance(t, rt, image, "unit-limits", func(s *v1alpha1.SandboxSpec) {
 		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("96Mi"))
 		s.Containerd.PidsLimit = ptr.To[int64](40)
 	})
@@ -460,7 +461,7 @@ func TestLimits(t *testing.T) {
 		t.Errorf("%s = %q, want %d", mem, got, 96<<20)
 	}
 
-	raised := instance(t, rt, image, "unit-limits", func(s *v1alpha1.SandboxSpec) {
+	raised := newInstance(t, rt, image, "unit-limits", func(s *v1alpha1.SandboxSpec) {
 		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("96Mi"))
 		s.Containerd.PidsLimit = ptr.To[int64](80)
 	})
@@ -496,16 +497,16 @@ func readTrim(t *testing.T, path string) string {
 
 func TestOverlayHealthFollowsTheSizeLimit(t *testing.T) {
 	rt, image := daemon(t, nil)
-	in := instance(t, rt, image, "unit-overlay", func(s *v1alpha1.SandboxSpec) {
+	in := newInstance(t, rt, image, "unit-overlay", func(s *v1alpha1.SandboxSpec) {
 		s.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("1Mi"))
 	})
 	ensure(t, rt, in)
 	health := func() *runtimes.Health { return inspect(t, rt, in.Name).Overlay }
-	if h := health(); h == nil || !h.Healthy || h.Reason != v1alpha1.ReasonHealthy || !strings.Contains(h.Message, "overlay") {
+	if h := health(); h == nil || !h.Healthy || h.Reason != runtimes.ReasonHealthy || !strings.Contains(h.Message, "overlay") {
 		t.Fatalf("fresh container: %+v", h)
 	}
 	run(t, rt, in.Name, "", "sh", "-c", "head -c 2097152 /dev/zero > /var/tmp/big")
-	if h := health(); h.Healthy || h.Reason != v1alpha1.ReasonUpperDirOverLimit {
+	if h := health(); h.Healthy || h.Reason != runtimes.ReasonUpperDirOverLimit {
 		t.Errorf("2 MiB written with a 1 MiB limit: %+v", h)
 	}
 	run(t, rt, in.Name, "", "sh", "-c", "rm /var/tmp/big")
@@ -523,13 +524,13 @@ func TestOverlayHealthFollowsTheSizeLimit(t *testing.T) {
 func TestOwnership(t *testing.T) {
 	rt, image := daemon(t, nil)
 	ctx := context.Background()
-	in := instance(t, rt, image, "unit-owned", nil)
+	in := newInstance(t, rt, image, "unit-owned", nil)
 	ensure(t, rt, in)
 
 	other := in
 	other.Owner = "elsewhere/alice"
 	if _, err := rt.Ensure(ctx, other); runtimes.ReasonOf(err) != runtimes.ReasonNameConflict || !strings.Contains(err.Error(), in.Owner) {
-		t.Errorf("Ensure by another owner: %v, want %s naming %s", err, runtimes.ReasonNameConflict, in.Owner)
+		t.Errorf("Ensure by another owner: %v, want %v naming %v", err, runtimes.ReasonNameConflict, in.Owner)
 	}
 
 	c, err := rt.Client()
@@ -562,7 +563,7 @@ func TestOwnership(t *testing.T) {
 		t.Errorf("List = %q, want %s and not unit-foreign", names, in.Name)
 	}
 	if err := rt.Delete(ctx, "unit-foreign"); runtimes.ReasonOf(err) != runtimes.ReasonNameConflict {
-		t.Errorf("Delete of a container without the owner label: %v, want %s", err, runtimes.ReasonNameConflict)
+		t.Errorf("Delete of a container without the owner label: %v, want %v", err, runtimes.ReasonNameConflict)
 	}
 }
 
@@ -573,7 +574,7 @@ func TestUnreachableDaemonIsUnavailable(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	in := runtimes.Instance{Name: "cireilclaw-nobody", Owner: "ns/nobody", Image: "x", Containerd: &v1alpha1.ContainerdSpec{Image: "x"},
+	in := runtimes.Instance{Name: "cireilclaw-nobody", Owner: "ns/nobody", Image: "x", Containerd: &runtimes.ContainerdConfig{Image: "x"},
 		AgentDir: filepath.Join(t.TempDir(), "nobody"), Areas: []runtimes.Bind{{Source: filepath.Join(t.TempDir(), "workspace"), Target: "/workspace"}},
 		Identity: runtimes.Identity{UID: 2000000000, GID: 2000000000}}
 	calls := map[string]func() error{
@@ -590,7 +591,7 @@ func TestUnreachableDaemonIsUnavailable(t *testing.T) {
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {
 			if err := call(); runtimes.ReasonOf(err) != runtimes.ReasonUnavailable {
-				t.Errorf("%s with no daemon: %v, want %s", name, err, runtimes.ReasonUnavailable)
+				t.Errorf("%v with no daemon: %v, want %v", name, err, runtimes.ReasonUnavailable)
 			}
 		})
 	}
@@ -603,7 +604,7 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 func TestMissingSnapshotIsReportedAndMadeAnew(t *testing.T) {
 	rt, image := daemon(t, nil)
 	ctx := context.Background()
-	in := instance(t, rt, image, "unit-snapshot", nil)
+	in := newInstance(t, rt, image, "unit-snapshot", nil)
 	ensure(t, rt, in)
 	if err := rt.Stop(ctx, in.Name); err != nil {
 		t.Fatal(err)
@@ -615,7 +616,7 @@ func TestMissingSnapshotIsReportedAndMadeAnew(t *testing.T) {
 	if err := c.SnapshotService(containerd.DefaultSnapshotter).Remove(namespaces.WithNamespace(ctx, testNamespace), in.Name); err != nil {
 		t.Fatal(err)
 	}
-	if h := inspect(t, rt, in.Name).Overlay; h == nil || h.Healthy || h.Reason != v1alpha1.ReasonSnapshotMissing {
+	if h := inspect(t, rt, in.Name).Overlay; h == nil || h.Healthy || h.Reason != runtimes.ReasonSnapshotMissing {
 		t.Fatalf("overlay with its snapshot removed: %+v", h)
 	}
 	if st := ensure(t, rt, in); !st.Running || st.Overlay == nil || !st.Overlay.Healthy {
@@ -629,15 +630,15 @@ func TestMissingSnapshotIsReportedAndMadeAnew(t *testing.T) {
 func TestImageChangeToAnAbsentImageKeepsTheContainer(t *testing.T) {
 	rt, image := daemon(t, nil)
 	ctx := context.Background()
-	in := instance(t, rt, image, "unit-reimage", nil)
+	in := newInstance(t, rt, image, "unit-reimage", nil)
 	ensure(t, rt, in)
 	run(t, rt, in.Name, "", "sh", "-c", "echo kept > /var/tmp/state")
 	if err := rt.Stop(ctx, in.Name); err != nil {
 		t.Fatal(err)
 	}
-	absent := instance(t, rt, image, "unit-reimage", func(s *v1alpha1.SandboxSpec) { s.Containerd.Image = "localhost/sandbox-controller/absent:2" })
+	absent := newInstance(t, rt, image, "unit-reimage", func(s *v1alpha1.SandboxSpec) { s.Containerd.Image = "localhost/sandbox-controller/absent:2" })
 	if _, err := rt.Ensure(ctx, absent); runtimes.ReasonOf(err) != runtimes.ReasonImageNotFound {
-		t.Fatalf("Ensure with an absent new image: %v, want %s", err, runtimes.ReasonImageNotFound)
+		t.Fatalf("Ensure with an absent new image: %v, want %v", err, runtimes.ReasonImageNotFound)
 	}
 	ensure(t, rt, in)
 	if _, out, _ := run(t, rt, in.Name, "", "cat", "/var/tmp/state"); out != "kept\n" {
@@ -655,7 +656,7 @@ func TestGitDirBindsApplyLive(t *testing.T) {
 		s.Binaries = []v1alpha1.BinaryName{"sh", "cat"}
 		s.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
 	}
-	in := instance(t, rt, image, "unit-gitdir", base)
+	in := newInstance(t, rt, image, "unit-gitdir", base)
 	ensure(t, rt, in)
 	run(t, rt, in.Name, "", "sh", "-c", "sleep 1000 >/dev/null 2>&1 &")
 	pidOf := func() string {
@@ -753,7 +754,7 @@ func TestGitDirBindsApplyLive(t *testing.T) {
 func TestOverlayMount(t *testing.T) {
 	rt, image := daemon(t, nil)
 	src := runtimetest.OverlaySource(t)
-	in := instance(t, rt, image, "unit-overlay", func(s *v1alpha1.SandboxSpec) {
+	in := newInstance(t, rt, image, "unit-overlay", func(s *v1alpha1.SandboxSpec) {
 		s.Binaries = []v1alpha1.BinaryName{"sh"}
 		s.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
 	})
@@ -763,7 +764,7 @@ func TestOverlayMount(t *testing.T) {
 // A caller may give one writer for both outputs, as CombinedOutput does.
 func TestExecIntoOneWriterForBothOutputs(t *testing.T) {
 	rt, image := daemon(t, nil)
-	in := instance(t, rt, image, "unit-combined", func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh"} })
+	in := newInstance(t, rt, image, "unit-combined", func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"sh"} })
 	ensure(t, rt, in)
 	for range 5 {
 		var both bytes.Buffer
@@ -783,7 +784,7 @@ func TestExecIntoOneWriterForBothOutputs(t *testing.T) {
 func TestStartReplacesASpecThatBindsInsideTheWorkspace(t *testing.T) {
 	rt, image := daemon(t, nil)
 	project := t.TempDir()
-	in := instance(t, rt, image, "unit-oldspec", func(s *v1alpha1.SandboxSpec) {
+	in := newInstance(t, rt, image, "unit-oldspec", func(s *v1alpha1.SandboxSpec) {
 		s.Mounts = []v1alpha1.Mount{{Source: project, Target: "project", Mode: v1alpha1.MountReadWrite}}
 	})
 	ensure(t, rt, in)
@@ -837,7 +838,7 @@ func TestGitDirBindRefusesALinkOnItsTarget(t *testing.T) {
 	if err := os.MkdirAll(gitDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	in := instance(t, rt, image, "unit-gitdir-link", func(s *v1alpha1.SandboxSpec) {
+	in := newInstance(t, rt, image, "unit-gitdir-link", func(s *v1alpha1.SandboxSpec) {
 		s.Binaries = []v1alpha1.BinaryName{"sh", "cat", "ln", "mkdir", "grep"}
 		s.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
 	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
@@ -23,7 +24,7 @@ func TestEnsureRefusesMountSourcesABindCannotUse(t *testing.T) {
 		spec := &v1alpha1.SandboxSpec{Agent: "src", Backend: v1alpha1.BackendContainerd, Binaries: []v1alpha1.BinaryName{"true"},
 			Containerd: &v1alpha1.ContainerdSpec{Image: "example.invalid/never-pulled:1"},
 			Mounts:     []v1alpha1.Mount{{Source: src, Target: "data"}}}
-		in, err := runtimes.Describe("default/src", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+		in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 		if err != nil {
 			t.Fatal(err)
 		}

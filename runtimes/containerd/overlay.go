@@ -15,7 +15,6 @@ import (
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
@@ -38,7 +37,7 @@ func (r *Runtime) rootHealth(ctx context.Context, c *containerd.Client, info con
 	sn := c.SnapshotService(info.Snapshotter)
 	if _, err := sn.Stat(ctx, info.SnapshotKey); err != nil {
 		if errdefs.IsNotFound(err) {
-			return unhealthy(v1alpha1.ReasonSnapshotMissing, "snapshot %s of container %s is missing from snapshotter %s", info.SnapshotKey, info.ID, info.Snapshotter), nil
+			return unhealthy(runtimes.ReasonSnapshotMissing, "snapshot %s of container %s is missing from snapshotter %s", info.SnapshotKey, info.ID, info.Snapshotter), nil
 		}
 		return nil, fmt.Errorf("looking up snapshot %s: %w", info.SnapshotKey, err)
 	}
@@ -46,25 +45,25 @@ func (r *Runtime) rootHealth(ctx context.Context, c *containerd.Client, info con
 	if running && task != nil && info.Snapshotter == DefaultSnapshotter {
 		m, err := r.rootMount(task.Pid())
 		if err != nil {
-			return unhealthy(v1alpha1.ReasonNotMounted, "root of container %s: %v", info.ID, err), nil
+			return unhealthy(runtimes.ReasonNotMounted, "root of container %s: %v", info.ID, err), nil
 		}
 		if m.FSType != "overlay" {
-			return unhealthy(v1alpha1.ReasonNotMounted, "root of container %s is a %s mount, not overlay", info.ID, m.FSType), nil
+			return unhealthy(runtimes.ReasonNotMounted, "root of container %s is a %s mount, not overlay", info.ID, m.FSType), nil
 		}
 		lower := m.LowerDirs()
 		if len(lower) == 0 {
-			return unhealthy(v1alpha1.ReasonNotMounted, "root overlay of container %s names no lower dir", info.ID), nil
+			return unhealthy(runtimes.ReasonNotMounted, "root overlay of container %s names no lower dir", info.ID), nil
 		}
 		for _, d := range lower {
 			if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-				return unhealthy(v1alpha1.ReasonNotMounted, "lower dir %s of the root overlay of container %s is missing", d, info.ID), nil //nolint:nilerr // a missing lower dir is a health finding, not an error
+				return unhealthy(runtimes.ReasonNotMounted, "lower dir %s of the root overlay of container %s is missing", d, info.ID), nil //nolint:nilerr // a missing lower dir is a health finding, not an error
 			}
 		}
 		mounted = fmt.Sprintf("mounted as overlay over %d lower dir(s)", len(lower))
 	}
 	limit := rootfsLimit(in)
 	if limit <= 0 {
-		return &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy,
+		return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy,
 			Message: fmt.Sprintf("snapshot %s present, %s; no rootfs size limit", info.SnapshotKey, mounted)}, nil
 	}
 	u, err := sn.Usage(ctx, info.SnapshotKey)
@@ -73,13 +72,13 @@ func (r *Runtime) rootHealth(ctx context.Context, c *containerd.Client, info con
 	}
 	used, max := bytes(u.Size), bytes(limit)
 	if u.Size > limit {
-		return unhealthy(v1alpha1.ReasonUpperDirOverLimit, "writable layer of container %s uses %s, over its rootfsSizeLimit of %s", info.ID, used, max), nil
+		return unhealthy(runtimes.ReasonUpperDirOverLimit, "writable layer of container %s uses %s, over its rootfsSizeLimit of %s", info.ID, used, max), nil
 	}
-	return &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy,
+	return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy,
 		Message: fmt.Sprintf("snapshot %s present, %s; writable layer uses %s of %s", info.SnapshotKey, mounted, used, max)}, nil
 }
 
-func unhealthy(reason, format string, args ...any) *runtimes.Health {
+func unhealthy(reason runtimes.Reason, format string, args ...any) *runtimes.Health {
 	return &runtimes.Health{Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 

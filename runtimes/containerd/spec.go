@@ -12,18 +12,17 @@ import (
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 // Labels and extensions on every container the driver makes. The owner
-// label is the API's, so orphans are found by it; the hash label says which
-// configuration the container was last converged to.
+// label holds the <namespace>/<name> of the Sandbox, so orphans are found by
+// it; the hash label says which configuration the container was last
+// converged to.
 const (
-	OwnerLabel = v1alpha1.OwnerLabel
+	OwnerLabel = "sandbox.cireilclaw.dev/owner"
 	HashLabel  = "sandbox.cireilclaw.dev/config-hash"
 	// instanceExtension holds the Instance the container was converged to:
 	// Exec reads the allowlist and passthrough names from it, and a changed
@@ -171,28 +170,21 @@ func memoryLimit(in runtimes.Instance) int64 {
 	if in.Containerd == nil {
 		return 0
 	}
-	return quantity(in.Containerd.MemoryLimit)
+	return in.Containerd.MemoryLimit.BytesOf()
 }
 
 func pidsLimit(in runtimes.Instance) int64 {
-	if in.Containerd == nil || in.Containerd.PidsLimit == nil {
+	if in.Containerd == nil {
 		return 0
 	}
-	return *in.Containerd.PidsLimit
+	return in.Containerd.PidsLimit
 }
 
 func rootfsLimit(in runtimes.Instance) int64 {
 	if in.Containerd == nil {
 		return 0
 	}
-	return quantity(in.Containerd.RootfsSizeLimit)
-}
-
-func quantity(q *resource.Quantity) int64 {
-	if q == nil {
-		return 0
-	}
-	return q.Value()
+	return in.Containerd.RootfsSizeLimit.BytesOf()
 }
 
 // liveResources are the limits of in as a running task takes them: an

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -32,7 +33,7 @@ func describe(t *testing.T, mutate func(*v1alpha1.SandboxSpec)) runtimes.Instanc
 	if mutate != nil {
 		mutate(spec)
 	}
-	in, err := runtimes.Describe("ns/alice", spec, runtimes.Options{AreasRoot: "/areas"})
+	in, err := instance.Standalone(spec, instance.Host{AreasRoot: "/areas"})
 	if err != nil {
 		t.Fatalf("describing the instance: %v", err)
 	}

@@ -43,17 +43,6 @@ const (
 	KeyAccount = "user.cireilclaw.account"
 )
 
-// Condition reasons of this driver, beyond those every driver shares.
-const (
-	// ReasonIdmapNotPermitted: the Incus project or server forbids the
-	// raw.idmap entry that maps the agent's host UID and GID into the
-	// container.
-	ReasonIdmapNotPermitted runtimes.Reason = "IdmapNotPermitted"
-	// ReasonHostDisksNotPermitted: the Incus project forbids disk devices
-	// backed by host paths, which the areas and mounts are.
-	ReasonHostDisksNotPermitted runtimes.Reason = "HostDisksNotPermitted"
-)
-
 // Defaults of Config.
 const (
 	DefaultStopTimeout = 30 * time.Second
@@ -270,13 +259,13 @@ func (r *Runtime) restricted(op string, in runtimes.Instance, project string, er
 	id := in.Identity
 	switch {
 	case strings.Contains(msg, "raw.idmap") && strings.Contains(msg, "forbidden"):
-		return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
+		return runtimes.Errorf(runtimes.ReasonIdmapNotPermitted, op, in.Name,
 			"Incus project %q is restricted and does not permit raw.idmap for the agent's host UID %d and GID %d; "+
 				"the project must permit the controller's agent id range: incus project set %s restricted.idmap.uid=%d restricted.idmap.gid=%d (daemon said: %v)",
 			project, id.UID, id.GID, project, id.UID, id.GID, err)
 	case strings.Contains(msg, "disks not backed by a pool is forbidden") ||
 		(strings.Contains(msg, "Disk source path") && strings.Contains(msg, "not allowed")):
-		return runtimes.Errorf(ReasonHostDisksNotPermitted, op, in.Name,
+		return runtimes.Errorf(runtimes.ReasonHostDisksNotPermitted, op, in.Name,
 			"Incus project %q is restricted and does not permit disk devices backed by host paths, which the agent's areas and mounts are; "+
 				"the project must permit them: incus project set %s restricted.devices.disk=allow restricted.devices.disk.paths=%s (daemon said: %v)",
 			project, project, strings.Join(hostPaths(in), ","), err)
@@ -289,7 +278,7 @@ func (r *Runtime) restricted(op string, in runtimes.Instance, project string, er
 // notDelegated says that the server may not map the agent's ids, and how an
 // administrator lets it.
 func notDelegated(op string, in runtimes.Instance, said string) error {
-	return runtimes.Errorf(ReasonIdmapNotPermitted, op, in.Name,
+	return runtimes.Errorf(runtimes.ReasonIdmapNotPermitted, op, in.Name,
 		"the Incus server may not map the agent's host UID %d and GID %d into containers; "+
 			"root must be allowed to delegate the controller's agent id range: add it to root's entries in /etc/subuid and /etc/subgid, "+
 			"in pieces smaller than 65536 so Incus never takes it for the base map of its containers (hack/incus.sh does), and restart incusd (%s)",

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
@@ -22,7 +23,7 @@ func TestEnsureRefusesMountSourcesABindCannotUse(t *testing.T) {
 		spec := &v1alpha1.SandboxSpec{Agent: "src", Backend: v1alpha1.BackendIncus, Binaries: []v1alpha1.BinaryName{"true"},
 			Incus:  &v1alpha1.IncusSpec{Image: "images:never/fetched"},
 			Mounts: []v1alpha1.Mount{{Source: src, Target: "data"}}}
-		in, err := runtimes.Describe("default/src", spec, runtimes.Options{AreasRoot: filepath.Join(dir, "areas")})
+		in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 		if err != nil {
 			t.Fatal(err)
 		}

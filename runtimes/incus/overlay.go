@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
@@ -23,20 +22,20 @@ func (r *Runtime) overlay(ctx context.Context, cl *incusapi.Client, inst *incusa
 func (r *Runtime) rootHealth(ctx context.Context, cl *incusapi.Client, inst *incusapi.Instance, in runtimes.Instance) *runtimes.Health {
 	pool := rootPool(inst)
 	if pool == "" {
-		return &runtimes.Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("instance %s has no root disk device with a storage pool", inst.Name)}
+		return &runtimes.Health{Reason: runtimes.ReasonNotMounted, Message: fmt.Sprintf("instance %s has no root disk device with a storage pool", inst.Name)}
 	}
 	p, err := cl.GetStoragePool(ctx, pool)
 	if err != nil {
-		return &runtimes.Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("storage pool %q of instance %s: %v", pool, inst.Name, err)}
+		return &runtimes.Health{Reason: runtimes.ReasonNotMounted, Message: fmt.Sprintf("storage pool %q of instance %s: %v", pool, inst.Name, err)}
 	}
 	if p.Status != incusapi.PoolCreated {
-		return &runtimes.Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("storage pool %q of instance %s is %s, not %s", pool, inst.Name, p.Status, incusapi.PoolCreated)}
+		return &runtimes.Health{Reason: runtimes.ReasonNotMounted, Message: fmt.Sprintf("storage pool %q of instance %s is %s, not %s", pool, inst.Name, p.Status, incusapi.PoolCreated)}
 	}
 	if _, err := cl.GetInstanceVolume(ctx, pool, inst.Name); err != nil {
 		if incusapi.IsNotFound(err) {
-			return &runtimes.Health{Reason: v1alpha1.ReasonSnapshotMissing, Message: fmt.Sprintf("the root volume of instance %s is missing from storage pool %q", inst.Name, pool)}
+			return &runtimes.Health{Reason: runtimes.ReasonSnapshotMissing, Message: fmt.Sprintf("the root volume of instance %s is missing from storage pool %q", inst.Name, pool)}
 		}
-		return &runtimes.Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("root volume of instance %s in storage pool %q: %v", inst.Name, pool, err)}
+		return &runtimes.Health{Reason: runtimes.ReasonNotMounted, Message: fmt.Sprintf("root volume of instance %s in storage pool %q: %v", inst.Name, pool, err)}
 	}
 	return usageHealth(inst.Name, p, rootLimit(in), func() (incusapi.VolumeState, error) {
 		return cl.GetInstanceVolumeState(ctx, pool, inst.Name)
@@ -46,21 +45,21 @@ func (r *Runtime) rootHealth(ctx context.Context, cl *incusapi.Client, inst *inc
 func usageHealth(name string, p incusapi.StoragePool, limit int64, state func() (incusapi.VolumeState, error)) *runtimes.Health {
 	where := fmt.Sprintf("the root volume of instance %s in storage pool %q (%s)", name, p.Name, p.Driver)
 	if limit <= 0 {
-		return &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy, Message: where + " is present; no rootSizeLimit is set"}
+		return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy, Message: where + " is present; no rootSizeLimit is set"}
 	}
 	st, err := state()
 	if err != nil {
-		return &runtimes.Health{Reason: v1alpha1.ReasonNotMounted, Message: fmt.Sprintf("reading the usage of %s: %v", where, err)}
+		return &runtimes.Health{Reason: runtimes.ReasonNotMounted, Message: fmt.Sprintf("reading the usage of %s: %v", where, err)}
 	}
 	if st.Usage == nil {
-		return &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy,
+		return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy,
 			Message: fmt.Sprintf("%s is present; its pool driver does not report usage, so rootSizeLimit %d bytes is not checked", where, limit)}
 	}
 	if int64(st.Usage.Used) > limit {
-		return &runtimes.Health{Reason: v1alpha1.ReasonUpperDirOverLimit,
+		return &runtimes.Health{Reason: runtimes.ReasonUpperDirOverLimit,
 			Message: fmt.Sprintf("%s uses %d bytes, over its rootSizeLimit of %d bytes", where, st.Usage.Used, limit)}
 	}
-	return &runtimes.Health{Healthy: true, Reason: v1alpha1.ReasonHealthy,
+	return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy,
 		Message: fmt.Sprintf("%s uses %d of its %d bytes (rootSizeLimit)", where, st.Usage.Used, limit)}
 }
 
@@ -77,8 +76,8 @@ func rootPool(inst *incusapi.Instance) string {
 }
 
 func rootLimit(in runtimes.Instance) int64 {
-	if in.Incus == nil || in.Incus.RootSizeLimit == nil {
+	if in.Incus == nil {
 		return 0
 	}
-	return in.Incus.RootSizeLimit.Value()
+	return in.Incus.RootSizeLimit.BytesOf()
 }

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
@@ -36,10 +35,10 @@ func TestRootIdentityIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []runtimes.Identity{{}, {UID: 0, GID: 2000000000}, {UID: 2000000000, GID: 0}} {
-		in := runtimes.Instance{Name: "cireilclaw-root", Image: "busybox", Incus: &v1alpha1.IncusSpec{Image: "busybox"}, Identity: id}
+		in := runtimes.Instance{Name: "cireilclaw-root", Image: "busybox", Incus: &runtimes.IncusConfig{Image: "busybox"}, Identity: id}
 		_, err := r.Ensure(t.Context(), in)
 		if runtimes.ReasonOf(err) != runtimes.ReasonRefused || !strings.Contains(err.Error(), "never run as host root") {
-			t.Errorf("Ensure with identity %+v: %v, want %s", id, err, runtimes.ReasonRefused)
+			t.Errorf("Ensure with identity %+v: %v, want %v", id, err, runtimes.ReasonRefused)
 		}
 		if _, err := agentIdentity(in); err == nil {
 			t.Errorf("agentIdentity(%+v) accepted it", id)
@@ -77,11 +76,11 @@ func TestDevices(t *testing.T) {
 		t.Fatal("workspace must be writable")
 	}
 
-	in.Devices = v1alpha1.Devices{USB: true}
+	in.Devices = runtimes.Devices{USB: true}
 	if devs, _ = Devices(in); devs[usbDevice]["type"] != "usb" {
 		t.Fatalf("usb device missing: %v", devs)
 	}
-	in.Devices = v1alpha1.Devices{All: true}
+	in.Devices = runtimes.Devices{All: true}
 	if _, err := Devices(in); err == nil || !strings.Contains(err.Error(), "profile") {
 		t.Fatalf("devices.all should be refused with a way out, got %v", err)
 	}
@@ -178,9 +177,9 @@ func TestRestrictedProjectSaysWhatToPermit(t *testing.T) {
 		want   []string
 	}{
 		{`Failed checking if instance creation allowed: Use of low-level "raw.idmap" element 0 on container "x" of project "p" is forbidden`,
-			ReasonIdmapNotPermitted, []string{"restricted.idmap.uid=2000000001", "restricted.idmap.gid=2000000001", `project "p"`}},
+			runtimes.ReasonIdmapNotPermitted, []string{"restricted.idmap.uid=2000000001", "restricted.idmap.gid=2000000001", `project "p"`}},
 		{`Failed checking if instance creation allowed: Invalid device "d" on container "x" of project "p": Attaching disks not backed by a pool is forbidden`,
-			ReasonHostDisksNotPermitted, []string{"restricted.devices.disk=allow", "restricted.devices.disk.paths=/areas/a,/src"}},
+			runtimes.ReasonHostDisksNotPermitted, []string{"restricted.devices.disk=allow", "restricted.devices.disk.paths=/areas/a,/src"}},
 	}
 	for _, tt := range tests {
 		err := r.restricted("ensuring instance", in, "p", errors.New(tt.daemon))
@@ -209,19 +208,19 @@ func TestUsageHealth(t *testing.T) {
 		name   string
 		limit  int64
 		state  func() (incusapi.VolumeState, error)
-		reason string
+		reason runtimes.Reason
 	}{
-		{"no limit", 0, nil, v1alpha1.ReasonHealthy},
-		{"within the limit", 100, used(50), v1alpha1.ReasonHealthy},
-		{"over the limit", 100, used(150), v1alpha1.ReasonUpperDirOverLimit},
-		{"driver without usage", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, nil }, v1alpha1.ReasonHealthy},
-		{"usage unreadable", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, errors.New("boom") }, v1alpha1.ReasonNotMounted},
+		{"no limit", 0, nil, runtimes.ReasonHealthy},
+		{"within the limit", 100, used(50), runtimes.ReasonHealthy},
+		{"over the limit", 100, used(150), runtimes.ReasonUpperDirOverLimit},
+		{"driver without usage", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, nil }, runtimes.ReasonHealthy},
+		{"usage unreadable", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, errors.New("boom") }, runtimes.ReasonNotMounted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := usageHealth("cireilclaw-a", pool, tt.limit, tt.state)
-			if h.Reason != tt.reason || h.Healthy != (tt.reason == v1alpha1.ReasonHealthy) {
-				t.Fatalf("got %+v, want %s", h, tt.reason)
+			if h.Reason != tt.reason || h.Healthy != (tt.reason == runtimes.ReasonHealthy) {
+				t.Fatalf("got %+v, want reason %v", h, tt.reason)
 			}
 		})
 	}
@@ -278,8 +277,8 @@ lxc a 2026 ERROR    start - ../src/lxc/start.c:lxc_spawn:1788 - Failed to set up
 				}
 				return
 			}
-			if runtimes.ReasonOf(err) != ReasonIdmapNotPermitted || !strings.Contains(err.Error(), "/etc/subuid") || !strings.Contains(err.Error(), "2000000005") {
-				t.Fatalf("got %v, want %s naming /etc/subuid and the agent's id", err, ReasonIdmapNotPermitted)
+			if runtimes.ReasonOf(err) != runtimes.ReasonIdmapNotPermitted || !strings.Contains(err.Error(), "/etc/subuid") || !strings.Contains(err.Error(), "2000000005") {
+				t.Fatalf("got %v, want %v naming /etc/subuid and the agent's id", err, runtimes.ReasonIdmapNotPermitted)
 			}
 		})
 	}

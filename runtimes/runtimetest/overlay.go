@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -63,21 +62,21 @@ func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 		}
 		return out.String()
 	}
-	health := func(want string) {
+	health := func(want runtimes.Reason) {
 		t.Helper()
 		st, err := rt.Inspect(ctx, in.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Overlay == nil || st.Overlay.Reason != want || st.Overlay.Healthy != (want == v1alpha1.ReasonHealthy) {
-			t.Fatalf("overlay health = %+v, want %s", st.Overlay, want)
+		if st.Overlay == nil || st.Overlay.Reason != want || st.Overlay.Healthy != (want == runtimes.ReasonHealthy) {
+			t.Fatalf("overlay health = %+v, want reason %v", st.Overlay, want)
 		}
 	}
 
 	if _, err := rt.Ensure(ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	health(v1alpha1.ReasonHealthy)
+	health(runtimes.ReasonHealthy)
 	if out := run("echo changed > /workspace/project/main.go && echo new > /workspace/project/new.txt && cat /workspace/project/main.go"); out != "changed\n" {
 		t.Fatalf("the sandbox does not see its own write: %q", out)
 	}
@@ -94,9 +93,9 @@ func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 
 	t.Log("over the size limit and back")
 	run("head -c 204800 /dev/zero > /workspace/project/big")
-	health(v1alpha1.ReasonUpperDirOverLimit)
+	health(runtimes.ReasonUpperDirOverLimit)
 	run("rm /workspace/project/big")
-	health(v1alpha1.ReasonHealthy)
+	health(runtimes.ReasonHealthy)
 
 	t.Log("stop unmounts, start mounts again with the changes")
 	if err := rt.Stop(ctx, in.Name); err != nil {
@@ -108,7 +107,7 @@ func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 	if _, err := rt.Ensure(ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	health(v1alpha1.ReasonHealthy)
+	health(runtimes.ReasonHealthy)
 	if out := run("cat /workspace/project/new.txt"); out != "new\n" {
 		t.Fatalf("changes did not survive stop and start: %q", out)
 	}

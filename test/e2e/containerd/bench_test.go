@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -142,7 +143,7 @@ func driverEnsureCold(n int) []time.Duration {
 	for i := range n {
 		spec := &v1alpha1.SandboxSpec{Agent: fmt.Sprintf("bench-driver-%d", i), Backend: v1alpha1.BackendContainerd,
 			Binaries: []v1alpha1.BinaryName{"true"}, Containerd: &v1alpha1.ContainerdSpec{Image: image}}
-		in, err := runtimes.Describe("bench/driver", spec, runtimes.Options{AreasRoot: env.AreasRoot})
+		in, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "driver"}, Spec: *spec}, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		start := time.Now()
 		_, err = drv.Ensure(ctx, in)

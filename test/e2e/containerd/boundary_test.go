@@ -18,8 +18,10 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
@@ -60,7 +62,7 @@ var _ = Describe("containerd mount destinations against the agent", Ordered, fun
 			Containerd: &v1alpha1.ContainerdSpec{Image: img},
 			Mounts:     mounts,
 		}
-		in, err := runtimes.Describe("boundary/"+agent, spec, runtimes.Options{AreasRoot: areasRoot})
+		in, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "boundary", Name: agent}, Spec: *spec}, nil, instance.Host{AreasRoot: areasRoot}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(d.Delete(ctx, in.Name)).To(Succeed()) })
 		return in
@@ -238,6 +240,9 @@ ln -s / /workspace/src.moved/app/tools`, toolsParent))
 		fmt.Fprintf(GinkgoWriter, "%d command starts, %d saw the mount, %d escapes\n", starts, ran.Load(), escapes.Load())
 
 		By("the container restarts while a process of the agent exchanges a on the host")
+		// Stopped first: a swapper whose exec was cancelled may still be
+		// running in the container, and would move a again under putBack.
+		Expect(d.Stop(ctx, in.Name)).To(Succeed())
 		ws := filepath.Join(areasRoot, in.Agent, "workspace")
 		putBack(ws, "a", "c0-0", "c0-1", "c0-2", "c1-0", "c1-1", "c1-2")
 		// The copy in tools: the agent's id may run it.

@@ -28,6 +28,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
@@ -134,7 +135,7 @@ func serveAPI(reader client.Reader, ttl time.Duration, done chan<- error) (strin
 	srv, err := execapi.New(cfg, execapi.Options{
 		Reader:     reader,
 		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: mgr.Runtimes[v1alpha1.BackendBwrap]},
-		Host:       runtimes.Options{AreasRoot: env.AreasRoot, Home: "/nonexistent-home"},
+		Host:       instance.Host{AreasRoot: env.AreasRoot, Home: "/nonexistent-home"},
 		Auth:       auth,
 		Registerer: prometheus.NewRegistry(),
 		Log:        logf.Log.WithName("execapi"),

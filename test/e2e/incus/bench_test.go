@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
@@ -160,7 +161,7 @@ func claimToReady(ns, sandbox string, fresh bool, claimName ...string) time.Dura
 // the REST client alone.
 func rawInstance(ns, name string) incusapi.InstancesPost {
 	sb := newSandbox(ns, name)
-	in, err := runtimes.Describe(ns+"/"+name, &sb.Spec, runtimes.Options{AreasRoot: env.AreasRoot})
+	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
 	Expect(err).NotTo(HaveOccurred())
 	for _, a := range in.Areas {
 		Expect(os.MkdirAll(a.Source, 0o755)).To(Succeed())
@@ -179,7 +180,7 @@ func rawInstance(ns, name string) incusapi.InstancesPost {
 // for a Sandbox that is not in the API server.
 func driverInstance(ns, name string) runtimes.Instance {
 	sb := newSandbox(ns, name)
-	in, err := runtimes.Describe(ns+"/"+name, &sb.Spec, runtimes.Options{AreasRoot: env.AreasRoot})
+	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
 	Expect(err).NotTo(HaveOccurred())
 	return in
 }

@@ -20,10 +20,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
-	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
 )
@@ -308,7 +308,7 @@ var _ = Describe("Incus failures", func() {
 		Expect(k8s.Create(ctx, newClaim(ns, "c", "restricted"))).To(Succeed())
 		id := agentID(sb)
 		Eventually(sandboxStatus(ns, "restricted"), timeout).Should(HaveField("Conditions", And(
-			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, string(incus.ReasonIdmapNotPermitted)),
+			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonIdmapNotPermitted),
 			ContainElement(HaveField("Message", ContainSubstring(fmt.Sprintf("restricted.idmap.uid=%d restricted.idmap.gid=%d", id.UID, id.GID)))),
 		)))
 
@@ -319,7 +319,7 @@ var _ = Describe("Incus failures", func() {
 		})
 		nudge(sb)
 		Eventually(sandboxStatus(ns, "restricted"), timeout).Should(HaveField("Conditions", And(
-			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, string(incus.ReasonHostDisksNotPermitted)),
+			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonHostDisksNotPermitted),
 			ContainElement(HaveField("Message", ContainSubstring("restricted.devices.disk=allow"))),
 		)))
 
@@ -487,7 +487,7 @@ var _ = Describe("Incus overlay mounts", func() {
 		src := runtimetest.OverlaySource(GinkgoT())
 		sb := newSandbox(ns, "ovl")
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
-		in, err := runtimes.Describe(ns+"/ovl", &sb.Spec, runtimes.Options{AreasRoot: env.AreasRoot})
+		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
 		// The driver alone: a running controller would collect an
@@ -510,7 +510,7 @@ var _ = Describe("Incus git directory binds", func() {
 		Expect(os.WriteFile(filepath.Join(secret, "HEAD"), []byte("host secret\n"), 0o644)).To(Succeed())
 		sb := newSandbox(ns, "gd")
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
-		in, err := runtimes.Describe(ns+"/gd", &sb.Spec, runtimes.Options{AreasRoot: env.AreasRoot})
+		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		withGit := in
 		withGit.Mounts = slices.Clone(in.Mounts)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
@@ -65,7 +66,7 @@ var _ = BeforeSuite(func() {
 	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "state")})
 	Expect(err).NotTo(HaveOccurred())
 	mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{
-		Host: runtimes.Options{AreasRoot: env.AreasRoot, Home: home},
+		Host: instance.Host{AreasRoot: env.AreasRoot, Home: home},
 	})
 	rec = mgr.Runtimes[v1alpha1.BackendBwrap]
 })

@@ -1,0 +1,245 @@
+package instance
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/overlay"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Host are the facts of this host an instance is described with.
+type Host struct {
+	// AreasRoot holds one directory per agent.
+	AreasRoot string
+	// Home expands mount sources that begin with ~/.
+	Home string
+	// Identities hands each agent its host id. Nil means: the caller's own
+	// id when it is not root, else ids of areas.DefaultIDRange allocated
+	// in AreasRoot.
+	Identities *areas.Identities
+}
+
+// Owner is what an instance records as the Sandbox that owns it.
+func Owner(namespace, name string) string { return namespace + "/" + name }
+
+// StandaloneOwner is what an instance of the standalone runner (sandboxctl,
+// a sandbox.toml) records in place of the <namespace>/<name> of a Sandbox.
+func StandaloneOwner(agent string) string { return "sandboxctl/" + agent }
+
+// FromSandbox describes the instance of Sandbox sb. spec is sb's spec with
+// its class applied (sandboxclass.Resolve); nil means sb.Spec as it is.
+// claims are the Sandbox's claims: the git directories of their worktrees
+// become binds of the instance, and part of its ConfigHash. Only the
+// Sandbox reconciler, which converges the instance and compares hashes,
+// passes them; a caller without them gets the instance without those binds
+// (the git directories are never in a file view, and Exec runs in the
+// instance the driver recorded), whose ConfigHash must not be compared.
+func FromSandbox(sb *v1alpha1.Sandbox, spec *v1alpha1.SandboxSpec, host Host, claims []v1alpha1.SessionClaim) (runtimes.Instance, error) {
+	if spec == nil {
+		spec = &sb.Spec
+	}
+	in, err := describe(Owner(sb.Namespace, sb.Name), spec, host)
+	if err != nil {
+		return runtimes.Instance{}, err
+	}
+	in.AddBinds(gitDirBinds(in, claims)...)
+	return in, nil
+}
+
+// Standalone describes the instance of a sandbox configured without a
+// Sandbox object (sandbox.toml), owned by StandaloneOwner.
+func Standalone(spec *v1alpha1.SandboxSpec, host Host) (runtimes.Instance, error) {
+	return describe(StandaloneOwner(spec.Agent), spec, host)
+}
+
+// GitDirs are the git directories in bound, sorted.
+func GitDirs(in runtimes.Instance) []string {
+	var dirs []string
+	for _, b := range in.Mounts {
+		if b.GitDir {
+			dirs = append(dirs, b.Source)
+		}
+	}
+	slices.Sort(dirs)
+	return dirs
+}
+
+// gitDirBinds are the git directories of the claims' worktrees, each bound
+// at its own host path. Only directories inside one of the Sandbox's rw
+// mount sources count, so a claim status cannot widen what the sandbox sees.
+func gitDirBinds(in runtimes.Instance, claims []v1alpha1.SessionClaim) []runtimes.Bind {
+	var binds []runtimes.Bind
+	var dirs []string
+	for _, c := range claims {
+		if c.Status.Worktree == nil || c.Status.Worktree.GitCommonDir == "" || c.Status.Worktree.RelativePaths {
+			continue
+		}
+		d := filepath.Clean(c.Status.Worktree.GitCommonDir)
+		if slices.Contains(dirs, d) {
+			continue
+		}
+		inside := slices.ContainsFunc(in.Mounts, func(m runtimes.Bind) bool {
+			return !m.ReadOnly && strings.HasPrefix(d, m.Source+"/")
+		})
+		if !inside {
+			continue
+		}
+		dirs = append(dirs, d)
+		binds = append(binds, runtimes.Bind{Source: d, Target: d})
+	}
+	return binds
+}
+
+// describe builds the Instance for a Sandbox spec. It applies the admission
+// rules again and refuses a spec that breaks one, so a CRD installed
+// without its CEL rules cannot widen a sandbox.
+func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Instance, error) {
+	if errs := v1alpha1.ValidateSandboxSpec(spec); len(errs) > 0 {
+		return runtimes.Instance{}, fmt.Errorf("sandbox %s: %w", owner, errs.ToAggregate())
+	}
+	if !filepath.IsAbs(host.AreasRoot) {
+		return runtimes.Instance{}, fmt.Errorf("areas root %q must be an absolute path", host.AreasRoot)
+	}
+	agentDir := filepath.Join(host.AreasRoot, spec.Agent)
+	id, err := identityFor(spec.Agent, host)
+	if err != nil {
+		return runtimes.Instance{}, err
+	}
+	in := runtimes.Instance{
+		Identity: id,
+		Name:     v1alpha1.InstanceName(spec.Agent),
+		Agent:    spec.Agent,
+		Owner:    owner,
+		AgentDir: agentDir,
+		Devices:  runtimes.Devices{USB: spec.Devices.USB, All: spec.Devices.All},
+	}
+	for _, a := range runtimes.StandardAreas {
+		in.Areas = append(in.Areas, runtimes.Bind{Source: filepath.Join(agentDir, a.Name), Target: a.Target, ReadOnly: a.ReadOnly})
+	}
+	for _, m := range spec.Mounts {
+		src := m.Source
+		if strings.HasPrefix(src, "~/") {
+			if host.Home == "" {
+				return runtimes.Instance{}, fmt.Errorf("mount %q: source begins with ~/ but the controller has no home directory", m.Target)
+			}
+			src = filepath.Join(host.Home, src[2:])
+		}
+		b := runtimes.Bind{
+			Source:   filepath.Clean(src),
+			Target:   "/workspace/" + m.Target,
+			ReadOnly: m.Mode != v1alpha1.MountReadWrite && m.Mode != v1alpha1.MountOverlay,
+		}
+		if m.Mode == v1alpha1.MountOverlay {
+			l := overlay.For(agentDir, b.Source, m.Target)
+			l.Owner = id.UID
+			if m.SizeLimit != nil {
+				l.SizeLimit = m.SizeLimit.Value()
+			}
+			b.Source, b.Overlay = l.Merged, &l
+		}
+		in.Mounts = append(in.Mounts, b)
+	}
+	sort.Slice(in.Mounts, func(i, j int) bool { return in.Mounts[i].Target < in.Mounts[j].Target })
+	for _, b := range spec.Binaries {
+		in.Binaries = append(in.Binaries, string(b))
+	}
+	sort.Strings(in.Binaries)
+	for _, e := range spec.Env.Passthrough {
+		in.Env = append(in.Env, string(e))
+	}
+	sort.Strings(in.Env)
+	switch spec.BackendOrDefault() {
+	case v1alpha1.BackendContainerd:
+		in.Image = spec.Containerd.Image
+		in.Containerd = containerdConfig(spec.Containerd)
+	case v1alpha1.BackendIncus:
+		in.Image = spec.Incus.Image
+		in.Incus = incusConfig(spec.Incus)
+		in.StopOnExit = spec.Incus.ShutdownOnExit == nil || *spec.Incus.ShutdownOnExit
+	}
+	in.ConfigHash = in.Hash()
+	return in, nil
+}
+
+func containerdConfig(c *v1alpha1.ContainerdSpec) *runtimes.ContainerdConfig {
+	out := &runtimes.ContainerdConfig{
+		Image:           c.Image,
+		MemoryLimit:     size(c.MemoryLimit),
+		RootfsSizeLimit: size(c.RootfsSizeLimit),
+	}
+	if c.PidsLimit != nil {
+		out.PidsLimit = *c.PidsLimit
+	}
+	return out
+}
+
+func incusConfig(c *v1alpha1.IncusSpec) *runtimes.IncusConfig {
+	out := &runtimes.IncusConfig{
+		Image:         c.Image,
+		Profiles:      slices.Clone(c.Profiles),
+		Project:       c.Project,
+		RootSizeLimit: size(c.RootSizeLimit),
+	}
+	if c.ShutdownOnExit != nil {
+		v := *c.ShutdownOnExit
+		out.ShutdownOnExit = &v
+	}
+	return out
+}
+
+func size(q *resource.Quantity) *runtimes.Size {
+	if q == nil {
+		return nil
+	}
+	return &runtimes.Size{Bytes: q.Value(), Text: q.String()}
+}
+
+// identityFor is the host identity of agent on host.
+func identityFor(agent string, host Host) (runtimes.Identity, error) {
+	ids := host.Identities
+	if ids == nil {
+		if uid := os.Geteuid(); uid != 0 {
+			return runtimes.Identity{UID: uint32(uid), GID: uint32(os.Getegid())}, nil
+		}
+		var err error
+		if ids, err = defaultIdentities(host.AreasRoot); err != nil {
+			return runtimes.Identity{}, err
+		}
+	}
+	id, err := ids.For(agent)
+	if err != nil {
+		return runtimes.Identity{}, fmt.Errorf("giving agent %s a host identity: %w", agent, err)
+	}
+	return runtimes.Identity{UID: id, GID: id}, nil
+}
+
+var (
+	defaultIDsMu sync.Mutex
+	defaultIDs   = map[string]*areas.Identities{}
+)
+
+// defaultIdentities shares one allocator per areas root, so that agents
+// described concurrently never race for one id.
+func defaultIdentities(root string) (*areas.Identities, error) {
+	defaultIDsMu.Lock()
+	defer defaultIDsMu.Unlock()
+	if ids := defaultIDs[root]; ids != nil {
+		return ids, nil
+	}
+	ids, err := areas.NewIdentities(root, areas.DefaultIDRange)
+	if err != nil {
+		return nil, err
+	}
+	defaultIDs[root] = ids
+	return ids, nil
+}
