@@ -2,12 +2,9 @@ package controllers
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -15,69 +12,6 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
-
-// orphanCollector deletes instances this controller made whose Sandbox no
-// longer exists, at start and then every interval. It reads the API server
-// directly: a cache that has not synced yet must not make a live Sandbox
-// look gone.
-type orphanCollector struct {
-	reader   client.Reader
-	runtimes map[v1alpha1.Backend]runtimes.Runtime
-	interval time.Duration
-}
-
-func (o *orphanCollector) NeedLeaderElection() bool { return false }
-
-func (o *orphanCollector) Start(ctx context.Context) error {
-	t := time.NewTicker(o.interval)
-	defer t.Stop()
-	for {
-		o.collect(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
-func (o *orphanCollector) collect(ctx context.Context) {
-	logger := log.FromContext(ctx).WithName("orphans")
-	for backend, rt := range o.runtimes {
-		states, err := rt.List(ctx)
-		if err != nil {
-			logger.Error(err, "listing instances", "backend", backend)
-			continue
-		}
-		for _, st := range states {
-			gone, err := o.ownerGone(ctx, st.Owner)
-			if err != nil {
-				logger.Error(err, "looking up the owner of an instance", "instance", st.Name, "owner", st.Owner)
-				continue
-			}
-			if !gone {
-				continue
-			}
-			if err := rt.Delete(ctx, st.Name); err != nil {
-				logger.Error(err, "deleting orphaned instance", "instance", st.Name, "owner", st.Owner)
-				continue
-			}
-			logger.Info("deleted orphaned instance; host areas kept", "instance", st.Name, "owner", st.Owner, "backend", backend)
-		}
-	}
-}
-
-func (o *orphanCollector) ownerGone(ctx context.Context, owner string) (bool, error) {
-	ns, name, ok := strings.Cut(owner, "/")
-	if !ok || ns == "" || name == "" {
-		return false, fmt.Errorf("owner %q is not <namespace>/<name>; leaving the instance alone", owner)
-	}
-	err := o.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1alpha1.Sandbox{})
-	if apierrors.IsNotFound(err) {
-		return true, nil
-	}
-	return false, err
-}
 
 // shutdownGate keeps Sandbox reconciles and the shutdown stop apart: once
 // the manager is stopping, no reconcile may start an instance the stopper
