@@ -8,9 +8,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/cireilclaw/sandbox-controller/frontends/sandboxtoml"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
-	"github.com/cireilclaw/sandbox-controller/internal/sandboxtoml"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
