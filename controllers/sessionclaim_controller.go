@@ -84,24 +84,31 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		return ctrl.Result{}, r.release(ctx, claim, owner)
 	}
-	// One pass, at most two writes: the claim's metadata when it binds,
-	// then its status, derived once from what the pass found
-	// (claimConditions); observedGeneration moves only when the pass
-	// succeeded.
+	// One pass, at most two writes: the claim's status, derived once from
+	// what the pass found (claimConditions), and its metadata when it
+	// binds; observedGeneration moves only when the pass succeeded.
 	f := claimFacts{generation: claim.Generation, sandbox: claim.Spec.SandboxName, namespace: claim.Namespace}
 	oldStatus := claim.Status.DeepCopy()
-	complete := false
-	defer func() {
+	complete, statusWritten := false, false
+	writeStatus := func(done bool) error {
 		f.instance = claim.Status.Instance
 		applyConditions(&claim.Status.Conditions, claimConditions(f))
-		if retErr == nil && complete {
+		claim.Status.ObservedGeneration = oldStatus.ObservedGeneration
+		if done {
 			claim.Status.ObservedGeneration = claim.Generation
 		}
-		// Against the claim as it is now (metadata included, after the
+		// Against the claim as it is now (metadata included, after an
 		// Update) but with the status as read: only the status changes go.
 		asRead := claim.DeepCopy()
 		asRead.Status = *oldStatus
-		if err := snapshot(asRead).write(ctx, r.Client, claim); err != nil {
+		statusWritten = true
+		return snapshot(asRead).write(ctx, r.Client, claim)
+	}
+	defer func() {
+		if statusWritten {
+			return
+		}
+		if err := writeStatus(retErr == nil && complete); err != nil {
 			retErr = errors.Join(retErr, err)
 		}
 	}()
@@ -126,20 +133,53 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, nil
 	}
 
+	f.binding, f.sandboxReady = bindingBound, sandboxReadyCondition(sb)
 	// The finalizer (a worktree is released before the claim goes) and the
-	// owner reference (the claim goes with its Sandbox), in one write. The
-	// Sandbox counts its claims by name from the moment they exist, so it
-	// starts the instance without waiting for either.
-	changed := controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
-	if !isOwnedBy(claim, sb) {
-		if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
-			return ctrl.Result{}, fmt.Errorf("making Sandbox %s the owner of claim %s: %w", sb.Name, req, err)
+	// owner reference (the claim goes with its Sandbox), in one write; set
+	// on the object as it is just before that write (a status write
+	// answers with the stored object).
+	metadata := func() (bool, error) {
+		changed := controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
+		if !isOwnedBy(claim, sb) {
+			if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
+				return false, fmt.Errorf("making Sandbox %s the owner of claim %s: %w", sb.Name, req, err)
+			}
+			changed = true
 		}
-		changed = true
+		return changed, nil
+	}
+	if claim.Spec.Worktree == nil {
+		// Without a worktree the status goes first, final: the Sandbox
+		// counts its claims by name from the moment they exist, so being
+		// bound waits for no other write, and a claim on a running
+		// Sandbox is Ready after this one. The metadata follows; should
+		// it fail, observedGeneration is put back.
+		claim.Status.Worktree = nil
+		claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
+		claim.Status.Endpoint = r.Endpoint
+		f.worktree = worktreeNone
+		if err := writeStatus(true); err != nil {
+			return ctrl.Result{}, err
+		}
+		changed, err := metadata()
+		if err != nil || !changed {
+			return ctrl.Result{}, err
+		}
+		if err := r.Update(ctx, claim); err != nil {
+			read := claim.DeepCopy()
+			claim.Status.ObservedGeneration = oldStatus.ObservedGeneration
+			return requeueOnConflict(errors.Join(err, snapshot(read).write(ctx, r.Client, claim)))
+		}
+		return ctrl.Result{}, nil
+	}
+	// With a worktree the metadata goes first: the finalizer must be there
+	// before a worktree exists to release. Update answers with the stored
+	// status, so the status this pass derives is set after it.
+	changed, err := metadata()
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	if changed {
-		// Update answers with the stored status: the status this pass
-		// derives is set after it.
 		if err := r.Update(ctx, claim); err != nil {
 			claim.Status = *oldStatus.DeepCopy()
 			return requeueOnConflict(err)
@@ -148,7 +188,6 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	claim.Status.Endpoint = r.Endpoint
-	f.binding, f.sandboxReady = bindingBound, sandboxReadyCondition(sb)
 	res, err := r.reconcileWorktree(ctx, claim, sb, &f)
 	complete = err == nil
 	return res, err
