@@ -45,12 +45,22 @@ func layer(pkg string) (int, bool) {
 
 var names = []string{"the API and host-facing packages", "the drivers", "where the API meets the drivers", "controllers, front ends and commands"}
 
-func TestPackagesImportOnlyFromTheirLayerOrBelow(t *testing.T) {
+// goPackage is what go list says of a package.
+type goPackage struct {
+	ImportPath string
+	Imports    []string
+	Deps       []string
+}
+
+// goList lists patterns (relative to this directory) with their imports
+// and dependencies.
+func goList(t *testing.T, patterns ...string) []goPackage {
+	t.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go tool lists the packages' imports: %v", err)
 	}
-	cmd := exec.Command(goTool, "list", "-json=ImportPath,Imports", "../../...")
+	cmd := exec.Command(goTool, append([]string{"list", "-json=ImportPath,Imports,Deps"}, patterns...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
@@ -59,18 +69,22 @@ func TestPackagesImportOnlyFromTheirLayerOrBelow(t *testing.T) {
 		}
 		t.Fatalf("go list: %v", err)
 	}
+	var pkgs []goPackage
 	dec := json.NewDecoder(strings.NewReader(string(out)))
-	checked := 0
 	for {
-		var p struct {
-			ImportPath string
-			Imports    []string
-		}
+		var p goPackage
 		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
+			return pkgs
 		} else if err != nil {
 			t.Fatalf("decoding go list's output: %v", err)
 		}
+		pkgs = append(pkgs, p)
+	}
+}
+
+func TestPackagesImportOnlyFromTheirLayerOrBelow(t *testing.T) {
+	checked := 0
+	for _, p := range goList(t, "../../...") {
 		own, ok := layer(p.ImportPath)
 		if !ok {
 			t.Errorf("%s has no layer: give it one here and in docs/architecture.md", p.ImportPath)
@@ -92,5 +106,23 @@ func TestPackagesImportOnlyFromTheirLayerOrBelow(t *testing.T) {
 	}
 	if checked < 20 {
 		t.Fatalf("go list reported %d layered packages; expected the whole module", checked)
+	}
+}
+
+// Drivers see only runtimes types: no package under runtimes/, nor the
+// exec policy they call, may depend on the API, directly or through
+// another package. internal/instance maps the API to runtimes types above
+// the drivers.
+func TestDriversDoNotDependOnTheAPI(t *testing.T) {
+	pkgs := goList(t, "../../runtimes/...", "../policy")
+	for _, p := range pkgs {
+		for _, d := range p.Deps {
+			if strings.HasPrefix(d, module+"api/") {
+				t.Errorf("%s depends on %s; drivers and the exec policy take runtimes types only (map in internal/instance)", p.ImportPath, d)
+			}
+		}
+	}
+	if len(pkgs) < 9 {
+		t.Fatalf("go list reported %d packages; expected every package under runtimes/ and internal/policy", len(pkgs))
 	}
 }
