@@ -162,10 +162,13 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return ctrl.Result{}, err
 		}
 		changed, err := metadata()
-		if err != nil || !changed {
-			return ctrl.Result{}, err
+		if err == nil && !changed {
+			return ctrl.Result{}, nil
 		}
-		if err := r.Update(ctx, claim); err != nil {
+		if err == nil {
+			err = r.Update(ctx, claim)
+		}
+		if err != nil {
 			read := claim.DeepCopy()
 			claim.Status.ObservedGeneration = oldStatus.ObservedGeneration
 			return requeueOnConflict(errors.Join(err, snapshot(read).write(ctx, r.Client, claim)))

@@ -260,6 +260,12 @@ var _ = Describe("Host git on an agent's repository", Ordered, func() {
 			Eventually(claimStatus(ns, fmt.Sprintf("p%d", i)), timeout).Should(
 				HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionFalse, worktree.ReasonUnsafeRepository)))
 		}
+		// A pass that failed says why but leaves observedGeneration where
+		// it was; the pass that succeeded moved it.
+		Expect(claimStatus(ns, "healthy")()).To(HaveField("ObservedGeneration", BeEquivalentTo(1)))
+		for i := range poisoned {
+			Expect(claimStatus(ns, fmt.Sprintf("p%d", i))()).To(HaveField("ObservedGeneration", BeZero()))
+		}
 	})
 })
 
