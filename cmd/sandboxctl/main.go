@@ -1,6 +1,6 @@
 // Command sandboxctl runs commands in an agent's sandbox straight from a
 // sandbox.toml, with no cluster, and converts the file to a Sandbox
-// manifest for one. It is a thin shell over internal/sandboxtoml and the
+// manifest for one. It is a thin shell over frontends/sandboxtoml and the
 // bwrap driver: every rule it applies lives there, and it must never run a
 // command the policy refused or fall back to running without the sandbox
 // because of a configuration error.
