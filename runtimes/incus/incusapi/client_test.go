@@ -353,12 +353,15 @@ type execDaemon struct {
 	t *testing.T
 	// gone is how many stream connections answer goneCode (404 when
 	// zero) before the others are accepted.
-	gone     atomic.Int32
-	goneCode int
-	posts    atomic.Int32
-	run      func(stdin []byte, stdout, stderr *websocket.Conn, control *websocket.Conn) int
-	gotExec  execPost
-	finished chan int
+	gone atomic.Int32
+	// goneAttempts is how many exec requests have every stream answered
+	// goneCode.
+	goneAttempts atomic.Int32
+	goneCode     int
+	posts        atomic.Int32
+	run          func(stdin []byte, stdout, stderr *websocket.Conn, control *websocket.Conn) int
+	gotExec      execPost
+	finished     chan int
 }
 
 func (d *execDaemon) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -368,7 +371,7 @@ func (d *execDaemon) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewDecoder(r.Body).Decode(&d.gotExec)
 		async(w, "ex", map[string]any{"fds": map[string]string{"0": "s0", "1": "s1", "2": "s2", "control": "sc"}})
 	case r.URL.Path == "/1.0/operations/ex/websocket":
-		if d.gone.Add(-1) >= 0 {
+		if d.posts.Load() <= d.goneAttempts.Load() || d.gone.Add(-1) >= 0 {
 			if d.goneCode == 0 {
 				fail(w, 404, "Operation not found")
 			} else {
@@ -485,6 +488,27 @@ func TestExecCancelSendsKill(t *testing.T) {
 func TestExecAsksAgainWhenTheOperationWasGone(t *testing.T) {
 	for _, code := range []int{404, 500} {
 		t.Run(strconv.Itoa(code), func(t *testing.T) { execAsksAgain(t, code) })
+	}
+}
+
+// A loaded daemon dropped the operation three times in a row: Exec keeps
+// asking, with pauses, a bounded number of times.
+func TestExecAsksAgainAfterSeveralDroppedOperations(t *testing.T) {
+	streams = make(chan stream, 4)
+	d := &execDaemon{t: t, finished: make(chan int, 1), goneCode: 404, run: func(_ []byte, stdout, _, _ *websocket.Conn) int {
+		_ = stdout.Write(context.Background(), websocket.MessageBinary, []byte("ran"))
+		return 0
+	}}
+	d.goneAttempts.Store(4)
+	c, _ := fakeDaemon(t, d)
+	go d.serve()
+	var out bytes.Buffer
+	code, err := c.Exec(context.Background(), "box", ExecRequest{Command: []string{"true"}, Stdout: &out})
+	if err != nil || code != 0 || out.String() != "ran" {
+		t.Fatalf("code %d err %v out %q", code, err, out.String())
+	}
+	if n := d.posts.Load(); n != 5 {
+		t.Fatalf("exec was asked for %d times, want 5", n)
 	}
 }
 

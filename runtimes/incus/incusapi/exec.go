@@ -58,8 +58,13 @@ const streamDrain = 5 * time.Second
 const streamDialTimeout = 10 * time.Second
 
 // execAttempts bounds how often Exec asks again for an exec whose streams
-// the daemon no longer knew when they were connected.
-const execAttempts = 3
+// the daemon no longer knew when they were connected, execRetryPause is
+// the pause before the first new attempt, doubled before each next one:
+// three attempts in a row failed on a loaded machine.
+const (
+	execAttempts   = 6
+	execRetryPause = 100 * time.Millisecond
+)
 
 // errStreamGone is a stream the daemon answered 404 or 500 for: the
 // operation ended before every stream was connected, so its command never
@@ -77,7 +82,16 @@ var errStreamGone = errors.New("the exec operation was gone before its streams w
 func (c *Client) Exec(ctx context.Context, name string, req ExecRequest) (int, error) {
 	var code int
 	var err error
-	for range execAttempts {
+	pause := execRetryPause
+	for attempt := range execAttempts {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return code, err
+			case <-time.After(pause):
+			}
+			pause *= 2
+		}
 		code, err = c.execOnce(ctx, name, req)
 		if !errors.Is(err, errStreamGone) || ctx.Err() != nil {
 			break
