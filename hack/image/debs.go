@@ -17,6 +17,10 @@ import (
 // fetchDebs returns a .deb for each package, downloading those not yet in
 // dir with apt-get (from the machine's apt sources; nothing from an image
 // registry). apt's lists are refreshed once if a download fails.
+// maxPackageFile bounds one file taken from a Debian package into memory:
+// the largest the image needs (git's binaries) are a few MiB.
+const maxPackageFile = 256 << 20
+
 func fetchDebs(dir, arch string, packages []string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating the package directory: %w", err)
@@ -128,7 +132,10 @@ func readTar(t tree, r io.Reader, from string) error {
 			e.kind, e.data, e.mode = kindFile, target.data, target.mode
 		case tar.TypeReg:
 			e.kind = kindFile
-			if e.data, err = io.ReadAll(tr); err != nil {
+			if h.Size > maxPackageFile {
+				return fmt.Errorf("%s holds %d bytes, more than the %d a package file of the image may", h.Name, h.Size, maxPackageFile)
+			}
+			if e.data, err = io.ReadAll(io.LimitReader(tr, maxPackageFile)); err != nil {
 				return fmt.Errorf("reading %s: %w", h.Name, err)
 			}
 		default:

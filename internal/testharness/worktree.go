@@ -59,7 +59,9 @@ type WorktreeSuite struct {
 func HostGit(dir string, args ...string) string {
 	GinkgoHelper()
 	// The repositories belong to the agents (GiveToAgent), not to root.
-	cmd := exec.Command("git", append([]string{"-c", "safe.directory=*", "-C", dir}, args...)...)
+	gctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(gctx, "git", append([]string{"-c", "safe.directory=*", "-C", dir}, args...)...)
 	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=host", "GIT_AUTHOR_EMAIL=host@example.com", "GIT_COMMITTER_NAME=host", "GIT_COMMITTER_EMAIL=host@example.com")
 	out, err := cmd.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "git %v: %s", args, out)

@@ -208,7 +208,8 @@ func fileReferences(path string) (references, error) {
 		if p.Type != elf.PT_INTERP {
 			continue
 		}
-		b, err := io.ReadAll(p.Open())
+		// An interpreter's path; PATH_MAX bounds what may be read.
+		b, err := io.ReadAll(io.LimitReader(p.Open(), 4096))
 		if err != nil {
 			return references{}, fmt.Errorf("reading the interpreter of %s: %w", path, err)
 		}
