@@ -116,7 +116,9 @@ func TestRuntimeProbeRequeuesUnavailableSandboxesOncePerRecovery(t *testing.T) {
 	sandbox := func(name string, reason string, node string) *v1alpha1.Sandbox {
 		sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
 			Spec: v1alpha1.SandboxSpec{Agent: name, NodeName: node}}
-		setCondition(&sb.Status.Conditions, 1, v1alpha1.ConditionRuntimeReady, false, reason, "m")
+		c := &conditionChanges{generation: 1}
+		c.set(v1alpha1.ConditionRuntimeReady, false, reason, "m")
+		applyConditions(&sb.Status.Conditions, c.list)
 		return sb
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
