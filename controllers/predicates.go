@@ -48,9 +48,18 @@ var claimChangesForSandbox = predicate.Funcs{
 		o, n := e.ObjectOld.(*v1alpha1.SessionClaim), e.ObjectNew.(*v1alpha1.SessionClaim)
 		return o.Generation != n.Generation ||
 			o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
-			!equality.Semantic.DeepEqual(o.Status.Worktree, n.Status.Worktree) ||
+			gitDirOf(o) != gitDirOf(n) ||
 			!equality.Semantic.DeepEqual(
 				meta.FindStatusCondition(o.Status.Conditions, v1alpha1.ConditionGitHealthy),
 				meta.FindStatusCondition(n.Status.Conditions, v1alpha1.ConditionGitHealthy))
 	},
+}
+
+// gitDirOf is what of a claim's worktree its Sandbox binds
+// (sandbox_worktrees.go); its head, checkout and the rest are the claim's.
+func gitDirOf(c *v1alpha1.SessionClaim) string {
+	if c.Status.Worktree == nil || c.Status.Worktree.RelativePaths {
+		return ""
+	}
+	return c.Status.Worktree.GitCommonDir
 }

@@ -225,11 +225,12 @@ func (r *SandboxReconciler) enabledBackends() []string {
 }
 
 func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool, error) {
-	in, err := instance.FromSandbox(s.sb, s.spec, s.host, s.claims)
+	in, err := instance.FromSandbox(s.sb, s.spec, s.host)
 	if err != nil {
 		s.facts.fail(v1alpha1.ReasonInvalidSpec, err.Error())
 		return true, nil
 	}
+	in = instance.WithGitDirs(in, gitDirsToBind(s.claims))
 	s.instance, s.gitDirs = in, instance.GitDirs(in)
 	return false, nil
 }

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -193,44 +192,6 @@ func sandboxConditions(f sandboxFacts) []conditionChange {
 // Event repeats, when the insecure switch is set.
 func enforcementOffMessage(value string) string {
 	return fmt.Sprintf("INSECURE: the controller runs with %s=%s, so this Sandbox's commands run directly on the host with the controller's privileges", policy.DisableSandboxEnv, value)
-}
-
-type gitHealth struct {
-	healthy         bool
-	reason, message string
-}
-
-// gitSummary is the Sandbox's GitHealthy from its live claims' worktrees;
-// nil when none has a worktree.
-func gitSummary(claims []v1alpha1.SessionClaim) *gitHealth {
-	var total int
-	var bad []string
-	reason := v1alpha1.ReasonHealthy
-	for _, c := range claims {
-		if c.Spec.Worktree == nil || !c.DeletionTimestamp.IsZero() {
-			continue
-		}
-		total++
-		cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionGitHealthy)
-		if cond == nil || cond.Status != metav1.ConditionTrue {
-			r, m := "Unknown", "not checked yet"
-			if cond != nil {
-				r, m = cond.Reason, cond.Message
-			}
-			if len(bad) == 0 {
-				reason = r
-			}
-			bad = append(bad, fmt.Sprintf("claim %s: %s: %s", c.Name, r, m))
-		}
-	}
-	switch {
-	case total == 0:
-		return nil
-	case len(bad) == 0:
-		return &gitHealth{healthy: true, reason: v1alpha1.ReasonHealthy, message: fmt.Sprintf("%d worktree(s) healthy", total)}
-	default:
-		return &gitHealth{reason: reason, message: strings.Join(bad, "; ")}
-	}
 }
 
 // applyConditions writes the changes into conds; a condition's transition

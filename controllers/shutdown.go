@@ -73,7 +73,7 @@ func (s *shutdownStopper) Start(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		in, err := instance.FromSandbox(sb, nil, s.opts.Host, nil)
+		in, err := instance.FromSandbox(sb, nil, s.opts.Host)
 		if err != nil || !in.StopOnExit {
 			continue
 		}

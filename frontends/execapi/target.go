@@ -84,7 +84,7 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 	if len(violations) > 0 {
 		return nil, notReady("the SandboxClass of Sandbox %s/%s forbids its spec: %s", ns, sb.Name, strings.Join(violations, "; "))
 	}
-	in, err := instance.FromSandbox(&sb, res.Spec, res.Host, nil)
+	in, err := instance.FromSandbox(&sb, res.Spec, res.Host)
 	if err != nil {
 		return nil, &apiError{code: http.StatusConflict, msg: err.Error()}
 	}

@@ -38,22 +38,17 @@ func StandaloneOwner(agent string) string { return "sandboxctl/" + agent }
 
 // FromSandbox describes the instance of Sandbox sb. spec is sb's spec with
 // its class applied (sandboxclass.Resolve); nil means sb.Spec as it is.
-// claims are the Sandbox's claims: the git directories of their worktrees
-// become binds of the instance, and part of its ConfigHash. Only the
-// Sandbox reconciler, which converges the instance and compares hashes,
-// passes them; a caller without them gets the instance without those binds
-// (the git directories are never in a file view, and Exec runs in the
-// instance the driver recorded), whose ConfigHash must not be compared.
-func FromSandbox(sb *v1alpha1.Sandbox, spec *v1alpha1.SandboxSpec, host Host, claims []v1alpha1.SessionClaim) (runtimes.Instance, error) {
+// The description holds no git directory binds: only the Sandbox
+// reconciler, which converges the instance and compares hashes, adds them
+// (WithGitDirs). Every other caller (a claim's worktree, the exec API, the
+// shutdown path) reads the instance's name, identity and mounts, and runs
+// commands in the instance the driver recorded; it never compares this
+// ConfigHash.
+func FromSandbox(sb *v1alpha1.Sandbox, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Instance, error) {
 	if spec == nil {
 		spec = &sb.Spec
 	}
-	in, err := describe(Owner(sb.Namespace, sb.Name), spec, host)
-	if err != nil {
-		return runtimes.Instance{}, err
-	}
-	in.AddBinds(gitDirBinds(in, claims)...)
-	return in, nil
+	return describe(Owner(sb.Namespace, sb.Name), spec, host)
 }
 
 // Standalone describes the instance of a sandbox configured without a
@@ -74,30 +69,31 @@ func GitDirs(in runtimes.Instance) []string {
 	return dirs
 }
 
-// gitDirBinds are the git directories of the claims' worktrees, each bound
-// at its own host path. Only directories inside one of the Sandbox's rw
-// mount sources count, so a claim status cannot widen what the sandbox sees.
-func gitDirBinds(in runtimes.Instance, claims []v1alpha1.SessionClaim) []runtimes.Bind {
+// WithGitDirs is in with each of dirs bound at its own host path, as the
+// git directories of worktrees, and its ConfigHash computed again. Only a
+// directory inside one of in's read-write mount sources is bound, so no
+// caller can widen what the sandbox sees; the drivers open each beneath
+// its mount (runtimes.GitDir).
+func WithGitDirs(in runtimes.Instance, dirs []string) runtimes.Instance {
 	var binds []runtimes.Bind
-	var dirs []string
-	for _, c := range claims {
-		if c.Status.Worktree == nil || c.Status.Worktree.GitCommonDir == "" || c.Status.Worktree.RelativePaths {
-			continue
-		}
-		d := filepath.Clean(c.Status.Worktree.GitCommonDir)
-		if slices.Contains(dirs, d) {
+	var seen []string
+	for _, d := range dirs {
+		d = filepath.Clean(d)
+		if slices.Contains(seen, d) {
 			continue
 		}
 		inside := slices.ContainsFunc(in.Mounts, func(m runtimes.Bind) bool {
-			return !m.ReadOnly && strings.HasPrefix(d, m.Source+"/")
+			return !m.ReadOnly && !m.GitDir && strings.HasPrefix(d, m.Source+"/")
 		})
 		if !inside {
 			continue
 		}
-		dirs = append(dirs, d)
+		seen = append(seen, d)
 		binds = append(binds, runtimes.Bind{Source: d, Target: d})
 	}
-	return binds
+	in.Mounts = slices.Clone(in.Mounts)
+	in.AddBinds(binds...)
+	return in
 }
 
 // describe builds the Instance for a Sandbox spec. It applies the admission

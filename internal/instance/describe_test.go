@@ -51,12 +51,12 @@ func TestEncodingIsTheOneOfTheAPITypes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			claims := []v1alpha1.SessionClaim{{Status: v1alpha1.SessionClaimStatus{Worktree: &v1alpha1.WorktreeStatus{GitCommonDir: "/srv/rw/repo/.git"}}}}
 			sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: tc.name}, Spec: *tc.spec}
-			in, err := FromSandbox(sb, nil, Host{AreasRoot: root, Identities: ids}, claims)
+			in, err := FromSandbox(sb, nil, Host{AreasRoot: root, Identities: ids})
 			if err != nil {
 				t.Fatal(err)
 			}
+			in = WithGitDirs(in, []string{"/srv/rw/repo/.git"})
 			hash := in.ConfigHash
 			in.Owner = ""
 			b, err := json.Marshal(in)
@@ -99,5 +99,25 @@ func TestLimitsReachTheDriversInBytes(t *testing.T) {
 	}
 	if in.Owner != StandaloneOwner("b") {
 		t.Errorf("owner %q", in.Owner)
+	}
+}
+
+func TestGitDirsAreBoundOnlyInsideReadWriteMounts(t *testing.T) {
+	spec := &v1alpha1.SandboxSpec{Agent: "a", Mounts: []v1alpha1.Mount{
+		{Source: "/srv/ro", Target: "ro"}, {Source: "/srv/rw", Target: "rw", Mode: v1alpha1.MountReadWrite}}}
+	in, err := Standalone(spec, Host{AreasRoot: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := in.ConfigHash
+	got := WithGitDirs(in, []string{"/srv/rw/repo/.git", "/srv/rw/repo/.git/", "/srv/ro/repo/.git", "/etc", "/srv/rw"})
+	if dirs := GitDirs(got); len(dirs) != 1 || dirs[0] != "/srv/rw/repo/.git" {
+		t.Errorf("bound %v, want only /srv/rw/repo/.git", dirs)
+	}
+	if got.ConfigHash == before || got.ConfigHash != got.Hash() {
+		t.Errorf("ConfigHash %s: not recomputed for the binds (before %s)", got.ConfigHash, before)
+	}
+	if len(GitDirs(in)) != 0 {
+		t.Error("WithGitDirs changed the instance it was given")
 	}
 }

@@ -62,7 +62,7 @@ var _ = Describe("containerd mount destinations against the agent", Ordered, fun
 			Containerd: &v1alpha1.ContainerdSpec{Image: img},
 			Mounts:     mounts,
 		}
-		in, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "boundary", Name: agent}, Spec: *spec}, nil, instance.Host{AreasRoot: areasRoot}, nil)
+		in, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "boundary", Name: agent}, Spec: *spec}, nil, instance.Host{AreasRoot: areasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(d.Delete(ctx, in.Name)).To(Succeed()) })
 		return in

@@ -161,7 +161,7 @@ func claimToReady(ns, sandbox string, fresh bool, claimName ...string) time.Dura
 // the REST client alone.
 func rawInstance(ns, name string) incusapi.InstancesPost {
 	sb := newSandbox(ns, name)
-	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
+	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
 	Expect(err).NotTo(HaveOccurred())
 	for _, a := range in.Areas {
 		Expect(os.MkdirAll(a.Source, 0o755)).To(Succeed())
@@ -180,7 +180,7 @@ func rawInstance(ns, name string) incusapi.InstancesPost {
 // for a Sandbox that is not in the API server.
 func driverInstance(ns, name string) runtimes.Instance {
 	sb := newSandbox(ns, name)
-	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
+	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
 	Expect(err).NotTo(HaveOccurred())
 	return in
 }

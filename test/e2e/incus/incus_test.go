@@ -487,7 +487,7 @@ var _ = Describe("Incus overlay mounts", func() {
 		src := runtimetest.OverlaySource(GinkgoT())
 		sb := newSandbox(ns, "ovl")
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
-		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
+		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
 		// The driver alone: a running controller would collect an
@@ -510,7 +510,7 @@ var _ = Describe("Incus git directory binds", func() {
 		Expect(os.WriteFile(filepath.Join(secret, "HEAD"), []byte("host secret\n"), 0o644)).To(Succeed())
 		sb := newSandbox(ns, "gd")
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
-		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot}, nil)
+		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		withGit := in
 		withGit.Mounts = slices.Clone(in.Mounts)

@@ -1,5 +1,8 @@
 package controllers
 
+// The claim's side of the worktree handshake; sandbox_worktrees.go says
+// what each side owns.
+
 import (
 	"bytes"
 	"context"
@@ -55,12 +58,10 @@ func (r *SessionClaimReconciler) resolveRepo(ctx context.Context, c *v1alpha1.Se
 	if len(violations) > 0 {
 		return nil, fmt.Errorf("the SandboxClass of Sandbox %s forbids its spec: %s", sb.Name, strings.Join(violations, "; "))
 	}
-	// Without the claims, the instance lacks the git directory binds the
-	// Sandbox reconciler adds: this reconciler reads only its name, its
-	// identity and the Sandbox's own mounts (git directories lie at host
-	// paths outside /workspace, never a repository's mount), and compares
-	// no ConfigHash.
-	in, err := instance.FromSandbox(sb, res.Spec, res.Host, nil)
+	// The claim's side reads only the instance's name, its identity and
+	// the Sandbox's own mounts; the git directory binds are the Sandbox's
+	// side (sandbox_worktrees.go).
+	in, err := instance.FromSandbox(sb, res.Spec, res.Host)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,83 @@
+package controllers
+
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// The worktree handshake has two sides, each in one file, each writing
+// only its own object's status and reading one fact of the other's:
+//
+//   - The claim (sessionclaim_worktree.go) adds its worktree with host git
+//     and publishes where its repository's git directory is
+//     (status.worktree.gitCommonDir), unless the worktree links to it by
+//     relative paths, which resolve through the repository's own mount.
+//     Once the Sandbox is Ready and mounts that directory it checks the
+//     worktree out and probes it inside the sandbox: its own worktree's
+//     git, in the instance of that name, as the agent.
+//   - The Sandbox (this file) binds those git directories, each at its host
+//     path and only inside one of its read-write mounts, and publishes
+//     what its running instance mounts (status.mountedGitDirs). It runs
+//     nothing inside the sandbox for a claim. Its GitHealthy summarises
+//     its claims' GitHealthy.
+//
+// Each side is woken only by the other's fact (predicates.go): a claim by
+// mountedGitDirs and Ready, a Sandbox by gitCommonDir, relativePaths and
+// GitHealthy.
+
+// gitDirsToBind are the git directories the claims' worktrees need at
+// their host paths. A relative worktree needs none: its links resolve
+// through the repository's mount, and the sandbox never learns the host
+// path.
+func gitDirsToBind(claims []v1alpha1.SessionClaim) []string {
+	var dirs []string
+	for _, c := range claims {
+		if wt := c.Status.Worktree; wt != nil && wt.GitCommonDir != "" && !wt.RelativePaths {
+			dirs = append(dirs, wt.GitCommonDir)
+		}
+	}
+	return dirs
+}
+
+type gitHealth struct {
+	healthy         bool
+	reason, message string
+}
+
+// gitSummary is the Sandbox's GitHealthy from its live claims' worktrees;
+// nil when none has a worktree.
+func gitSummary(claims []v1alpha1.SessionClaim) *gitHealth {
+	var total int
+	var bad []string
+	reason := v1alpha1.ReasonHealthy
+	for _, c := range claims {
+		if c.Spec.Worktree == nil || !c.DeletionTimestamp.IsZero() {
+			continue
+		}
+		total++
+		cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionGitHealthy)
+		if cond == nil || cond.Status != metav1.ConditionTrue {
+			r, m := "Unknown", "not checked yet"
+			if cond != nil {
+				r, m = cond.Reason, cond.Message
+			}
+			if len(bad) == 0 {
+				reason = r
+			}
+			bad = append(bad, fmt.Sprintf("claim %s: %s: %s", c.Name, r, m))
+		}
+	}
+	switch {
+	case total == 0:
+		return nil
+	case len(bad) == 0:
+		return &gitHealth{healthy: true, reason: v1alpha1.ReasonHealthy, message: fmt.Sprintf("%d worktree(s) healthy", total)}
+	default:
+		return &gitHealth{reason: reason, message: strings.Join(bad, "; ")}
+	}
+}
