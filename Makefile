@@ -116,43 +116,49 @@ $(GOLANGCI_LINT):
 
 ##@ Benchmarks
 
+# Every benchmark writes into one page, docs/benchmarks-<name>.md, between
+# its `<!-- make bench-<name>: begin/end -->` markers; SANDBOX_BENCH_OUT
+# names the page and is what makes an opt-in benchmark run at all.
+# docs/benchmarks.md lists the pages.
+BENCH_PAGE = SANDBOX_BENCH_OUT="$(CURDIR)/docs/benchmarks-$(patsubst bench-%,%,$@).md"
+
 .PHONY: bench
-bench: bench-bwrap bench-claims bench-containerd bench-incus bench-execapi bench-scale ## Run every benchmark (tables in docs/benchmarks*.md).
+bench: bench-bwrap bench-claims bench-containerd bench-incus bench-execapi bench-scale ## Run every benchmark (pages listed in docs/benchmarks.md).
 
 .PHONY: bench-bwrap
-bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks.md.
+bench-bwrap: ## Per-command latency of the bwrap backend against raw bwrap and fork/exec; writes docs/benchmarks-bwrap.md.
 	@hack/install-deps.sh
-	SANDBOX_BENCH_TABLE="$(CURDIR)/docs/benchmarks.md" go test -count=1 -run '^$$' -bench '^BenchmarkLatencyTable$$' -benchtime 1x -v ./runtimes/bwrap/
+	$(BENCH_PAGE) go test -count=1 -run '^$$' -bench '^BenchmarkLatencyTable$$' -benchtime 1x -v ./runtimes/bwrap/
 
 .PHONY: bench-claims
-bench-claims: ## Claim latency of the default backend, one at a time and in bursts, beside API server round trips; writes bin/bench-claims.md (the table of docs/benchmarks-claims.md).
+bench-claims: ## Claim latency of the default backend, one at a time and in bursts, beside API server round trips; writes docs/benchmarks-claims.md.
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
-	SANDBOX_BENCH_CLAIMS="$(CURDIR)/bin/bench-claims.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./controllers/ -ginkgo.label-filter=bench -ginkgo.v
+	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./controllers/ -ginkgo.label-filter=bench -ginkgo.v
 
 .PHONY: bench-containerd
-bench-containerd: ## Claim and exec latency of the containerd backend beside raw-client baselines; writes bin/bench-containerd.md.
+bench-containerd: ## Claim and exec latency of the containerd backend beside raw-client baselines; writes docs/benchmarks-containerd.md.
 	@hack/envtest-assets.sh >/dev/null
 	@hack/containerd.sh start >/dev/null
-	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_BENCH=1 SANDBOX_BENCH_OUT=$(CURDIR)/bin/bench-containerd.md KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/containerd/ -ginkgo.label-filter=bench -ginkgo.v; rc=$$?; hack/containerd.sh stop; exit $$rc
+	eval "$$(hack/containerd.sh env)"; set +e; $(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/containerd/ -ginkgo.label-filter=bench -ginkgo.v; rc=$$?; hack/containerd.sh stop; exit $$rc
 
 .PHONY: bench-incus
 bench-incus: ## Claim and exec latency of the incus backend beside raw REST baselines; writes docs/benchmarks-incus.md.
 	@hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
-	INCUS_BENCH_TABLE="$(CURDIR)/docs/benchmarks-incus.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
+	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
 
 .PHONY: bench-execapi
 bench-execapi: ## Exec of true through the exec API against the runtime called directly; writes docs/benchmarks-execapi.md.
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
-	SANDBOX_BENCH_EXECAPI="$(CURDIR)/docs/benchmarks-execapi.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v
+	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v
 
 .PHONY: bench-scale
 bench-scale: image-binary ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each: time to all Ready and the controller's memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build).
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
-	SANDBOX_BENCH_SCALE="$(CURDIR)/docs/benchmarks-scale.md" SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" \
+	$(BENCH_PAGE) SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" \
 		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/
 
 ##@ Deploy

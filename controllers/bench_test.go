@@ -13,16 +13,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 )
 
-// The claim benchmark of the default backend is opt-in: SANDBOX_BENCH_CLAIMS
-// names the file its table is written to (`make bench-claims` sets it),
+// The claim benchmark of the default backend is opt-in: SANDBOX_BENCH_OUT
+// names the page its table goes into (`make bench-claims` sets it),
 // SANDBOX_BENCH_N the samples of the one-at-a-time figures (default 30) and
 // SANDBOX_BENCH_BURST the size of a burst (default 100). Without it the
 // spec does not exist, so a normal run neither runs nor skips it.
 var _ = func() bool {
-	if os.Getenv("SANDBOX_BENCH_CLAIMS") == "" {
+	if testenv.BenchOut() == "" {
 		return false
 	}
 	Describe("claim benchmark (bwrap)", Label("bench"), Serial, func() {
@@ -77,10 +78,10 @@ func claimBenchmark() {
 		{What: fmt.Sprintf("burst of %d claims on one running Sandbox → Ready", burst), Ours: sharedBurst,
 			Baseline: fmt.Sprintf("%d concurrent create+read", burst), Base: apiBurst},
 	})
-	table += "\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Conditions observed through a watch.\n"
+	table += "\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Conditions observed through a watch. " + testenv.MachineNote() + "\n"
 	AddReportEntry("claim benchmark (bwrap)", table)
 	fmt.Fprintln(GinkgoWriter, table)
-	Expect(os.WriteFile(os.Getenv("SANDBOX_BENCH_CLAIMS"), []byte(table), 0o644)).To(Succeed())
+	Expect(testenv.WriteBenchTable(testenv.BenchOut(), "bench-claims", table)).To(Succeed())
 }
 
 // claimBurst creates burst claims at once: each on a Sandbox of its own

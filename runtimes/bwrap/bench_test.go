@@ -1,13 +1,11 @@
 package bwrap
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -19,13 +17,6 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
-
-// benchTableEnv names the file TestLatencyTable writes; unset, the table is
-// not measured (it takes a while and is not a test of behaviour).
-const benchTableEnv = "SANDBOX_BENCH_TABLE"
-
-// otherTables ends the table file with where the other measurements are.
-const otherTables = "\n## The other backends and the exec API\n\nEach has its own table, written by its own make target with its baseline measured in the same run:\n\n- containerd: claim \u2192 Ready cold and hot, exec, beside the raw client ([benchmarks-containerd.md](benchmarks-containerd.md), `make bench-containerd`)\n- incus: claim \u2192 Ready cold and hot, exec, beside raw REST calls and the incus CLI ([benchmarks-incus.md](benchmarks-incus.md), `make bench-incus`)\n- exec API: exec of `true` through the API beside the runtime called directly ([benchmarks-execapi.md](benchmarks-execapi.md), `make bench-execapi`)\n"
 
 // benchRuns is how many times each way of running `true` is measured.
 const benchRuns = 300
@@ -59,6 +50,10 @@ func newLatencyModes(tb testing.TB) latencyModes {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// The areas as Exec binds them: from the instance's mount tree.
+	if err := rt.treeAreas(in, &c); err != nil {
+		tb.Fatal(err)
+	}
 	bwrapPath, err := exec.LookPath(rt.bwrap)
 	if err != nil {
 		tb.Fatal(err)
@@ -75,12 +70,16 @@ func (m latencyModes) ours(tb testing.TB) {
 
 func (m latencyModes) rawBwrap(tb testing.TB) {
 	// The same process setup as Exec's (no output streams, own process
-	// group), so that only the policy and the driver differ.
+	// group, the agent's identity), so that only the policy and the driver
+	// differ.
 	cmd := exec.Command(m.bin, m.args...)
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Run(); err != nil {
-		tb.Fatalf("bwrap with the same flags: %v", err)
+	if id := m.in.Identity; id.UID != 0 && uint32(os.Geteuid()) != id.UID {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("bwrap with the same flags: %v: %s", err, out)
 	}
 }
 
@@ -106,9 +105,10 @@ func BenchmarkExecTrue(b *testing.B) {
 
 // BenchmarkLatencyTable measures the three modes interleaved, so that
 // drift in the machine's load hits them alike, and writes the table to the
-// file SANDBOX_BENCH_TABLE names (make bench-bwrap), else to the log.
+// page SANDBOX_BENCH_OUT names (make bench-bwrap: docs/benchmarks-bwrap.md),
+// else to the log.
 func BenchmarkLatencyTable(t *testing.B) {
-	out := os.Getenv(benchTableEnv)
+	out := testenv.BenchOut()
 	m := newLatencyModes(t)
 	modes := []struct {
 		name string
@@ -136,7 +136,6 @@ func BenchmarkLatencyTable(t *testing.B) {
 	ours, raw, direct := modes[0].d, modes[1].d, modes[2].d
 
 	var b strings.Builder
-	b.WriteString(benchHeader)
 	fmt.Fprintf(&b, "| how `true` runs | median | p99 | median vs raw bwrap |\n| --- | ---: | ---: | ---: |\n")
 	for _, md := range modes {
 		fmt.Fprintf(&b, "| %s | %s | %s | %.2f× |\n", md.name, ms(med(md.d)), ms(p99(md.d)), float64(med(md.d))/float64(med(raw)))
@@ -149,36 +148,16 @@ func BenchmarkLatencyTable(t *testing.B) {
 	fmt.Fprintf(&b, "\nOverhead of the policy and the driver over raw bwrap: **%+.1f%%** at the median "+
 		"(%s per command), %s the 10%% goal. The sandbox itself costs %.1f× a direct fork/exec.\n",
 		overhead*100, ms(med(ours)-med(raw)), verdict, float64(med(raw))/float64(med(direct)))
-	fmt.Fprintf(&b, "\n%d runs of each, interleaved, after 10 warm-up runs; measured %s.\n\nMachine: %s.\n",
-		benchRuns, time.Now().UTC().Format("2006-01-02"), machineNote())
-	b.WriteString(otherTables)
+	fmt.Fprintf(&b, "\n%d runs of each, interleaved, after 10 warm-up runs. %s\n", benchRuns, testenv.MachineNote())
 	if out == "" {
-		t.Logf("%s is not set, so the table is not written:\n%s", benchTableEnv, b.String())
+		t.Logf("%s is not set, so the table is not written:\n%s", testenv.BenchOutEnv, b.String())
 		return
 	}
-	if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil {
+	if err := testenv.WriteBenchTable(out, "bench-bwrap", b.String()); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("wrote %s:\n%s", out, b.String())
 }
-
-const benchHeader = `# Benchmarks
-
-## Per-command latency of the bwrap backend
-
-What one command costs, measured by ` + "`make bench`" + ` (` + "`TestLatencyTable`" + ` in
-runtimes/bwrap; ` + "`go test -bench ExecTrue ./runtimes/bwrap/`" + ` gives the same three
-as Go benchmarks). The command is ` + "`true`" + `, so the numbers are pure overhead:
-
-- **policy + bwrap backend**: ` + "`Runtime.Exec`" + ` as the controller and sandboxctl call
-  it: the instance record is read, argv is checked against the allowlist,
-  workspace/.env is read through the openat2-contained access, the
-  environment is rebuilt, the bwrap arguments are built and bwrap runs.
-- **bwrap invoked directly, same flags**: the identical argument list, built
-  once beforehand, run with os/exec.
-- **direct fork/exec**: ` + "`true`" + ` run with os/exec, no sandbox.
-
-`
 
 func quantile(d []time.Duration, q float64) time.Duration {
 	s := slices.Clone(d)
@@ -188,27 +167,3 @@ func quantile(d []time.Duration, q float64) time.Duration {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
-
-// machineNote describes the machine without naming anything of its file
-// system.
-func machineNote() string {
-	cpu := "unknown CPU"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	kernel := "unknown kernel"
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		kernel = "Linux " + strings.TrimSpace(string(b))
-	}
-	bw := "bubblewrap"
-	if out, err := exec.Command("bwrap", "--version").Output(); err == nil {
-		bw = strings.TrimSpace(string(bytes.TrimSpace(out)))
-	}
-	return fmt.Sprintf("%s, %d cores visible, %s, %s, %s, running as uid %d; the cores were shared with other work, so p99 carries its noise",
-		cpu, runtime.NumCPU(), kernel, bw, runtime.Version(), os.Getuid())
-}

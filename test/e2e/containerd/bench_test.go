@@ -20,17 +20,17 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
-// The benchmark is opt-in: SANDBOX_BENCH=1 adds it to the suite (the
-// `bench` make target sets it), SANDBOX_BENCH_N sets the samples per
-// figure (default 30) and SANDBOX_BENCH_OUT names a file the table is
-// written to. Without SANDBOX_BENCH the spec does not exist, so a normal
-// run neither runs nor skips it.
+// The benchmark is opt-in: SANDBOX_BENCH_OUT names the page it writes
+// into (make bench-containerd: docs/benchmarks-containerd.md), and
+// SANDBOX_BENCH_N sets the samples per figure (default 30). Without it the
+// spec does not exist, so a normal run neither runs nor skips it.
 var _ = func() bool {
-	if os.Getenv("SANDBOX_BENCH") == "" {
+	if testenv.BenchOut() == "" {
 		return false
 	}
 	Describe("containerd benchmark", Label("bench"), Serial, func() {
@@ -59,12 +59,10 @@ func benchmark() {
 	ours, raw := execLatencies(n * 2)
 	rows = append(rows, testharness.BenchRow{What: "exec `true` through the driver (policy, env, stdio)", Ours: ours, Baseline: "raw client exec of `true`", Base: raw})
 
-	table := testharness.RenderTable(rows) + fmt.Sprintf("\n%d samples per claim figure, %d per exec figure; claim conditions observed through a watch.\n", n, 2*n)
+	table := testharness.RenderTable(rows) + fmt.Sprintf("\n%d samples per claim figure, %d per exec figure; claim conditions observed through a watch. %s\n", n, 2*n, testenv.MachineNote())
 	AddReportEntry("containerd benchmark", table)
 	fmt.Fprintln(GinkgoWriter, table)
-	if out := os.Getenv("SANDBOX_BENCH_OUT"); out != "" {
-		Expect(os.WriteFile(out, []byte(table), 0o644)).To(Succeed())
-	}
+	Expect(testenv.WriteBenchTable(testenv.BenchOut(), "bench-containerd", table)).To(Succeed())
 }
 
 // claimLatencies: cold is a claim on a Sandbox whose container does not

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -59,11 +60,11 @@ func benchmarkExec(out string, cfg *rest.Config, ns, claim, instance string) {
 	}
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Exec API benchmark\n\nExec of `true` in a bwrap sandbox, %d runs each, interleaved in one process (`make bench-execapi`).\nThe API path is a client-go websocket executor with a client certificate (a new TLS connection per command), through authentication (cached TokenReview/x509), SubjectAccessReview (cached), the claim read from the controller's cache, the policy and the driver. Goal: the API adds at most 3 ms at p50.\n\n", n)
 	fmt.Fprintf(&b, "| path | p50 | p99 |\n| --- | ---: | ---: |\n")
 	fmt.Fprintf(&b, "| through the exec API | %s | %s |\n", ms(p(viaAPI, 0.5)), ms(p(viaAPI, 0.99)))
 	fmt.Fprintf(&b, "| runtime called directly (baseline) | %s | %s |\n", ms(p(direct, 0.5)), ms(p(direct, 0.99)))
 	fmt.Fprintf(&b, "| API overhead | %s | %s |\n", ms(p(viaAPI, 0.5)-p(direct, 0.5)), ms(p(viaAPI, 0.99)-p(direct, 0.99)))
-	Expect(os.WriteFile(out, []byte(b.String()), 0o644)).To(Succeed())
+	fmt.Fprintf(&b, "\n%d runs of each, interleaved in one process. %s\n", n, testenv.MachineNote())
+	Expect(testenv.WriteBenchTable(out, "bench-execapi", b.String())).To(Succeed())
 	fmt.Fprint(GinkgoWriter, b.String())
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 )
 
@@ -189,9 +190,9 @@ var _ = Describe("the exec and file API", Ordered, func() {
 		Eventually(env.ClaimStatus(ns, claim), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
 	})
 
-	// The benchmark joins the suite only when SANDBOX_BENCH_EXECAPI names
-	// the file its table goes to (make bench-execapi).
-	if out := os.Getenv("SANDBOX_BENCH_EXECAPI"); out != "" {
+	// The benchmark joins the suite only when SANDBOX_BENCH_OUT names the
+	// page its table goes into (make bench-execapi).
+	if out := testenv.BenchOut(); out != "" {
 		It("measures exec of true through the API against the runtime called directly", Label("bench"), func() {
 			benchmarkExec(out, alice, ns, claim, v1alpha1.InstanceName("ada-"+ns))
 		})

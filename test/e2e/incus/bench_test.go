@@ -16,6 +16,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
@@ -25,9 +26,9 @@ import (
 // The latency table of docs/benchmarks-incus.md: each path through the
 // controller beside the raw REST calls that do the same work on incusd,
 // measured interleaved in the same run. It runs only when
-// INCUS_BENCH_TABLE names the file to write (make bench).
+// SANDBOX_BENCH_OUT names the page to write into (make bench-incus).
 var _ = Describe("Incus latency", Label("bench"), func() {
-	out := os.Getenv("INCUS_BENCH_TABLE")
+	out := testenv.BenchOut()
 	if out == "" {
 		return
 	}
@@ -226,24 +227,6 @@ func writeBenchTable(path string, rows []benchRow, lifecycleRuns, execRuns int) 
 		return err
 	}
 	var b strings.Builder
-	b.WriteString("# Benchmarks: the Incus backend\n\n")
-	b.WriteString("What the controller adds over the raw Incus REST calls that do the same\n")
-	b.WriteString("work, measured by `make bench` (the `bench`-labelled spec of\n")
-	b.WriteString("test/e2e/incus, against envtest and a real incusd). Each controller path is\n")
-	b.WriteString("measured interleaved with its raw baseline in the same run:\n\n")
-	b.WriteString("- **claim → Ready**: from creating a SessionClaim until it is `Ready`\n")
-	b.WriteString("  (its Sandbox's instance running), seen through a watch. It includes the\n")
-	b.WriteString("  reconcile loop, the API server round trips, image resolution, the\n")
-	b.WriteString("  owner and configuration keys, and the account setup through the file\n")
-	b.WriteString("  API. *Cold*: the instance does not exist. *Hot*: it exists, stopped.\n")
-	b.WriteString("- **raw REST**: the same instance (same disk devices and raw.idmap)\n")
-	b.WriteString("  created and started, or started, with the REST client alone.\n")
-	b.WriteString("- **driver alone**: `Runtime.Ensure` called directly, without the API\n")
-	b.WriteString("  server and the reconcilers, against the same raw baselines.\n")
-	b.WriteString("- **exec `true`**: `Runtime.Exec` (policy checks, environment rebuild,\n")
-	b.WriteString("  instance lookup, then the exec) beside the REST client's exec alone\n")
-	b.WriteString("  (POST exec, four websockets, operation wait), and the `incus exec`\n")
-	b.WriteString("  command for reference.\n\n")
 	b.WriteString("| path | median | min | max | median vs raw REST |\n| --- | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		s := slices.Clone(r.samples)
@@ -255,5 +238,5 @@ func writeBenchTable(path string, rows []benchRow, lifecycleRuns, execRuns int) 
 		lifecycleRuns, execRuns, time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(&b, "Machine: %d cores visible, %s/%s, incus %s, storage pool %q (%s), busybox test image, %s, running as uid %d; the cores were shared with other work.\n",
 		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, srv.Environment.ServerVersion, pool.Name, pool.Driver, runtime.Version(), os.Getuid())
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return testenv.WriteBenchTable(path, "bench-incus", b.String())
 }

@@ -1,7 +1,7 @@
 // Package scale is `make bench-scale`: many Sandboxes with a claim each
 // against a real kube-apiserver, the controller running as its own process
 // (the binary a node runs), so its memory is the process's and nothing of
-// the test's. It runs only when SANDBOX_BENCH_SCALE names the table to
+// the test's. It runs only when SANDBOX_BENCH_OUT names the page to
 // write.
 package scale
 
@@ -54,9 +54,9 @@ type figures struct {
 }
 
 func TestScale(t *testing.T) {
-	table := os.Getenv("SANDBOX_BENCH_SCALE")
+	table := testenv.BenchOut()
 	if table == "" {
-		t.Skip("set SANDBOX_BENCH_SCALE to the table to write (make bench-scale)")
+		t.Skip("set " + testenv.BenchOutEnv + " to the page to write into (make bench-scale)")
 	}
 	if p := testenv.AssetsProblem(); p != "" {
 		testenv.Missing(t, "envtest binaries", p)
@@ -86,30 +86,9 @@ func TestScale(t *testing.T) {
 			f.label, n, f.allReady.Round(time.Second), mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
 		all = append(all, f)
 	}
-	if err := writeTable(table, render(all)); err != nil {
+	if err := testenv.WriteBenchTable(table, "bench-scale", render(all)); err != nil {
 		t.Fatalf("writing the table: %v", err)
 	}
-}
-
-// Markers around the generated part of the document: what a person wrote
-// around them survives a new run.
-const (
-	tableBegin = "<!-- make bench-scale: begin -->\n"
-	tableEnd   = "<!-- make bench-scale: end -->\n"
-)
-
-func writeTable(file, generated string) error {
-	old, err := os.ReadFile(file)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	doc := tableBegin + generated + tableEnd
-	if before, rest, ok := strings.Cut(string(old), tableBegin); ok {
-		if _, after, ok := strings.Cut(rest, tableEnd); ok {
-			doc = before + doc + after
-		}
-	}
-	return os.WriteFile(file, []byte(doc), 0o644)
 }
 
 // measure starts a fresh API server and the controller binary against it,
