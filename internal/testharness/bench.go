@@ -74,9 +74,15 @@ func (e *Env) ClaimBurst(claims []*v1alpha1.SessionClaim) []time.Duration {
 			Expect(e.Client.Create(context.Background(), c)).To(Succeed())
 		}()
 	}
+	// Only the burst's own claims count: the namespace may hold others
+	// (the claim that keeps a shared Sandbox running).
+	inBurst := map[string]bool{}
+	for _, c := range claims {
+		inBurst[c.Name] = true
+	}
 	ready := map[string]time.Duration{}
 	see := func(c *v1alpha1.SessionClaim) {
-		if _, seen := ready[c.Name]; !seen && meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionReady) {
+		if _, seen := ready[c.Name]; !seen && inBurst[c.Name] && meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionReady) {
 			ready[c.Name] = time.Since(start)
 		}
 	}
