@@ -22,6 +22,9 @@ type orphanCollector struct {
 	reader   client.Reader
 	runtimes map[v1alpha1.Backend]runtimes.Runtime
 	interval time.Duration
+	// node is this controller's node: an instance whose Sandbox moved to
+	// another node (onNodeLost: Move) is an orphan here too.
+	node string
 }
 
 func (o *orphanCollector) NeedLeaderElection() bool { return false }
@@ -70,9 +73,13 @@ func (o *orphanCollector) ownerGone(ctx context.Context, owner string) (bool, er
 	if !ok || ns == "" || name == "" {
 		return false, fmt.Errorf("owner %q is not <namespace>/<name>; leaving the instance alone", owner)
 	}
-	err := o.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1alpha1.Sandbox{})
+	var sb v1alpha1.Sandbox
+	err := o.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb)
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
-	return false, err
+	if err != nil {
+		return false, err
+	}
+	return o.node != "" && sb.Node() != "" && sb.Node() != o.node, nil
 }

@@ -30,7 +30,7 @@ type sandboxForClaims struct {
 }
 
 func claimView(sb *v1alpha1.Sandbox) sandboxForClaims {
-	v := sandboxForClaims{deleting: !sb.DeletionTimestamp.IsZero(), agent: sb.Spec.Agent, node: sb.Spec.NodeName}
+	v := sandboxForClaims{deleting: !sb.DeletionTimestamp.IsZero(), agent: sb.Spec.Agent, node: sb.Node()}
 	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
 		v.ready = c.Status == "True"
 		if !v.ready {

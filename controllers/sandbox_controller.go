@@ -140,6 +140,10 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	read := snapshot(sb)
 	s := &sandboxScope{sb: sb, owner: instance.Owner(req.Namespace, req.Name)}
 	sb.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
+	if r.NodeName != "" {
+		// Pinned or placed here; -o wide shows it either way.
+		sb.Status.NodeName = r.NodeName
+	}
 	defer func() {
 		s.facts.generation, s.facts.instance, s.facts.live = sb.Generation, sb.Status.Instance, s.live
 		applyConditions(&sb.Status.Conditions, sandboxConditions(s.facts))

@@ -58,6 +58,17 @@ type Options struct {
 	// SandboxReconcileTimeout bounds one Sandbox reconcile, runtime calls
 	// included; zero means DefaultSandboxReconcileTimeout.
 	SandboxReconcileTimeout time.Duration
+	// Capacity is how many Sandboxes this node takes when Sandboxes are
+	// placed (NodeName set); zero means no limit. Pinned Sandboxes count
+	// toward it and are never refused.
+	Capacity int
+	// LeaseNamespace holds the node controllers' Leases; empty means
+	// DefaultLeaseNamespace.
+	LeaseNamespace string
+	// NodeLostAfter is how long a node may go without renewing its Lease
+	// (or stay not Ready) before its Sandboxes are NodeLost; zero means
+	// DefaultNodeLostAfter.
+	NodeLostAfter time.Duration
 	// SandboxWorkers and ClaimWorkers are how many Sandboxes and claims are
 	// reconciled at once (never one object twice at once); zero means 4
 	// and 16.
@@ -124,11 +135,22 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if gcEvery == 0 {
 		gcEvery = 5 * time.Minute
 	}
-	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, interval: gcEvery}); err != nil {
+	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, interval: gcEvery, node: opts.NodeName}); err != nil {
 		return fmt.Errorf("adding the orphan collector: %w", err)
 	}
 	if err := mgr.Add(&shutdownStopper{gate: gate, reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {
 		return fmt.Errorf("adding the shutdown stopper: %w", err)
+	}
+	if opts.NodeName != "" {
+		// A node's controller says it is alive and places Sandboxes that
+		// name no node (placement.go).
+		if err := mgr.Add(&nodeHeartbeat{client: mgr.GetClient(), reader: mgr.GetAPIReader(), opts: opts}); err != nil {
+			return fmt.Errorf("adding the node Lease: %w", err)
+		}
+		p := &placer{Client: mgr.GetClient(), opts: opts, recorder: mgr.GetEventRecorderFor("sandbox-placement")} //nolint:staticcheck // as above
+		if err := p.setup(mgr); err != nil {
+			return fmt.Errorf("setting up placement: %w", err)
+		}
 	}
 	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")} //nolint:staticcheck // as above
 	if err := cr.SetupWithManager(mgr); err != nil {
@@ -137,7 +159,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	return nil
 }
 
-// onNode says whether this controller is the one for a Sandbox.
+// onNode says whether this controller is the one for a Sandbox: the node
+// it is pinned or placed on. A controller without a node name runs the
+// Sandboxes that are neither.
 func onNode(sb *v1alpha1.Sandbox, node string) bool {
-	return sb.Spec.NodeName == node
+	return sb.Node() == node
 }

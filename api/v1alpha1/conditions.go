@@ -78,6 +78,18 @@ const (
 	// rule. Nothing is started and no area is created.
 	ReasonClassForbids = "ClassForbids"
 
+	// ReasonUnschedulable: no node can take the Sandbox now (none alive,
+	// none matching its nodeSelector or enabling its backend, or all full);
+	// the message says why for each node. It is placed once one can.
+	ReasonUnschedulable = "Unschedulable"
+	// ReasonPlaced: the Sandbox was placed on a node (status.nodeName) and
+	// waits for that node's controller.
+	ReasonPlaced = "Placed"
+	// ReasonNodeLost: the Sandbox's node stopped renewing its Lease, or its
+	// Node is not Ready, for longer than the controller allows; the
+	// message says since when and whether the Sandbox moves.
+	ReasonNodeLost = "NodeLost"
+
 	// ReasonWorktreeCreated: the worktree exists and is checked out.
 	ReasonWorktreeCreated = "WorktreeCreated"
 	// ReasonWaitingForSandbox: the worktree is checked out inside the sandbox,

@@ -195,11 +195,35 @@ type SandboxSpec struct {
 	// +optional
 	ClassName string `json:"className,omitempty"`
 
-	// NodeName is the node whose controller runs this sandbox. A controller
-	// started with --node-name reconciles only the Sandboxes naming its node;
-	// one started without it reconciles only Sandboxes without a node name.
+	// NodeName pins this sandbox to a node: that node's controller runs it.
+	// Empty: a controller started with --node-name places it on a node
+	// (status.nodeName) among those whose controller is alive, that match
+	// nodeSelector, enable its backend and have room; a controller started
+	// without --node-name (one machine, `make run`) runs every Sandbox that
+	// is neither pinned nor placed.
+	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	NodeName string `json:"nodeName,omitempty"`
+
+	// NodeSelector limits placement to nodes whose Node object carries
+	// every one of these labels with the given value. It applies when the
+	// Sandbox is placed (or moved); a placed Sandbox stays where it is when
+	// the selector or the labels change.
+	// +kubebuilder:validation:MaxProperties=32
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// OnNodeLost says what happens when the node a Sandbox was placed on is
+	// lost (its controller stops renewing its Lease, or the Node is not
+	// Ready, for --node-lost-after). Stay (the default): the Sandbox reports
+	// NodeLost and waits for the node. Move: it is placed on another node
+	// and starts there with the areas that node has for its agent (usually
+	// none: areas are node-local); the areas on the lost node stay there,
+	// untouched, and its instance there is removed when that node's
+	// controller comes back. A pinned Sandbox (nodeName) always stays.
+	// +kubebuilder:validation:Enum=Stay;Move
+	// +optional
+	OnNodeLost NodeLostPolicy `json:"onNodeLost,omitempty"`
 
 	// Mounts expose host directories inside the sandbox below /workspace/.
 	// +kubebuilder:validation:MaxItems=64
@@ -275,6 +299,13 @@ type SandboxStatus struct {
 	// running; the instance stops idleTimeout later.
 	// +optional
 	IdleSince *metav1.Time `json:"idleSince,omitempty"`
+	// NodeName is the node whose controller runs the Sandbox: spec.nodeName
+	// when pinned, else the node it was placed on. Empty while unplaced.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+	// PlacedAt is when the Sandbox was last placed on a node.
+	// +optional
+	PlacedAt *metav1.Time `json:"placedAt,omitempty"`
 	// MountedGitDirs are the git directories of the claims' worktrees that
 	// the running instance mounts at their host paths.
 	// +optional
@@ -298,6 +329,7 @@ type SandboxStatus struct {
 // +kubebuilder:printcolumn:name="Claims",type=integer,JSONPath=`.status.claims`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Instance",type=string,JSONPath=`.status.instance`,priority=1
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Sandbox struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -317,4 +349,23 @@ type SandboxList struct {
 
 func init() {
 	SchemeBuilder.Register(&Sandbox{}, &SandboxList{})
+}
+
+// NodeLostPolicy is what happens to a placed Sandbox whose node is lost.
+type NodeLostPolicy string
+
+const (
+	// NodeLostStay keeps the Sandbox on its node; it reports NodeLost.
+	NodeLostStay NodeLostPolicy = "Stay"
+	// NodeLostMove places the Sandbox on another node.
+	NodeLostMove NodeLostPolicy = "Move"
+)
+
+// Node is the node whose controller runs sb: spec.nodeName when pinned,
+// else the node it was placed on (status.nodeName); empty while unplaced.
+func (sb *Sandbox) Node() string {
+	if sb.Spec.NodeName != "" {
+		return sb.Spec.NodeName
+	}
+	return sb.Status.NodeName
 }

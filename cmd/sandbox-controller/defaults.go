@@ -5,10 +5,13 @@ import (
 	"runtime/debug"
 	"strconv"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/cireilclaw/sandbox-controller/controllers"
@@ -82,9 +85,17 @@ func parseLogLevel(level string) (zapcore.Level, error) {
 // last-applied-configuration annotation is kept although it is never read:
 // the controllers Update whole objects, and an Update without it would
 // remove it from the server, breaking the next `kubectl apply`.
-func cacheOptions(cfg *rest.Config) cache.Options {
+func cacheOptions(cfg *rest.Config, leaseNamespace string) cache.Options {
 	return cache.Options{
 		NewInformer:      controllers.NewInformerFor(cfg),
 		DefaultTransform: cache.TransformStripManagedFields(),
+		// Only the node controllers' Leases, not every Lease of the
+		// cluster (one per kubelet, leader elections).
+		ByObject: map[client.Object]cache.ByObject{
+			&coordinationv1.Lease{}: {
+				Namespaces: map[string]cache.Config{leaseNamespace: {}},
+				Label:      labels.SelectorFromSet(labels.Set{controllers.LabelNodeLease: "true"}),
+			},
+		},
 	}
 }

@@ -80,7 +80,7 @@ func TestCacheDropsManagedFields(t *testing.T) {
 		Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{}"},
 		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}},
 	}}
-	transform := cacheOptions(&rest.Config{Host: "https://127.0.0.1:1"}).DefaultTransform
+	transform := cacheOptions(&rest.Config{Host: "https://127.0.0.1:1"}, "ns").DefaultTransform
 	if transform == nil {
 		t.Fatal("the cache has no default transform")
 	}

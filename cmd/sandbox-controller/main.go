@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -46,6 +47,9 @@ type flags struct {
 	localAssets, localCRDs, localKubeconfig string
 	api                                     execapi.Config
 	apiAdvertise                            string
+	capacity                                int
+	nodeLostAfter                           time.Duration
+	leaseNamespace                          string
 }
 
 func main() {
@@ -55,7 +59,10 @@ func main() {
 	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
 	flag.IntVar(&f.sandboxWorkers, "sandbox-workers", 4, "Sandboxes reconciled at once (a Sandbox is never reconciled twice at once)")
 	flag.IntVar(&f.claimWorkers, "claim-workers", 16, "SessionClaims reconciled at once; bursts of claims bind this many at a time")
-	flag.StringVar(&f.nodeName, "node-name", "", "reconcile only Sandboxes whose spec.nodeName is this node; empty reconciles only Sandboxes without a node name")
+	flag.StringVar(&f.nodeName, "node-name", "", "this node's name: reconcile the Sandboxes pinned (spec.nodeName) or placed (status.nodeName) here, renew this node's Lease and take part in placing Sandboxes that name no node; empty (one machine) reconciles only Sandboxes that are neither")
+	flag.IntVar(&f.capacity, "node-capacity", 0, "with --node-name: how many Sandboxes this node takes when Sandboxes without spec.nodeName are placed (pinned ones count too and are never refused); 0 means no limit")
+	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --node-name: how long a node's controller may go without renewing its Lease (or its Node stay not Ready) before its Sandboxes report NodeLost and those with onNodeLost: Move are placed elsewhere; this node renews every quarter of it")
+	flag.StringVar(&f.leaseNamespace, "lease-namespace", envOr("POD_NAMESPACE", controllers.DefaultLeaseNamespace), "namespace of the node controllers' Leases (default $POD_NAMESPACE, else "+controllers.DefaultLeaseNamespace+"); every node's controller must use the same")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd, incus")
 	flag.StringVar(&f.incusSocket, "incus-socket", incus.DefaultSocket(), "incusd's unix socket for the incus backend (default $INCUS_SOCKET, else under $INCUS_DIR, else /var/lib/incus/unix.socket)")
 	flag.StringVar(&f.containerdAddress, "containerd-address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket for the containerd backend (default $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock)")
@@ -171,7 +178,7 @@ Ctrl-C stops the controller and the control plane.
 		HealthProbeBindAddress: f.probeAddr,
 		LeaderElection:         f.leaderElect,
 		LeaderElectionID:       "sandbox-controller.cireilclaw.dev",
-		Cache:                  cacheOptions(cfg),
+		Cache:                  cacheOptions(cfg, f.leaseNamespace),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -190,6 +197,9 @@ Ctrl-C stops the controller and the control plane.
 		Runtimes:       rts,
 		Host:           host,
 		NodeName:       f.nodeName,
+		Capacity:       f.capacity,
+		NodeLostAfter:  f.nodeLostAfter,
+		LeaseNamespace: f.leaseNamespace,
 		Endpoint:       f.apiAdvertise,
 		SandboxWorkers: f.sandboxWorkers,
 		ClaimWorkers:   f.claimWorkers,

@@ -1,0 +1,522 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// Placement. Every node's controller (one started with a node name)
+// renews a Lease of its own that says it is alive, how many Sandboxes it
+// takes and which backends it enables. The live node whose name sorts
+// first is the coordinator: its placer gives each Sandbox that names no
+// node one (status.nodeName), spreading them over the eligible nodes, and
+// marks the Sandboxes of a lost node NodeLost, moving those whose policy
+// allows it. There is no election beyond that: two nodes that briefly
+// disagree on who coordinates both write with the object's resourceVersion,
+// so the second write fails and is retried against what the first did.
+
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+
+// Lease labels and annotations of a node's controller.
+const (
+	// LabelNodeLease marks a node controller's Lease.
+	LabelNodeLease = "sandbox.cireilclaw.dev/node-lease"
+	// AnnotationCapacity is how many Sandboxes the node takes ("0": no limit).
+	AnnotationCapacity = "sandbox.cireilclaw.dev/capacity"
+	// AnnotationBackends are the backends the node enables, comma-separated.
+	AnnotationBackends = "sandbox.cireilclaw.dev/backends"
+	// nodeLeasePrefix begins the name of a node's Lease.
+	nodeLeasePrefix = "sandbox-node-"
+)
+
+// DefaultLeaseNamespace holds the node Leases unless Options says otherwise.
+const DefaultLeaseNamespace = "sandbox-controller-system"
+
+// DefaultNodeLostAfter is how long a node may go without renewing its
+// Lease (or stay not Ready) before its Sandboxes are NodeLost.
+const DefaultNodeLostAfter = 40 * time.Second
+
+// NodeLeaseName is the name of node's Lease.
+func NodeLeaseName(node string) string { return nodeLeasePrefix + node }
+
+func (o Options) leaseNamespace() string {
+	if o.LeaseNamespace != "" {
+		return o.LeaseNamespace
+	}
+	return DefaultLeaseNamespace
+}
+
+func (o Options) nodeLostAfter() time.Duration {
+	if o.NodeLostAfter > 0 {
+		return o.NodeLostAfter
+	}
+	return DefaultNodeLostAfter
+}
+
+// renewEvery is how often a node renews its Lease and the coordinator
+// looks for work: four renewals fit in the time a node may miss them.
+func (o Options) renewEvery() time.Duration {
+	return max(o.nodeLostAfter()/4, 100*time.Millisecond)
+}
+
+// nodeInfo is what the placer knows of one node.
+type nodeInfo struct {
+	name     string
+	capacity int // 0: no limit
+	backends []string
+	labels   map[string]string
+	// lostSince is zero for a live node, else since when it counts as lost.
+	lostSince time.Time
+	lostWhy   string
+	placed    int
+}
+
+func (n *nodeInfo) live() bool { return n.lostSince.IsZero() }
+
+// nodeView is every node with a Lease, sorted by name, at one moment.
+type nodeView struct {
+	nodes []*nodeInfo
+}
+
+func (v nodeView) get(name string) *nodeInfo {
+	for _, n := range v.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// coordinator is the live node whose name sorts first; "" when none is.
+func (v nodeView) coordinator() string {
+	for _, n := range v.nodes {
+		if n.live() {
+			return n.name
+		}
+	}
+	return ""
+}
+
+// buildView reads the Leases and Nodes as of now. A Lease not renewed for
+// its own duration makes its node lost, and so does a Node whose Ready
+// condition has not been True for lostAfter.
+// nodeOf says where a Sandbox is; nil means Sandbox.Node.
+func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, sandboxes []v1alpha1.Sandbox, now time.Time, lostAfter time.Duration, nodeOf func(*v1alpha1.Sandbox) string) nodeView {
+	if nodeOf == nil {
+		nodeOf = (*v1alpha1.Sandbox).Node
+	}
+	var v nodeView
+	for i := range leases {
+		l := &leases[i]
+		name, ok := strings.CutPrefix(l.Name, nodeLeasePrefix)
+		if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != name {
+			continue
+		}
+		n := &nodeInfo{name: name}
+		n.capacity, _ = strconv.Atoi(l.Annotations[AnnotationCapacity])
+		if b := l.Annotations[AnnotationBackends]; b != "" {
+			n.backends = strings.Split(b, ",")
+		}
+		d := lostAfter
+		if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
+			d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+		}
+		switch {
+		case l.Spec.RenewTime == nil:
+			n.lostSince, n.lostWhy = l.CreationTimestamp.Time, "its controller never renewed its Lease"
+		case now.Sub(l.Spec.RenewTime.Time) > d:
+			n.lostSince = l.Spec.RenewTime.Add(d)
+			n.lostWhy = fmt.Sprintf("its controller last renewed its Lease at %s", l.Spec.RenewTime.UTC().Format(time.RFC3339))
+		}
+		v.nodes = append(v.nodes, n)
+	}
+	slices.SortFunc(v.nodes, func(a, b *nodeInfo) int { return strings.Compare(a.name, b.name) })
+	for i := range nodes {
+		n := v.get(nodes[i].Name)
+		if n == nil {
+			continue
+		}
+		n.labels = nodes[i].Labels
+		if c := nodeReady(&nodes[i]); c != nil && c.Status != corev1.ConditionTrue && now.Sub(c.LastTransitionTime.Time) > lostAfter && n.live() {
+			n.lostSince = c.LastTransitionTime.Add(lostAfter)
+			n.lostWhy = fmt.Sprintf("its Node has not been Ready since %s (%s)", c.LastTransitionTime.UTC().Format(time.RFC3339), c.Reason)
+		}
+	}
+	for i := range sandboxes {
+		if n := v.get(nodeOf(&sandboxes[i])); n != nil && sandboxes[i].DeletionTimestamp.IsZero() {
+			n.placed++
+		}
+	}
+	return v
+}
+
+func nodeReady(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// choose is the eligible node with the fewest Sandboxes (ties: the name
+// that sorts first), or "" and why no node is, one reason per node.
+func (v nodeView) choose(sb *v1alpha1.Sandbox, except string) (string, string) {
+	var best *nodeInfo
+	var why []string
+	for _, n := range v.nodes {
+		var no string
+		switch {
+		case n.name == except:
+			no = "lost"
+		case !n.live():
+			no = "lost: " + n.lostWhy
+		case !slices.Contains(n.backends, string(sb.Spec.BackendOrDefault())):
+			no = fmt.Sprintf("backend %s not enabled (enables %s)", sb.Spec.BackendOrDefault(), strings.Join(n.backends, ", "))
+		case !matches(sb.Spec.NodeSelector, n.labels):
+			no = "does not match nodeSelector"
+		case n.capacity > 0 && n.placed >= n.capacity:
+			no = fmt.Sprintf("full (%d of %d)", n.placed, n.capacity)
+		}
+		if no != "" {
+			why = append(why, n.name+": "+no)
+			continue
+		}
+		if best == nil || n.placed < best.placed {
+			best = n
+		}
+	}
+	if best != nil {
+		return best.name, ""
+	}
+	if len(why) == 0 {
+		return "", "no node controller has a live Lease"
+	}
+	if len(why) > 8 {
+		why = append(why[:8], fmt.Sprintf("and %d more", len(why)-8))
+	}
+	return "", strings.Join(why, "; ")
+}
+
+func matches(selector, labels map[string]string) bool {
+	for k, want := range selector {
+		if got, ok := labels[k]; !ok || got != want {
+			return false
+		}
+	}
+	return true
+}
+
+// nodeHeartbeat renews this node's Lease.
+type nodeHeartbeat struct {
+	client client.Client
+	reader client.Reader
+	opts   Options
+}
+
+func (h *nodeHeartbeat) NeedLeaderElection() bool { return false }
+
+func (h *nodeHeartbeat) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("lease")
+	t := time.NewTicker(h.opts.renewEvery())
+	defer t.Stop()
+	failing := false
+	for {
+		err := h.renew(ctx)
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			logger.Error(err, "renewing this node's Lease; other nodes count it lost after --node-lost-after", "node", h.opts.NodeName)
+			failing = true
+		case err == nil && failing:
+			logger.Info("renewing this node's Lease again", "node", h.opts.NodeName)
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (h *nodeHeartbeat) renew(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, h.opts.renewEvery()*2)
+	defer cancel()
+	now := metav1.NewMicroTime(h.opts.Now())
+	var backends []string
+	for b := range h.opts.Runtimes {
+		backends = append(backends, string(b))
+	}
+	slices.Sort(backends)
+	seconds := int32((h.opts.nodeLostAfter() + time.Second - 1) / time.Second)
+	key := client.ObjectKey{Namespace: h.opts.leaseNamespace(), Name: NodeLeaseName(h.opts.NodeName)}
+	var l coordinationv1.Lease
+	err := h.reader.Get(ctx, key, &l)
+	if apierrors.IsNotFound(err) {
+		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	} else if err != nil {
+		return err
+	}
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Labels[LabelNodeLease] = "true"
+	l.Annotations[AnnotationCapacity] = strconv.Itoa(h.opts.Capacity)
+	l.Annotations[AnnotationBackends] = strings.Join(backends, ",")
+	holder := h.opts.NodeName
+	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &holder, &seconds, &now
+	if l.ResourceVersion == "" {
+		l.Spec.AcquireTime = &now
+		return h.client.Create(ctx, &l)
+	}
+	return h.client.Update(ctx, &l)
+}
+
+// placer places Sandboxes and handles lost nodes, on the coordinator.
+type placer struct {
+	client.Client
+	opts     Options
+	recorder record.EventRecorder
+	// recent are placements this process made that the cache may not show
+	// yet, so a burst of new Sandboxes is spread, not piled on one node.
+	mu     sync.Mutex
+	recent map[types.UID]recentPlacement
+}
+
+type recentPlacement struct {
+	node string
+	at   time.Time
+}
+
+func (p *placer) setup(mgr ctrl.Manager) error {
+	wake := make(chan event.GenericEvent)
+	if err := mgr.Add(&placementTicker{reader: mgr.GetClient(), opts: p.opts, out: wake}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		// Only a Sandbox without a node needs the placer at once; lost
+		// nodes are found by the ticker.
+		For(&v1alpha1.Sandbox{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.(*v1alpha1.Sandbox).Node() == ""
+		}))).
+		WatchesRawSource(source.Channel(wake, &handler.EnqueueRequestForObject{})).
+		Named("placement").
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(p)
+}
+
+// placementTicker wakes the placer for the Sandboxes that need it: those
+// without a node (a node may have room now) and those on a lost node. A
+// Lease that stops being renewed sends no event, so this looks.
+type placementTicker struct {
+	reader client.Reader
+	opts   Options
+	out    chan<- event.GenericEvent
+}
+
+func (t *placementTicker) NeedLeaderElection() bool { return false }
+
+func (t *placementTicker) Start(ctx context.Context) error {
+	tick := time.NewTicker(t.opts.renewEvery())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		var leases coordinationv1.LeaseList
+		var nodes corev1.NodeList
+		var list v1alpha1.SandboxList
+		if t.reader.List(ctx, &leases, client.InNamespace(t.opts.leaseNamespace()), client.MatchingLabels{LabelNodeLease: "true"}) != nil ||
+			t.reader.List(ctx, &nodes) != nil || t.reader.List(ctx, &list) != nil {
+			continue
+		}
+		v := buildView(leases.Items, nodes.Items, list.Items, t.opts.Now(), t.opts.nodeLostAfter(), nil)
+		if v.coordinator() != t.opts.NodeName {
+			continue
+		}
+		for i := range list.Items {
+			sb := &list.Items[i]
+			n := sb.Node()
+			if n == "" || (v.get(n) != nil && !v.get(n).live()) {
+				select {
+				case t.out <- event.GenericEvent{Object: sb}:
+				case <-ctx.Done():
+					return nil
+				}
+			}
+		}
+	}
+}
+
+func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var sb v1alpha1.Sandbox
+	if err := p.Get(ctx, req.NamespacedName, &sb); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !sb.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	var leases coordinationv1.LeaseList
+	if err := p.List(ctx, &leases, client.InNamespace(p.opts.leaseNamespace()), client.MatchingLabels{LabelNodeLease: "true"}); err != nil {
+		return ctrl.Result{}, err
+	}
+	var nodes corev1.NodeList
+	if err := p.List(ctx, &nodes); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Read straight from the cache, without copies: a burst of a thousand
+	// new Sandboxes lists them all once each.
+	var list v1alpha1.SandboxList
+	if err := p.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return ctrl.Result{}, err
+	}
+	now := p.opts.Now()
+	v := buildView(leases.Items, nodes.Items, list.Items, now, p.opts.nodeLostAfter(), p.nodeOf(now))
+	if v.coordinator() != p.opts.NodeName {
+		return ctrl.Result{}, nil
+	}
+	if sb.Node() == "" && p.nodeOf(now)(&sb) != "" {
+		// Placed by this process; the cache has not caught up.
+		return ctrl.Result{}, nil
+	}
+	node := sb.Node()
+	switch n := v.get(node); {
+	case node == "":
+		return p.place(ctx, &sb, v, now, "", "")
+	case n != nil && !n.live():
+		return p.nodeLost(ctx, &sb, v, n, now)
+	}
+	return ctrl.Result{}, nil
+}
+
+// nodeOf is Sandbox.Node, with this process's placements that the cache
+// does not show yet; it forgets those the cache shows or that are old.
+func (p *placer) nodeOf(now time.Time) func(*v1alpha1.Sandbox) string {
+	return func(sb *v1alpha1.Sandbox) string {
+		if n := sb.Node(); n != "" {
+			return n
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		r, ok := p.recent[sb.UID]
+		if !ok {
+			return ""
+		}
+		if now.Sub(r.at) > time.Minute {
+			delete(p.recent, sb.UID)
+			return ""
+		}
+		return r.node
+	}
+}
+
+// place gives sb a node, or says why none can take it. lost and lostMsg
+// are set when sb is moving off a lost node.
+func (p *placer) place(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, now time.Time, lost, lostMsg string) (ctrl.Result, error) {
+	node, why := v.choose(sb, lost)
+	before := sb.DeepCopy()
+	ready := metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: sb.Generation}
+	switch {
+	case node == "" && lost != "":
+		ready.Reason, ready.Message = v1alpha1.ReasonNodeLost, boundedMessage(lostMsg+"; no other node can take it: "+why)
+	case node == "":
+		ready.Reason, ready.Message = v1alpha1.ReasonUnschedulable, boundedMessage("no node can take this Sandbox now: "+why)
+	case lost != "":
+		sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: now}
+		ready.Reason, ready.Message = v1alpha1.ReasonNodeLost, boundedMessage(fmt.Sprintf(
+			"%s; moved to node %s (onNodeLost: Move): the agent's areas on %s stay there, and on %s it starts with the areas %s has", lostMsg, node, lost, node, node))
+	default:
+		sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: now}
+		ready.Reason, ready.Message = v1alpha1.ReasonPlaced, fmt.Sprintf("placed on node %s; waiting for its controller", node)
+	}
+	meta.SetStatusCondition(&sb.Status.Conditions, ready)
+	if equalStatus(before, sb) {
+		return ctrl.Result{}, nil
+	}
+	// With the resourceVersion read: a node's controller or another
+	// coordinator that wrote first wins, and this pass is retried.
+	if err := p.Status().Update(ctx, sb); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{Requeue: true}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if node != "" {
+		p.mu.Lock()
+		if p.recent == nil {
+			p.recent = map[types.UID]recentPlacement{}
+		}
+		p.recent[sb.UID] = recentPlacement{node: node, at: now}
+		p.mu.Unlock()
+		log.FromContext(ctx).Info("placed Sandbox", "node", node, "from", lost)
+	}
+	switch {
+	case lost != "":
+		p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, ready.Message)
+	case node == "":
+		p.recorder.Event(sb, "Warning", v1alpha1.ReasonUnschedulable, ready.Message)
+	}
+	return ctrl.Result{}, nil
+}
+
+// nodeLost marks sb NodeLost, and moves it when its policy allows.
+func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, n *nodeInfo, now time.Time) (ctrl.Result, error) {
+	msg := fmt.Sprintf("node %s lost since %s: %s", n.name, n.lostSince.UTC().Format(time.RFC3339), n.lostWhy)
+	if sb.Spec.NodeName == "" && sb.Spec.OnNodeLost == v1alpha1.NodeLostMove {
+		return p.place(ctx, sb, v, now, n.name, msg)
+	}
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonNodeLost {
+		return ctrl.Result{}, nil
+	}
+	stay := "it stays (onNodeLost: Stay) and runs again when the node's controller is back"
+	if sb.Spec.NodeName != "" {
+		stay = "it stays: spec.nodeName pins it there"
+	}
+	meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse,
+		ObservedGeneration: sb.Generation, Reason: v1alpha1.ReasonNodeLost, Message: boundedMessage(msg + "; " + stay)})
+	if err := p.Status().Update(ctx, sb); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{Requeue: true}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, msg)
+	return ctrl.Result{}, nil
+}
+
+func equalStatus(a, b *v1alpha1.Sandbox) bool {
+	return a.Status.NodeName == b.Status.NodeName &&
+		slices.EqualFunc(a.Status.Conditions, b.Status.Conditions, func(x, y metav1.Condition) bool {
+			return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message
+		}) && len(a.Status.Conditions) == len(b.Status.Conditions)
+}

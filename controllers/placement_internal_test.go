@@ -1,0 +1,110 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+func lease(node string, renewed time.Duration, capacity, backends string) coordinationv1.Lease {
+	return coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: NodeLeaseName(node), Annotations: map[string]string{AnnotationCapacity: capacity, AnnotationBackends: backends}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](40),
+			RenewTime: &metav1.MicroTime{Time: t0.Add(-renewed)}},
+	}
+}
+
+func placed(node string, n int) []v1alpha1.Sandbox {
+	var out []v1alpha1.Sandbox
+	for range n {
+		out = append(out, v1alpha1.Sandbox{Status: v1alpha1.SandboxStatus{NodeName: node}})
+	}
+	return out
+}
+
+func TestPlacementSpreadsOverLiveEligibleNodes(t *testing.T) {
+	leases := []coordinationv1.Lease{
+		lease("c", time.Second, "0", "bwrap"),
+		lease("a", time.Second, "2", "bwrap"),
+		lease("b", time.Second, "0", "bwrap,containerd"),
+		lease("d", time.Minute, "0", "bwrap"), // lost: not renewed for 60s > 40s
+	}
+	nodes := []corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"zone": "1"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "b", Labels: map[string]string{"zone": "2"}}},
+		// c's Node has not been Ready for five minutes.
+		{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", LastTransitionTime: metav1.NewTime(t0.Add(-5 * time.Minute))}}}},
+	}
+	sandboxes := append(placed("a", 1), placed("b", 3)...)
+	v := buildView(leases, nodes, sandboxes, t0, 40*time.Second, nil)
+
+	if got := v.coordinator(); got != "a" {
+		t.Errorf("coordinator %q, want a (the live node that sorts first)", got)
+	}
+	for name, lost := range map[string]bool{"a": false, "b": false, "c": true, "d": true} {
+		if n := v.get(name); n.live() == lost {
+			t.Errorf("node %s live=%v, want %v (%s)", name, n.live(), !lost, n.lostWhy)
+		}
+	}
+	if !strings.Contains(v.get("c").lostWhy, "Node has not been Ready") || !strings.Contains(v.get("d").lostWhy, "Lease") {
+		t.Errorf("why lost: c %q, d %q", v.get("c").lostWhy, v.get("d").lostWhy)
+	}
+
+	sb := &v1alpha1.Sandbox{}
+	if got, why := v.choose(sb, ""); got != "a" {
+		t.Errorf("placed on %q (%s), want a: the live node with the fewest", got, why)
+	}
+	// a fills up at its capacity of 2; then b, though it holds more.
+	v.get("a").placed = 2
+	if got, _ := v.choose(sb, ""); got != "b" {
+		t.Errorf("with a full: placed on %q, want b", got)
+	}
+	sb.Spec.Backend = v1alpha1.BackendContainerd
+	v.get("a").placed = 0
+	if got, _ := v.choose(sb, ""); got != "b" {
+		t.Errorf("containerd Sandbox placed on %q, want b, the only node enabling containerd", got)
+	}
+	sb.Spec.Backend = ""
+	sb.Spec.NodeSelector = map[string]string{"zone": "2"}
+	if got, _ := v.choose(sb, ""); got != "b" {
+		t.Errorf("zone 2 placed on %q, want b", got)
+	}
+	if got, why := v.choose(sb, "b"); got != "" || !strings.Contains(why, "a: does not match nodeSelector") || !strings.Contains(why, "c: lost") {
+		t.Errorf("zone 2 without b: %q, why %q", got, why)
+	}
+	sb.Spec.NodeSelector = nil
+	v.get("a").placed, v.get("b").capacity = 2, 3
+	if got, why := v.choose(sb, ""); got != "" || !strings.Contains(why, "a: full (2 of 2)") || !strings.Contains(why, "b: full (3 of 3)") {
+		t.Errorf("all full: %q, why %q", got, why)
+	}
+	if got, why := (nodeView{}).choose(sb, ""); got != "" || !strings.Contains(why, "no node controller has a live Lease") {
+		t.Errorf("no nodes: %q, why %q", got, why)
+	}
+}
+
+func TestPlacementCountsWhatItPlacedBeforeTheCacheShowsIt(t *testing.T) {
+	leases := []coordinationv1.Lease{lease("a", 0, "0", "bwrap"), lease("b", 0, "0", "bwrap")}
+	fresh := []v1alpha1.Sandbox{{ObjectMeta: metav1.ObjectMeta{UID: "1"}}, {ObjectMeta: metav1.ObjectMeta{UID: "2"}}}
+	p := &placer{}
+	p.recent = map[types.UID]recentPlacement{"1": {node: "a", at: t0}}
+	v := buildView(leases, nil, fresh, t0, 40*time.Second, p.nodeOf(t0))
+	if got, _ := v.choose(&fresh[1], ""); got != "b" {
+		t.Errorf("second of a burst placed on %q, want b: a has the first, which the cache does not show yet", got)
+	}
+	// A placement the cache never showed is forgotten after a minute.
+	v = buildView(leases, nil, fresh, t0.Add(2*time.Minute), 40*time.Second, p.nodeOf(t0.Add(2*time.Minute)))
+	if v.get("a").placed != 0 {
+		t.Errorf("a minute-old placement still counted")
+	}
+}
