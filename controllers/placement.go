@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
 // Placement. Every node's controller (one started with a node name)
@@ -54,8 +55,9 @@ const (
 	nodeLeasePrefix = "sandbox-node-"
 )
 
-// DefaultLeaseNamespace holds the node Leases unless Options says otherwise.
-const DefaultLeaseNamespace = "sandbox-controller-system"
+// DefaultSystemNamespace is the controller's namespace unless Options says
+// otherwise: the node Leases and the exec API's CA live there.
+const DefaultSystemNamespace = servingcert.DefaultNamespace
 
 // DefaultNodeLostAfter is how long a node may go without renewing its
 // Lease (or stay not Ready) before its Sandboxes are NodeLost.
@@ -64,11 +66,11 @@ const DefaultNodeLostAfter = 40 * time.Second
 // NodeLeaseName is the name of node's Lease.
 func NodeLeaseName(node string) string { return nodeLeasePrefix + node }
 
-func (o Options) leaseNamespace() string {
-	if o.LeaseNamespace != "" {
-		return o.LeaseNamespace
+func (o Options) systemNamespace() string {
+	if o.SystemNamespace != "" {
+		return o.SystemNamespace
 	}
-	return DefaultLeaseNamespace
+	return DefaultSystemNamespace
 }
 
 func (o Options) nodeLostAfter() time.Duration {
@@ -274,7 +276,7 @@ func (h *nodeHeartbeat) renew(ctx context.Context) error {
 	}
 	slices.Sort(backends)
 	seconds := int32((h.opts.nodeLostAfter() + time.Second - 1) / time.Second)
-	key := client.ObjectKey{Namespace: h.opts.leaseNamespace(), Name: NodeLeaseName(h.opts.NodeName)}
+	key := client.ObjectKey{Namespace: h.opts.systemNamespace(), Name: NodeLeaseName(h.opts.NodeName)}
 	var l coordinationv1.Lease
 	err := h.reader.Get(ctx, key, &l)
 	if apierrors.IsNotFound(err) {
@@ -356,7 +358,7 @@ func (t *placementTicker) Start(ctx context.Context) error {
 		var leases coordinationv1.LeaseList
 		var nodes corev1.NodeList
 		var list v1alpha1.SandboxList
-		if t.reader.List(ctx, &leases, client.InNamespace(t.opts.leaseNamespace()), client.MatchingLabels{LabelNodeLease: "true"}) != nil ||
+		if t.reader.List(ctx, &leases, client.InNamespace(t.opts.systemNamespace()), client.MatchingLabels{LabelNodeLease: "true"}) != nil ||
 			t.reader.List(ctx, &nodes) != nil || t.reader.List(ctx, &list) != nil {
 			continue
 		}
@@ -387,7 +389,7 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{}, nil
 	}
 	var leases coordinationv1.LeaseList
-	if err := p.List(ctx, &leases, client.InNamespace(p.opts.leaseNamespace()), client.MatchingLabels{LabelNodeLease: "true"}); err != nil {
+	if err := p.List(ctx, &leases, client.InNamespace(p.opts.systemNamespace()), client.MatchingLabels{LabelNodeLease: "true"}); err != nil {
 		return ctrl.Result{}, err
 	}
 	var nodes corev1.NodeList

@@ -62,9 +62,10 @@ type Options struct {
 	// placed (NodeName set); zero means no limit. Pinned Sandboxes count
 	// toward it and are never refused.
 	Capacity int
-	// LeaseNamespace holds the node controllers' Leases; empty means
-	// DefaultLeaseNamespace.
-	LeaseNamespace string
+	// SystemNamespace is the controller's own namespace: the node Leases
+	// and the exec API's CA live there; empty means
+	// DefaultSystemNamespace.
+	SystemNamespace string
 	// NodeLostAfter is how long a node may go without renewing its Lease
 	// (or stay not Ready) before its Sandboxes are NodeLost; zero means
 	// DefaultNodeLostAfter.

@@ -85,7 +85,7 @@ func parseLogLevel(level string) (zapcore.Level, error) {
 // last-applied-configuration annotation is kept although it is never read:
 // the controllers Update whole objects, and an Update without it would
 // remove it from the server, breaking the next `kubectl apply`.
-func cacheOptions(cfg *rest.Config, leaseNamespace string) cache.Options {
+func cacheOptions(cfg *rest.Config, systemNamespace string) cache.Options {
 	return cache.Options{
 		NewInformer:      controllers.NewInformerFor(cfg),
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -93,7 +93,7 @@ func cacheOptions(cfg *rest.Config, leaseNamespace string) cache.Options {
 		// cluster (one per kubelet, leader elections).
 		ByObject: map[client.Object]cache.ByObject{
 			&coordinationv1.Lease{}: {
-				Namespaces: map[string]cache.Config{leaseNamespace: {}},
+				Namespaces: map[string]cache.Config{systemNamespace: {}},
 				Label:      labels.SelectorFromSet(labels.Set{controllers.LabelNodeLease: "true"}),
 			},
 		},

@@ -18,6 +18,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -28,6 +29,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
@@ -49,7 +51,8 @@ type flags struct {
 	apiAdvertise                            string
 	capacity                                int
 	nodeLostAfter                           time.Duration
-	leaseNamespace                          string
+	systemNamespace                         string
+	certValidity                            time.Duration
 }
 
 func main() {
@@ -62,7 +65,7 @@ func main() {
 	flag.StringVar(&f.nodeName, "node-name", "", "this node's name: reconcile the Sandboxes pinned (spec.nodeName) or placed (status.nodeName) here, renew this node's Lease and take part in placing Sandboxes that name no node; empty (one machine) reconciles only Sandboxes that are neither")
 	flag.IntVar(&f.capacity, "node-capacity", 0, "with --node-name: how many Sandboxes this node takes when Sandboxes without spec.nodeName are placed (pinned ones count too and are never refused); 0 means no limit")
 	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --node-name: how long a node's controller may go without renewing its Lease (or its Node stay not Ready) before its Sandboxes report NodeLost and those with onNodeLost: Move are placed elsewhere; this node renews every quarter of it")
-	flag.StringVar(&f.leaseNamespace, "lease-namespace", envOr("POD_NAMESPACE", controllers.DefaultLeaseNamespace), "namespace of the node controllers' Leases (default $POD_NAMESPACE, else "+controllers.DefaultLeaseNamespace+"); every node's controller must use the same")
+	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node Leases, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd, incus")
 	flag.StringVar(&f.incusSocket, "incus-socket", incus.DefaultSocket(), "incusd's unix socket for the incus backend (default $INCUS_SOCKET, else under $INCUS_DIR, else /var/lib/incus/unix.socket)")
 	flag.StringVar(&f.containerdAddress, "containerd-address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket for the containerd backend (default $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock)")
@@ -76,6 +79,7 @@ func main() {
 	flag.StringVar(&f.localCRDs, "local-crds", "config/crd/bases", "CRD directory installed by --local-control-plane")
 	flag.StringVar(&f.localKubeconfig, "local-kubeconfig", "bin/local/kubeconfig", "where --local-control-plane writes its administrator kubeconfig")
 	f.api.BindFlags(flag.CommandLine)
+	flag.DurationVar(&f.certValidity, "api-cert-validity", servingcert.DefaultValidity, "validity of the exec API's serving certificate when it comes from the cluster's CA; it is renewed at two thirds")
 	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
 	logFormat := flag.String("log-format", "json", "log encoding: json (one object a line, for log collectors) or console (human-readable, with stack traces from warnings on: the development mode `make run` uses)")
 	logLevel := flag.String("log-level", "info", "least important log lines written: error, info, debug, or a number N for logr's V(N) and below (steady-state lines are V(4))")
@@ -145,6 +149,13 @@ func run(ctx context.Context, f flags) (retErr error) {
 				_, port, _ := net.SplitHostPort(f.api.BindAddress)
 				f.apiAdvertise = net.JoinHostPort("127.0.0.1", port)
 			}
+			if err := publishLocalCA(ctx, cfg, f.systemNamespace, apiCA); err != nil {
+				return err
+			}
+		}
+		caNote := ""
+		if apiCA != "" {
+			caNote = fmt.Sprintf("The exec API's CA is %s, published in ConfigMap %s/%s.\n", apiCA, f.systemNamespace, servingcert.ConfigMapName)
 		}
 		fmt.Fprintf(os.Stderr, `
 Local control plane is up (CRDs installed). In another shell:
@@ -152,15 +163,15 @@ Local control plane is up (CRDs installed). In another shell:
   export KUBECONFIG=%s
   kubectl apply -f config/samples/
   kubectl get sandboxes,sessionclaims -w
-  kubectl sandbox exec alice-session-1 --api-ca-file %s -- git --version
+  kubectl sandbox exec alice-session-1 -- git --version
 
 (make install-plugin puts kubectl-sandbox in bin/.) Agent areas live in %s.
 A permissive default SandboxClass "default" is installed: Sandboxes may
 mount any host directory and use any device, backend and image, as without
 classes. For several teams, see "Running it for several teams" in README.md.
 Ctrl-C stops the controller and the control plane.
-
-`, kc, apiCA, areasRoot)
+%s
+`, kc, areasRoot, caNote)
 	} else if cfg, err = ctrl.GetConfig(); err != nil {
 		return fmt.Errorf("finding the cluster (kubeconfig or in-cluster config): %w", err)
 	}
@@ -178,7 +189,7 @@ Ctrl-C stops the controller and the control plane.
 		HealthProbeBindAddress: f.probeAddr,
 		LeaderElection:         f.leaderElect,
 		LeaderElectionID:       "sandbox-controller.cireilclaw.dev",
-		Cache:                  cacheOptions(cfg, f.leaseNamespace),
+		Cache:                  cacheOptions(cfg, f.systemNamespace),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -194,19 +205,28 @@ Ctrl-C stops the controller and the control plane.
 	}
 	host := instance.Host{AreasRoot: areasRoot, Home: home, Identities: ids}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
-		Runtimes:       rts,
-		Host:           host,
-		NodeName:       f.nodeName,
-		Capacity:       f.capacity,
-		NodeLostAfter:  f.nodeLostAfter,
-		LeaseNamespace: f.leaseNamespace,
-		Endpoint:       f.apiAdvertise,
-		SandboxWorkers: f.sandboxWorkers,
-		ClaimWorkers:   f.claimWorkers,
+		Runtimes:        rts,
+		Host:            host,
+		NodeName:        f.nodeName,
+		Capacity:        f.capacity,
+		NodeLostAfter:   f.nodeLostAfter,
+		SystemNamespace: f.systemNamespace,
+		Endpoint:        f.apiAdvertise,
+		SandboxWorkers:  f.sandboxWorkers,
+		ClaimWorkers:    f.claimWorkers,
 	}); err != nil {
 		return err
 	}
 	if f.api.Enabled() {
+		var certs *servingcert.Source
+		if f.api.CertFile == "" {
+			if certs, err = clusterCertificate(ctx, cfg, scheme, f); err != nil {
+				return err
+			}
+			if err := mgr.Add(certs); err != nil {
+				return err
+			}
+		}
 		kube, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)
@@ -215,10 +235,14 @@ Ctrl-C stops the controller and the control plane.
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)
 		}
-		srv, err := execapi.New(f.api, execapi.Options{
+		opts := execapi.Options{
 			Reader: mgr.GetClient(), Runtimes: rts, Host: host, NodeName: f.nodeName,
 			Auth: auth, Log: ctrl.Log.WithName("execapi"),
-		})
+		}
+		if certs != nil {
+			opts.GetCertificate = certs.GetCertificate
+		}
+		srv, err := execapi.New(f.api, opts)
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)
 		}
@@ -284,4 +308,31 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// clusterCertificate is the exec API's serving certificate from the
+// cluster's CA, for the address clients are told (status.endpoint) and
+// the node's name.
+func clusterCertificate(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, f flags) (*servingcert.Source, error) {
+	host, _, err := net.SplitHostPort(f.apiAdvertise)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("the exec API takes its certificate from the cluster's CA, which must name the address clients reach it at: set --api-advertise-address host:port (%q), or give --api-tls-cert-file", f.apiAdvertise)
+	}
+	hosts := []string{host}
+	if f.nodeName != "" && f.nodeName != host {
+		hosts = append(hosts, f.nodeName)
+	}
+	// Straight to the API server: the manager's cache would watch every
+	// Secret of the cluster.
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	src := &servingcert.Source{Client: c, Namespace: f.systemNamespace, Hosts: hosts, Validity: f.certValidity, Log: ctrl.Log.WithName("servingcert")}
+	loadCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := src.Load(loadCtx); err != nil {
+		return nil, fmt.Errorf("exec API serving certificate: %w", err)
+	}
+	return src, nil
 }

@@ -12,9 +12,11 @@ import (
 	"strings"
 	"syscall"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
@@ -23,6 +25,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
 // refusedPrefix starts the message of a command the policy refused; the
@@ -34,6 +37,7 @@ type clusterFlags struct {
 	kubeconfig, context, namespace string
 	server, caFile                 string
 	audience, tokenFile            string
+	systemNamespace                string
 	insecure                       bool
 }
 
@@ -43,7 +47,8 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.namespace, "n", "", "the claim's namespace (default the context's namespace)")
 	fs.StringVar(&f.namespace, "namespace", "", "the claim's namespace (default the context's namespace)")
 	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
-	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default the kubeconfig's CA)")
+	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default: the cluster's exec API CA, published in ConfigMap "+servingcert.ConfigMapName+" of --system-namespace; without one, the kubeconfig's CA)")
+	fs.StringVar(&f.systemNamespace, "system-namespace", servingcert.DefaultNamespace, "the controller's namespace, where the exec API's CA is published")
 	fs.BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "do not verify the exec API's serving certificate (testing only)")
 	fs.StringVar(&f.audience, "api-audience", execapi.DefaultAudience, "the audience the exec API accepts tokens for (its --api-audience)")
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "a bearer token issued for --api-audience (e.g. from your identity provider) to send instead of the kubeconfig's credentials")
@@ -87,8 +92,38 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 		api.Insecure, api.CAFile, api.CAData = true, "", nil
 	case f.caFile != "":
 		api.CAFile, api.CAData = f.caFile, nil
+	default:
+		ca, err := publishedCA(ctx, cfg, f.systemNamespace)
+		if err != nil {
+			return nil, "", err
+		}
+		if ca != nil {
+			api.CAFile, api.CAData = "", ca
+		}
 	}
 	return api, ns, nil
+}
+
+// publishedCA is the exec API's CA the controllers publish, or nil when
+// the cluster has none (its exec APIs were given certificates of their
+// own, and the kubeconfig's CA or --api-ca-file is to be used).
+func publishedCA(ctx context.Context, cfg *rest.Config, namespace string) ([]byte, error) {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, servingcert.ConfigMapName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the exec API's CA (ConfigMap %s/%s; or give --api-ca-file): %w", namespace, servingcert.ConfigMapName, err)
+	}
+	ca := cm.Data[servingcert.ConfigMapKey]
+	if ca == "" {
+		return nil, fmt.Errorf("the ConfigMap %s/%s has no %s; give --api-ca-file", namespace, servingcert.ConfigMapName, servingcert.ConfigMapKey)
+	}
+	return []byte(ca), nil
 }
 
 // claimEndpoint reads status.endpoint of the SessionClaim.

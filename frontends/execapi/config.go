@@ -51,7 +51,7 @@ type Config struct {
 // BindFlags registers the flags of the exec API with their defaults.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.BindAddress, "api-bind-address", DefaultBindAddress, "address the exec and file API (HTTPS) binds to; 0 disables it")
-	fs.StringVar(&c.CertFile, "api-tls-cert-file", "", "serving certificate of the exec and file API (PEM); required unless the API is disabled")
+	fs.StringVar(&c.CertFile, "api-tls-cert-file", "", "serving certificate of the exec and file API (PEM); empty: one signed by the cluster's exec API CA (Secret sandbox-controller-ca in --system-namespace, made when missing) for --api-advertise-address and --node-name, renewed at two thirds of --api-cert-validity")
 	fs.StringVar(&c.KeyFile, "api-tls-private-key-file", "", "private key of --api-tls-cert-file (PEM)")
 	fs.StringVar(&c.ClientCAFile, "client-ca-file", "", "CA bundle whose client certificates authenticate exec and file API callers (CN user, O groups); empty accepts bearer tokens only (checked with TokenReview)")
 	fs.IntVar(&c.MaxExecsPerClaim, "api-max-execs-per-claim", DefaultMaxExecsPerClaim, "commands one SessionClaim may run at once through the API; more are refused with 429")
@@ -89,7 +89,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	if c.CertFile == "" || c.KeyFile == "" {
-		return fmt.Errorf("the exec API on %s needs a serving certificate: set --api-tls-cert-file and --api-tls-private-key-file (or --api-bind-address=0 to disable it)", c.BindAddress)
+		return fmt.Errorf("the exec API on %s needs a serving certificate: set --api-tls-cert-file and --api-tls-private-key-file, or --api-advertise-address for one from the cluster's CA (or --api-bind-address=0 to disable the API)", c.BindAddress)
 	}
 	return nil
 }

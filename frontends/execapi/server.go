@@ -38,6 +38,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Log receives refused requests and server errors.
 	Log logr.Logger
+	// GetCertificate serves the certificate of each TLS handshake
+	// (servingcert.Source); nil means Config's certificate files.
+	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 }
 
 // Server is the exec and file API. It is a manager.Runnable that runs on
@@ -98,25 +101,29 @@ func (s *Server) Listen() (net.Addr, error) {
 	if s.ln != nil {
 		return s.ln.Addr(), nil
 	}
-	if err := s.cfg.validate(); err != nil {
-		return nil, err
+	tlsCfg := &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: s.opts.GetCertificate,
+		// The certificate is verified by the authenticator against the
+		// client CA; a caller with a bearer token sends none.
+		ClientAuth: tls.RequestClientCert,
+		NextProtos: []string{"http/1.1"},
 	}
-	cert, err := tls.LoadX509KeyPair(s.cfg.CertFile, s.cfg.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("exec API: loading the serving certificate: %w", err)
+	if s.opts.GetCertificate == nil {
+		if err := s.cfg.validate(); err != nil {
+			return nil, err
+		}
+		cert, err := tls.LoadX509KeyPair(s.cfg.CertFile, s.cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("exec API: loading the serving certificate: %w", err)
+		}
+		tlsCfg.Certificates = []tls.Certificate{cert}
 	}
 	ln, err := net.Listen("tcp", s.cfg.BindAddress)
 	if err != nil {
 		return nil, fmt.Errorf("exec API: listening on %s: %w", s.cfg.BindAddress, err)
 	}
-	s.ln = tls.NewListener(ln, &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{cert},
-		// The certificate is verified by the authenticator against the
-		// client CA; a caller with a bearer token sends none.
-		ClientAuth: tls.RequestClientCert,
-		NextProtos: []string{"http/1.1"},
-	})
+	s.ln = tls.NewListener(ln, tlsCfg)
 	return s.ln.Addr(), nil
 }
 

@@ -3,6 +3,8 @@ package execapi_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,16 +27,21 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/util/exec"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 )
@@ -394,6 +401,85 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			Expect(os.ReadFile(filepath.Join(outside, "secret"))).To(BeEquivalentTo("secret"))
 		})
 	})
+
+	Describe("certificates without manual steps", func() {
+		It("serves with a certificate from the cluster's CA, which every user can read and only the controller can sign with, renewed before it expires", func() {
+			const sys = servingcert.DefaultNamespace
+			By("installing the namespace and the CA reader role of config/rbac")
+			Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: sys}})).To(Or(Succeed(), Satisfy(apierrors.IsAlreadyExists)))
+			applyYAML(filepath.Join(testenv.CRDDir(3), "..", "..", "rbac", "ca_reader.yaml"))
+
+			By("starting four node controllers' certificate sources at once: one CA is made")
+			sources := make([]*servingcert.Source, 4)
+			var wg sync.WaitGroup
+			for i := range sources {
+				sources[i] = &servingcert.Source{Client: env.Client, Namespace: sys, Hosts: []string{"127.0.0.1", fmt.Sprintf("node-%d", i)},
+					Validity: 3 * time.Second, Log: logf.Log.WithName("servingcert")}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer GinkgoRecover()
+					Expect(sources[i].Load(ctx)).To(Succeed())
+				}()
+			}
+			wg.Wait()
+			issuers := map[string]bool{}
+			for _, s := range sources {
+				c, err := s.GetCertificate(nil)
+				Expect(err).NotTo(HaveOccurred())
+				issuers[string(c.Leaf.RawIssuer)+string(c.Leaf.AuthorityKeyId)] = true
+			}
+			Expect(issuers).To(HaveLen(1), "every node's certificate is signed by the same CA")
+
+			By("reading the CA as alice, who holds no role in that namespace but the reader's")
+			aliceAPI := rest.CopyConfig(alice)
+			aliceAPI.Host, aliceAPI.CAData = env.Config.Host, env.Config.CAData
+			aliceClient, err := client.New(aliceAPI, client.Options{})
+			Expect(err).NotTo(HaveOccurred())
+			caPEM, found, err := servingcert.ReadPublished(ctx, aliceClient, sys)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(found).To(BeTrue())
+			var secret corev1.Secret
+			Expect(apierrors.IsForbidden(aliceClient.Get(ctx, client.ObjectKey{Namespace: sys, Name: servingcert.SecretName}, &secret))).To(BeTrue(),
+				"the CA's key is not readable by users")
+
+			By("serving the exec API with the first source and verifying it with the published CA alone")
+			src := sources[0]
+			runCtx, stopRenewal := context.WithCancel(ctx)
+			defer stopRenewal()
+			go func() { _ = src.Start(runCtx) }()
+			done := make(chan error, 1)
+			host, stop := serveAPIWith(env.Client, time.Millisecond, done, src.GetCertificate)
+			defer func() {
+				stop()
+				Eventually(done, timeout).Should(Receive(BeNil()))
+			}()
+			suiteHost := apiHost
+			apiHost = host
+			defer func() { apiHost = suiteHost }()
+			cfg := rest.CopyConfig(alice)
+			cfg.CAData, cfg.CAFile = caPEM, ""
+			Expect(execIn(ctx, cfg, ns, claim, nil, nil, "true").err).NotTo(HaveOccurred())
+
+			serial := func() (string, error) {
+				conn, err := tls.Dial("tcp", strings.TrimPrefix(host, "https://"), &tls.Config{RootCAs: pool(caPEM), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})
+				if err != nil {
+					return "", err
+				}
+				defer conn.Close()
+				return conn.ConnectionState().PeerCertificates[0].SerialNumber.String(), nil
+			}
+			first, err := serial()
+			Expect(err).NotTo(HaveOccurred())
+			Eventually(serial, 10*time.Second, 200*time.Millisecond).ShouldNot(Equal(first), "renewed at two thirds of its 3s life")
+			Expect(execIn(ctx, cfg, ns, claim, nil, nil, "true").err).NotTo(HaveOccurred(), "the renewed certificate verifies too")
+
+			By("refusing a client that trusts another CA")
+			other := rest.CopyConfig(alice)
+			other.CAData = servingCA
+			Expect(execIn(ctx, other, ns, claim, nil, nil, "true").err).To(MatchError(ContainSubstring("certificate")))
+		})
+	})
 })
 
 var _ = Describe("namespaces never share an agent", func() {
@@ -483,4 +569,29 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+func pool(pemCerts []byte) *x509.CertPool {
+	p := x509.NewCertPool()
+	Expect(p.AppendCertsFromPEM(pemCerts)).To(BeTrue())
+	return p
+}
+
+// applyYAML creates the objects of a manifest as an administrator would.
+func applyYAML(path string) {
+	b, err := os.ReadFile(path)
+	Expect(err).NotTo(HaveOccurred())
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); err == io.EOF {
+			return
+		} else {
+			Expect(err).NotTo(HaveOccurred())
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		Expect(env.Client.Create(ctx, &u)).To(Or(Succeed(), Satisfy(apierrors.IsAlreadyExists)))
+	}
 }

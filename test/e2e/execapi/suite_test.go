@@ -8,6 +8,7 @@ package execapi_test
 
 import (
 	"context"
+	"crypto/tls"
 	"os"
 	"path/filepath"
 	"testing"
@@ -128,17 +129,27 @@ func startAPI() {
 // spec sees what it just wrote; the benchmark's reads through the
 // manager's cache as the controller does.
 func serveAPI(reader client.Reader, ttl time.Duration, done chan<- error) (string, context.CancelFunc) {
+	return serveAPIWith(reader, ttl, done, nil)
+}
+
+// serveAPIWith is serveAPI with the certificate getCert serves (nil: the
+// suite's certificate files).
+func serveAPIWith(reader client.Reader, ttl time.Duration, done chan<- error, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) (string, context.CancelFunc) {
 	certFile, keyFile := filepath.Join(env.Dir, "tls.crt"), filepath.Join(env.Dir, "tls.key")
 	cfg := execapi.Config{BindAddress: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCAFile(), AuthCacheTTL: ttl}
+	if getCert != nil {
+		cfg.CertFile, cfg.KeyFile = "", ""
+	}
 	auth, err := execapi.DelegatingAuth(kube, cfg)
 	Expect(err).NotTo(HaveOccurred())
 	srv, err := execapi.New(cfg, execapi.Options{
-		Reader:     reader,
-		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: mgr.Runtimes[v1alpha1.BackendBwrap]},
-		Host:       instance.Host{AreasRoot: env.AreasRoot, Home: "/nonexistent-home"},
-		Auth:       auth,
-		Registerer: prometheus.NewRegistry(),
-		Log:        logf.Log.WithName("execapi"),
+		Reader:         reader,
+		Runtimes:       map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: mgr.Runtimes[v1alpha1.BackendBwrap]},
+		Host:           instance.Host{AreasRoot: env.AreasRoot, Home: "/nonexistent-home"},
+		Auth:           auth,
+		Registerer:     prometheus.NewRegistry(),
+		Log:            logf.Log.WithName("execapi"),
+		GetCertificate: getCert,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	addr, err := srv.Listen()

@@ -60,7 +60,7 @@ func (n *node) start() {
 		Host:           instance.Host{AreasRoot: filepath.Join(n.dir, "areas"), Home: "/nonexistent-home"},
 		NodeName:       n.name,
 		Capacity:       n.capacity,
-		LeaseNamespace: leaseNS,
+		SystemNamespace: leaseNS,
 		NodeLostAfter:  lostAfter,
 		OrphanInterval: time.Second,
 	})

@@ -1,0 +1,332 @@
+// Package servingcert gives each node's exec API a serving certificate
+// without anyone making one: a CA the controllers keep in a Secret of
+// their namespace (made by the first controller that finds none), its
+// certificate published in a ConfigMap every authenticated user may read
+// (as kube-root-ca.crt is), and on each node a certificate for the node's
+// exec API address signed by it, renewed in memory at two thirds of its
+// life.
+//
+// Every node's controller holds the CA key, so a node whose controller is
+// taken can sign a certificate for another node's address; such a node
+// already runs every sandbox it hosts as it likes. Clients verify the
+// address they were given (a claim's status.endpoint) against the CA.
+package servingcert
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// The controller's own Role in its namespace (config/rbac/role.yaml):
+// +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=secrets,verbs=get;create
+// +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=configmaps,verbs=get;create;update
+
+// DefaultNamespace is the controllers' namespace unless they are told
+// otherwise (--system-namespace): the Secret and the ConfigMap live there.
+const DefaultNamespace = "sandbox-controller-system"
+
+// Names of the objects in the controllers' namespace.
+const (
+	// SecretName holds the CA's certificate and key (tls.crt, tls.key).
+	SecretName = "sandbox-controller-ca"
+	// ConfigMapName holds the CA's certificate (ConfigMapKey) for clients.
+	ConfigMapName = "sandbox-controller-ca"
+	// ConfigMapKey is the key of the certificate in the ConfigMap.
+	ConfigMapKey = "ca.crt"
+)
+
+// CAValidity is how long a CA made here is valid. It is not rotated: a
+// new one is made by deleting the Secret and restarting the controllers.
+const CAValidity = 10 * 365 * 24 * time.Hour
+
+// DefaultValidity is how long a serving certificate is valid; it is
+// renewed after two thirds of that.
+const DefaultValidity = 7 * 24 * time.Hour
+
+// CA signs serving certificates.
+type CA struct {
+	Cert *x509.Certificate
+	Key  crypto.Signer
+	// PEM is the certificate, PEM-encoded, as clients get it.
+	PEM []byte
+}
+
+// NewCA makes a CA valid from now for CAValidity.
+func NewCA(now time.Time) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := serialNumber()
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "sandbox-controller exec API CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(CAValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("making the CA: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+}
+
+func serialNumber() (*big.Int, error) {
+	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
+}
+
+// Issue signs a serving certificate for hosts (IP addresses or DNS
+// names), valid from now for validity (never past the CA's own end).
+func (ca *CA) Issue(hosts []string, validity time.Duration, now time.Time) (*tls.Certificate, error) {
+	if len(hosts) == 0 {
+		return nil, errors.New("a serving certificate needs at least one address or name")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := serialNumber()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(validity)
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "sandbox-controller exec API " + hosts[0]},
+		NotBefore:    now.Add(-5 * time.Minute),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("signing the serving certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// EnsureCA is the CA in the Secret of namespace, made and stored when
+// there is none. Controllers starting at once each try to create it: the
+// first create wins and the others read what it stored.
+func EnsureCA(ctx context.Context, c client.Client, namespace string, now time.Time) (*CA, error) {
+	key := client.ObjectKey{Namespace: namespace, Name: SecretName}
+	var s corev1.Secret
+	err := c.Get(ctx, key, &s)
+	if apierrors.IsNotFound(err) {
+		ca, caErr := NewCA(now)
+		if caErr != nil {
+			return nil, caErr
+		}
+		keyDER, keyErr := x509.MarshalPKCS8PrivateKey(ca.Key)
+		if keyErr != nil {
+			return nil, keyErr
+		}
+		s = corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: SecretName},
+			Type:       corev1.SecretTypeTLS,
+			Data: map[string][]byte{
+				corev1.TLSCertKey:       ca.PEM,
+				corev1.TLSPrivateKeyKey: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+			},
+		}
+		switch createErr := c.Create(ctx, &s); {
+		case createErr == nil:
+			return ca, nil
+		case !apierrors.IsAlreadyExists(createErr):
+			return nil, fmt.Errorf("storing the exec API's CA in Secret %s/%s: %w", namespace, SecretName, createErr)
+		}
+		// Another controller made it first: use that one.
+		err = c.Get(ctx, key, &s)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the exec API's CA from Secret %s/%s: %w", namespace, SecretName, err)
+	}
+	return parseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+}
+
+func parseCA(certPEM, keyPEM []byte) (*CA, error) {
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("the Secret %s does not hold a certificate and its key: %w", SecretName, err)
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, err
+	}
+	signer, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok || !cert.IsCA {
+		return nil, fmt.Errorf("the Secret %s does not hold a CA", SecretName)
+	}
+	return &CA{Cert: cert, Key: signer, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})}, nil
+}
+
+// Publish puts the CA's certificate in the ConfigMap of namespace that
+// clients read, creating or correcting it.
+func Publish(ctx context.Context, c client.Client, namespace string, caPEM []byte) error {
+	cm := corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: ConfigMapName}}
+	err := c.Get(ctx, client.ObjectKeyFromObject(&cm), &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		cm.Data = map[string]string{ConfigMapKey: string(caPEM)}
+		if err := c.Create(ctx, &cm); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("publishing the exec API's CA in ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+	case bytes.Equal([]byte(cm.Data[ConfigMapKey]), caPEM):
+		return nil
+	}
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[ConfigMapKey] = string(caPEM)
+	if err := c.Update(ctx, &cm); err != nil {
+		return fmt.Errorf("publishing the exec API's CA in ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+	}
+	return nil
+}
+
+// ReadPublished is the CA certificate clients trust, from the ConfigMap
+// of namespace; found is false when there is none.
+func ReadPublished(ctx context.Context, c client.Reader, namespace string) (caPEM []byte, found bool, err error) {
+	var cm corev1.ConfigMap
+	err = c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ConfigMapName}, &cm)
+	if apierrors.IsNotFound(err) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	v := cm.Data[ConfigMapKey]
+	if v == "" {
+		return nil, false, fmt.Errorf("the ConfigMap %s/%s has no %s", namespace, ConfigMapName, ConfigMapKey)
+	}
+	return []byte(v), true, nil
+}
+
+// Source is a node's current serving certificate. Load makes the first;
+// Start (a manager Runnable) renews it at two thirds of its life, and a
+// renewal that fails is tried again every minute while the old one holds.
+type Source struct {
+	Client    client.Client
+	Namespace string
+	// Hosts are the addresses and names the certificate is for: the
+	// node's exec API address first.
+	Hosts    []string
+	Validity time.Duration
+	Now      func() time.Time
+	Log      logr.Logger
+
+	cur atomic.Pointer[tls.Certificate]
+}
+
+// Load issues the first certificate, making and publishing the CA if the
+// cluster has none.
+func (s *Source) Load(ctx context.Context) error {
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Validity <= 0 {
+		s.Validity = DefaultValidity
+	}
+	return s.renew(ctx)
+}
+
+func (s *Source) renew(ctx context.Context) error {
+	now := s.Now()
+	ca, err := EnsureCA(ctx, s.Client, s.Namespace, now)
+	if err != nil {
+		return err
+	}
+	if err := Publish(ctx, s.Client, s.Namespace, ca.PEM); err != nil {
+		return err
+	}
+	cert, err := ca.Issue(s.Hosts, s.Validity, now)
+	if err != nil {
+		return err
+	}
+	s.cur.Store(cert)
+	s.Log.Info("exec API serving certificate issued", "hosts", s.Hosts, "notAfter", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// NeedLeaderElection: every node renews its own.
+func (s *Source) NeedLeaderElection() bool { return false }
+
+// Start renews the certificate until ctx ends.
+func (s *Source) Start(ctx context.Context) error {
+	for {
+		wait := time.Minute
+		if cur := s.cur.Load(); cur != nil {
+			life := cur.Leaf.NotAfter.Sub(cur.Leaf.NotBefore)
+			wait = max(cur.Leaf.NotBefore.Add(life*2/3).Sub(s.Now()), 0)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		if err := s.renew(ctx); err != nil && ctx.Err() == nil {
+			s.Log.Error(err, "renewing the exec API's serving certificate; the current one is served until it expires")
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Minute):
+			}
+		}
+	}
+}
+
+// GetCertificate serves the current certificate (tls.Config.GetCertificate).
+func (s *Source) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if c := s.cur.Load(); c != nil {
+		return c, nil
+	}
+	return nil, errors.New("no serving certificate loaded yet")
+}

@@ -1,0 +1,70 @@
+package servingcert
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestIssuedCertificateVerifiesForItsHostsOnly(t *testing.T) {
+	now := time.Now()
+	ca, err := NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue([]string{"10.1.2.3", "node-a"}, time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	for _, host := range []string{"10.1.2.3", "node-a"} {
+		if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: host, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("%s: %v", host, err)
+		}
+	}
+	if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "10.1.2.4"}); err == nil {
+		t.Error("verifies for an address it was not issued for")
+	}
+	if !cert.Leaf.IPAddresses[0].Equal(net.ParseIP("10.1.2.3")) || cert.Leaf.IsCA {
+		t.Errorf("leaf %v CA=%v", cert.Leaf.IPAddresses, cert.Leaf.IsCA)
+	}
+	// Never valid past the CA.
+	late, err := ca.Issue([]string{"node-a"}, 20*365*24*time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late.Leaf.NotAfter.After(ca.Cert.NotAfter) {
+		t.Errorf("certificate valid until %s, past its CA's %s", late.Leaf.NotAfter, ca.Cert.NotAfter)
+	}
+	if _, err := ca.Issue(nil, time.Hour, now); err == nil {
+		t.Error("issued a certificate for no host")
+	}
+}
+
+func TestASecretWithoutACAIsRefused(t *testing.T) {
+	now := time.Now()
+	ca, err := NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue([]string{"node-a"}, time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leafPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]})
+	keyDER, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	if _, err := parseCA(leafPEM, keyPEM); err == nil || !strings.Contains(err.Error(), "does not hold a CA") {
+		t.Errorf("a serving certificate taken for the CA: %v", err)
+	}
+	if _, err := parseCA(ca.PEM, keyPEM); err == nil {
+		t.Error("a CA certificate with another key accepted")
+	}
+}
