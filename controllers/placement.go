@@ -468,10 +468,7 @@ func (p *placer) place(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, no
 	// With the resourceVersion read: a node's controller or another
 	// coordinator that wrote first wins, and this pass is retried.
 	if err := p.Status().Update(ctx, sb); err != nil {
-		if apierrors.IsConflict(err) {
-			return ctrl.Result{Requeue: true}, nil
-		}
-		return ctrl.Result{}, err
+		return requeueOnConflict(err)
 	}
 	if node != "" {
 		p.mu.Lock()
@@ -507,10 +504,7 @@ func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView,
 	meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse,
 		ObservedGeneration: sb.Generation, Reason: v1alpha1.ReasonNodeLost, Message: boundedMessage(msg + "; " + stay)})
 	if err := p.Status().Update(ctx, sb); err != nil {
-		if apierrors.IsConflict(err) {
-			return ctrl.Result{Requeue: true}, nil
-		}
-		return ctrl.Result{}, err
+		return requeueOnConflict(err)
 	}
 	p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, msg)
 	return ctrl.Result{}, nil

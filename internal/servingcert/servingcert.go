@@ -296,7 +296,7 @@ func (s *Source) renew(ctx context.Context) error {
 	return nil
 }
 
-// NeedLeaderElection: every node renews its own.
+// NeedLeaderElection is false: every node renews its own.
 func (s *Source) NeedLeaderElection() bool { return false }
 
 // Start renews the certificate until ctx ends.

@@ -584,7 +584,7 @@ func applyYAML(path string) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
 	for {
 		var u unstructured.Unstructured
-		if err := dec.Decode(&u.Object); err == io.EOF {
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
 			return
 		} else {
 			Expect(err).NotTo(HaveOccurred())

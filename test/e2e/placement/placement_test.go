@@ -57,12 +57,12 @@ func (n *node) start() {
 	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(n.dir, "state")})
 	Expect(err).NotTo(HaveOccurred())
 	n.mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{
-		Host:           instance.Host{AreasRoot: filepath.Join(n.dir, "areas"), Home: "/nonexistent-home"},
-		NodeName:       n.name,
-		Capacity:       n.capacity,
+		Host:            instance.Host{AreasRoot: filepath.Join(n.dir, "areas"), Home: "/nonexistent-home"},
+		NodeName:        n.name,
+		Capacity:        n.capacity,
 		SystemNamespace: leaseNS,
-		NodeLostAfter:  lostAfter,
-		OrphanInterval: time.Second,
+		NodeLostAfter:   lostAfter,
+		OrphanInterval:  time.Second,
 	})
 }
 
