@@ -70,7 +70,7 @@ UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/te
 .PHONY: test
 test: manifests generate vet ## Everything (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies, then the two race tests alone at full strength (hack/run-tests.sh; starts incusd, and a private containerd it stops after). Output in bin/test-output.log, a summary at the end.
 	@hack/install-deps.sh
-	@hack/envtest-assets.sh >/dev/null
+	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
 	@mkdir -p $(BIN)
@@ -80,7 +80,7 @@ test: manifests generate vet ## Everything (the README's command; CI runs it): u
 .PHONY: test-unit
 test-unit: manifests generate vet ## The fast loop: unit tests and envtest suites with the real bwrap and git; no daemons.
 	@hack/install-deps.sh
-	@hack/envtest-assets.sh >/dev/null
+	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
 	KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) $(UNIT_PKGS)
 
 .PHONY: test-e2e
@@ -170,6 +170,14 @@ SCALE_SANDBOXES ?= 1000
 
 IMAGE_BIN  := $(BIN)/image/sandbox-controller
 
+# make deploy and make undeploy (hack/deploy.sh, docs/cluster.md) talk to the
+# cluster of KUBECONFIG with KUBECTL (empty: bin/k8s/<version>/kubectl,
+# built when missing).
+IMG              ?= $(IMAGE_NAME):$(VERSION)
+BACKENDS         ?=
+UNDEPLOY_TIMEOUT ?= 5m
+KUBECTL          ?=
+
 .PHONY: image
 image: image-binary ## Build the controller's OCI image without a container engine (static binary; bwrap, git and their libraries from Debian packages) as bin/sandbox-controller-image.tar, tagged with VERSION (default: git describe); `ctr images import` takes it.
 	cd hack/image && GOWORK=off go run . -controller "$(IMAGE_BIN)" -debs "$(BIN)/image/debs" \
@@ -180,3 +188,11 @@ image: image-binary ## Build the controller's OCI image without a container engi
 .PHONY: image-binary
 image-binary:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(IMAGE_BIN) ./cmd/sandbox-controller
+
+.PHONY: deploy
+deploy: ## Install the CRDs, RBAC, admission policy, namespace and the controller's DaemonSet (config/default) in the cluster of KUBECONFIG, with the image IMG (default IMAGE_NAME:VERSION, what make image tags); BACKENDS=containerd,incus adds those backends' components. Server-side apply; run again to update.
+	IMG="$(IMG)" BACKENDS="$(BACKENDS)" KUBECTL="$(KUBECTL)" hack/deploy.sh deploy
+
+.PHONY: undeploy
+undeploy: ## Delete every Sandbox and SessionClaim while the controller still runs to release them (fails after UNDEPLOY_TIMEOUT naming those left, having deleted nothing else), then everything deploy installed. The agents' areas stay on the nodes.
+	UNDEPLOY_TIMEOUT="$(UNDEPLOY_TIMEOUT)" KUBECTL="$(KUBECTL)" hack/deploy.sh undeploy
