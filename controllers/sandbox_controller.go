@@ -40,8 +40,8 @@ type SandboxReconciler struct {
 // The controller's own rights, least privilege: it writes a Sandbox only to
 // add or drop its finalizer (update), its status only by patch, and never
 // creates one. sandboxes/finalizers lets it make a Sandbox a claim's owner.
-// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes,verbs=get;list;watch;update
-// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/status,verbs=patch
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/status,verbs=patch;update
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
@@ -133,8 +133,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	}
 	r.reportUndecodable(ctx, sb)
 	if !controllerutil.ContainsFinalizer(sb, v1alpha1.Finalizer) && sb.DeletionTimestamp.IsZero() {
-		controllerutil.AddFinalizer(sb, v1alpha1.Finalizer)
-		return requeueOnConflict(r.Update(ctx, sb))
+		return requeueOnConflict(patchFinalizer(ctx, r.Client, sb, true))
 	}
 
 	read := snapshot(sb)
@@ -480,11 +479,25 @@ func (r *SandboxReconciler) reconcileDelete(ctx context.Context, s *sandboxScope
 			log.FromContext(ctx).Info("deleted instance; host areas kept", "instance", name)
 		}
 	}
-	controllerutil.RemoveFinalizer(s.sb, v1alpha1.Finalizer)
-	if err := r.Update(ctx, s.sb); err != nil {
+	if err := patchFinalizer(ctx, r.Client, s.sb, false); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// patchFinalizer adds or removes the controller's finalizer with a patch
+// of the finalizers alone (guarded by the resourceVersion read). An update
+// would send the whole spec back as Go encodes it (idleTimeout "5m" as
+// "5m0s"), which moves metadata.generation and puts a spec the user did
+// not change before the class's admission policy again.
+func patchFinalizer(ctx context.Context, c client.Client, obj client.Object, add bool) error {
+	before := obj.DeepCopyObject().(client.Object)
+	if add {
+		controllerutil.AddFinalizer(obj, v1alpha1.Finalizer)
+	} else {
+		controllerutil.RemoveFinalizer(obj, v1alpha1.Finalizer)
+	}
+	return c.Patch(ctx, obj, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 }
 
 func idleTimeout(sb *v1alpha1.Sandbox) time.Duration {

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -111,6 +112,30 @@ var _ = Describe("Sandbox refcounting", func() {
 		deleteAndWait(c)
 		Eventually(sandboxStatus(ns, "kept"), timeout).Should(sandboxIs(0, metav1.ConditionTrue, v1alpha1.ReasonIdle))
 		Consistently(func() int { return mgr.rt.Count("Stop", v1alpha1.InstanceName("kept")) }, 2500*time.Millisecond).Should(Equal(0))
+	})
+})
+
+var _ = Describe("Sandbox finalizer", func() {
+	It("adds its finalizer without rewriting the spec: the generation stays 1 for a spec Go would encode otherwise", func() {
+		ns := newNamespace()
+		// As kubectl apply sends it: "5m", which Go encodes as "5m0s".
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": v1alpha1.GroupVersion.String(), "kind": "Sandbox",
+			"metadata": map[string]any{"namespace": ns, "name": "applied"},
+			"spec":     map[string]any{"agent": ns + "-applied", "binaries": []any{"true"}, "idleTimeout": "5m"},
+		}}
+		Expect(k8s.Create(ctx, u)).To(Succeed())
+		Eventually(func() (*v1alpha1.Sandbox, error) {
+			var sb v1alpha1.Sandbox
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "applied"}, &sb)
+			return &sb, err
+		}, timeout).Should(And(
+			HaveField("Finalizers", ContainElement(v1alpha1.Finalizer)),
+			HaveField("Status.ObservedGeneration", BeEquivalentTo(1)),
+			HaveField("Generation", BeEquivalentTo(1))))
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "applied"}, u)).To(Succeed())
+		idle, _, _ := unstructured.NestedString(u.Object, "spec", "idleTimeout")
+		Expect(idle).To(Equal("5m"), "the spec is as the user wrote it")
 	})
 })
 

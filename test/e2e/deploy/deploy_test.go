@@ -31,6 +31,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -48,6 +49,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 )
 
@@ -82,6 +85,9 @@ func TestDeploy(t *testing.T) {
 	RunSpecs(t, "Deploy suite")
 }
 
+// adminCfg is the API server's own administrator configuration.
+var adminCfg *rest.Config
+
 var _ = BeforeSuite(func() {
 	if p := testenv.AssetsProblem(); p != "" {
 		testenv.Missing(GinkgoT(), "envtest binaries", p)
@@ -108,6 +114,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	kube, err = kubernetes.NewForConfig(cfg)
 	Expect(err).NotTo(HaveOccurred())
+	adminCfg = cfg
 	as := rest.CopyConfig(cfg)
 	as.Impersonate = rest.ImpersonationConfig{UserName: controllerSA}
 	controller, err = client.New(as, client.Options{Scheme: scheme})
@@ -227,10 +234,15 @@ func asController(obj client.Object, add bool) error {
 	if err := controller.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		return err
 	}
+	before := obj.DeepCopyObject().(client.Object)
 	if add {
 		controllerutil.AddFinalizer(obj, v1alpha1.Finalizer)
 	} else {
 		controllerutil.RemoveFinalizer(obj, v1alpha1.Finalizer)
+	}
+	if _, isSandbox := obj.(*v1alpha1.Sandbox); isSandbox {
+		// A patch of the finalizers alone, as the Sandbox reconciler does.
+		return controller.Patch(ctx, obj, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 	}
 	return controller.Update(ctx, obj)
 }
@@ -301,7 +313,9 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(c.Image).To(Equal(defaultImage), "the name and tag make image gives its image")
 		Expect(c.ImagePullPolicy).To(Equal(corev1.PullIfNotPresent), "an image imported on the nodes is not pulled")
 		Expect(c.Args).To(ContainElements("--node-name=$(NODE_NAME)", "--areas-root=/var/lib/sandbox-controller/areas",
-			"--backends=bwrap$(CONTAINERD_BACKEND)$(INCUS_BACKEND)", "--api-bind-address=0"))
+			"--backends=bwrap$(CONTAINERD_BACKEND)$(INCUS_BACKEND)", "--api-bind-address=:10350", "--api-advertise-address=$(NODE_IP):10350"))
+		Expect(pod.HostNetwork).To(BeTrue(), "the exec API listens on the node's address, where claims point")
+		Expect(envValue(c, "POD_NAMESPACE")).To(BeEmpty(), "the namespace comes from the pod (fieldRef)")
 		Expect(envValue(c, "CONTAINERD_BACKEND")).To(BeEmpty())
 		Expect(envValue(c, "INCUS_BACKEND")).To(BeEmpty())
 		Expect(c.SecurityContext.Privileged).To(Equal(ptr.To(true)))
@@ -371,12 +385,34 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		meta.SetStatusCondition(&alice.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady,
 			Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonStopped, Message: "written by the deploy test"})
 		Expect(controller.Status().Patch(ctx, alice, client.MergeFrom(before))).To(Succeed())
+		// Placement writes status.nodeName with the resourceVersion it read.
+		alice.Status.NodeName = "node-a"
+		Expect(controller.Status().Update(ctx, alice)).To(Succeed())
 
 		err = controller.Create(ctx, &v1alpha1.Sandbox{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mallory"},
 			Spec:       v1alpha1.SandboxSpec{Agent: "mallory"},
 		})
 		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "the controller never creates Sandboxes: %v", err)
+
+		By("making the exec API's CA and a node Lease as a node's controller does")
+		src := &servingcert.Source{Client: controller, Namespace: namespace, Hosts: []string{"10.0.0.7", "node-a"}, Log: GinkgoLogr}
+		Expect(src.Load(ctx)).To(Succeed())
+		anyone := rest.CopyConfig(adminCfg)
+		anyone.Impersonate = rest.ImpersonationConfig{UserName: "someone", Groups: []string{"system:authenticated"}}
+		someone, err := client.New(anyone, client.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		_, found, err := servingcert.ReadPublished(ctx, someone, namespace)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(found).To(BeTrue(), "any authenticated user reads the CA")
+		Expect(apierrors.IsForbidden(someone.Get(ctx, client.ObjectKey{Namespace: namespace, Name: servingcert.SecretName}, &corev1.Secret{}))).To(BeTrue(),
+			"nobody but the controller reads the CA's key")
+		holder := "node-a"
+		Expect(controller.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: controllers.NodeLeaseName("node-a")},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder},
+		})).To(Succeed())
+		Expect(controller.List(ctx, &corev1.NodeList{})).To(Succeed())
 	})
 
 	It("stops undeploy in bounded time while finalizers hold, naming them, having deleted nothing else", func() {
