@@ -150,6 +150,50 @@ func (ca *CA) Issue(hosts []string, validity time.Duration, now time.Time) (*tls
 	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
 }
 
+// ForwarderName is the common name of the client certificate a node's
+// exec API presents when it forwards a request that reached it through
+// the API server to the node that runs the claim's Sandbox. A node takes
+// the caller's identity from the request's headers only from a peer whose
+// certificate the cluster's CA signed for this name.
+const ForwarderName = "sandbox-controller:forwarder"
+
+// IssueClient signs a client certificate for the common name cn, valid
+// from now for validity (never past the CA's own end).
+func (ca *CA) IssueClient(cn string, validity time.Duration, now time.Time) (*tls.Certificate, error) {
+	if cn == "" {
+		return nil, errors.New("a client certificate needs a common name")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := serialNumber()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(validity)
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    now.Add(-5 * time.Minute),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("signing the client certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}
+
 // EnsureCA is the CA in the Secret of namespace, made and stored when
 // there is none. Controllers starting at once each try to create it: the
 // first create wins and the others read what it stored.
@@ -263,7 +307,9 @@ type Source struct {
 	Now      func() time.Time
 	Log      logr.Logger
 
-	cur atomic.Pointer[tls.Certificate]
+	cur    atomic.Pointer[tls.Certificate]
+	client atomic.Pointer[tls.Certificate]
+	caPEM  atomic.Pointer[[]byte]
 }
 
 // Load issues the first certificate, making and publishing the CA if the
@@ -291,7 +337,13 @@ func (s *Source) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	fwd, err := ca.IssueClient(ForwarderName, s.Validity, now)
+	if err != nil {
+		return err
+	}
 	s.cur.Store(cert)
+	s.client.Store(fwd)
+	s.caPEM.Store(&ca.PEM)
 	s.Log.Info("exec API serving certificate issued", "hosts", s.Hosts, "notAfter", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
@@ -329,4 +381,21 @@ func (s *Source) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) 
 		return c, nil
 	}
 	return nil, errors.New("no serving certificate loaded yet")
+}
+
+// GetClientCertificate is the forwarder's client certificate, renewed
+// with the serving one (tls.Config.GetClientCertificate).
+func (s *Source) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if c := s.client.Load(); c != nil {
+		return c, nil
+	}
+	return nil, errors.New("no client certificate loaded yet")
+}
+
+// CAPEM is the cluster's exec API CA certificate (PEM), nil before Load.
+func (s *Source) CAPEM() []byte {
+	if p := s.caPEM.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
