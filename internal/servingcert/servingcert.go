@@ -22,6 +22,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -33,7 +35,11 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -398,4 +404,25 @@ func (s *Source) CAPEM() []byte {
 		return *p
 	}
 	return nil
+}
+
+// PublishAPIService puts the CA's certificate in the caBundle of the
+// APIService name, with which the API server verifies the nodes' exec
+// APIs when it proxies the aggregated API to them. found is false when
+// there is no such APIService (the aggregated API is not installed).
+func PublishAPIService(ctx context.Context, c client.Client, name string, caPEM []byte) (found bool, err error) {
+	svc := &unstructured.Unstructured{}
+	svc.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
+	svc.SetName(name)
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"caBundle": base64.StdEncoding.EncodeToString(caPEM)}})
+	if err != nil {
+		return false, err
+	}
+	switch err := c.Patch(ctx, svc, client.RawPatch(types.MergePatchType, patch)); {
+	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("setting the caBundle of APIService %s: %w", name, err)
+	}
+	return true, nil
 }
