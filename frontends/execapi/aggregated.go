@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/request/headerrequest"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -82,23 +83,27 @@ func FrontProxyAuth(kube kubernetes.Interface, log logr.Logger, a *Auth) error {
 		headerrequest.StringSliceProviderFunc(hdr.AllowedClientNames), headerrequest.StringSliceProviderFunc(hdr.UsernameHeaders),
 		headerrequest.StringSliceProviderFunc(hdr.UIDHeaders), headerrequest.StringSliceProviderFunc(hdr.GroupHeaders),
 		headerrequest.StringSliceProviderFunc(hdr.ExtraHeaderPrefixes))
-	prev := a.run
-	a.run = func(ctx context.Context) {
+	// The controllers keep both current; the server waits (a while) for
+	// their first read before serving, so the API server's first
+	// requests are not refused.
+	prev := a.prepare
+	a.prepare = func(ctx context.Context) {
 		if prev != nil {
-			go prev(ctx)
+			prev(ctx)
 		}
-		// A first read before serving, so the API server's first
-		// requests are not refused; the controllers keep them current.
-		onceCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		if err := hdr.RunOnce(onceCtx); err != nil {
+		go hdr.Run(ctx, 1)
+		go ca.Run(ctx, 1)
+		loadCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := hdr.RunOnce(loadCtx); err != nil {
 			log.Error(err, "reading the API server's front-proxy configuration (ConfigMap kube-system/extension-apiserver-authentication)")
 		}
-		if err := ca.RunOnce(onceCtx); err != nil {
-			log.Error(err, "reading the API server's request-header CA")
+		err := wait.PollUntilContextCancel(loadCtx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			return len(ca.CurrentCABundleContent()) > 0, nil
+		})
+		if err != nil {
+			log.Error(err, "no request-header CA in ConfigMap kube-system/extension-apiserver-authentication yet: requests through the API server are refused until it appears")
 		}
-		cancel()
-		go hdr.Run(ctx, 1)
-		ca.Run(ctx, 1)
 	}
 	return nil
 }

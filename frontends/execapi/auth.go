@@ -37,6 +37,10 @@ type Auth struct {
 	Peer authenticator.Request
 	// run, when set, keeps the client CA bundle reloaded until ctx ends.
 	run func(ctx context.Context)
+	// prepare, when set, starts what keeps authentication current until
+	// ctx ends and waits for its first load, before the server accepts
+	// its first request.
+	prepare func(ctx context.Context)
 }
 
 // The manager asks the API server who a caller is and what they may do.

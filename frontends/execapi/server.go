@@ -166,6 +166,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.auth.prepare != nil {
+		s.auth.prepare(ctx)
+	}
 	if s.auth.run != nil {
 		go s.auth.run(ctx)
 	}
