@@ -216,13 +216,7 @@ func routeTo(n *nodeAPI) {
 	Expect(err).NotTo(HaveOccurred())
 	port, err := strconv.Atoi(portStr)
 	Expect(err).NotTo(HaveOccurred())
-	eps := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Namespace: aggServiceNS, Name: aggServiceName}}
-	//nolint:staticcheck // the API server may still route by Endpoints.
-	_, err = ctrlCreateOrUpdate(eps, func() {
-		//nolint:staticcheck // as above
-		eps.Subsets = []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: host}}, Ports: []corev1.EndpointPort{{Name: "https", Port: int32(port)}}}}
-	})
-	Expect(err).NotTo(HaveOccurred())
+	// The API server routes by the Service's EndpointSlices.
 	slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: aggServiceNS, Name: aggServiceName + "-test"}}
 	_, err = ctrlCreateOrUpdate(slice, func() {
 		slice.Labels = map[string]string{discoveryv1.LabelServiceName: aggServiceName}

@@ -3,6 +3,7 @@ package execapi_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -117,8 +118,8 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		Expect(r.stdout).To(Equal("hello through the API server\n"))
 		r = execThrough(ctx, alice, ns, claim, "sh", "-c", "echo err >&2; exit 3")
 		var code exec.CodeExitError
-		Expect(r.err).To(BeAssignableToTypeOf(code))
-		Expect(r.err.(exec.CodeExitError).Code).To(Equal(3))
+		Expect(errors.As(r.err, &code)).To(BeTrue(), "%v", r.err)
+		Expect(code.Code).To(Equal(3))
 		Expect(r.stderr).To(Equal("err\n"))
 	})
 
