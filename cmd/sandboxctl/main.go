@@ -44,8 +44,8 @@ Usage:
   sandboxctl convert FILE --agent NAME [--name NAME] [--namespace NS]
   sandboxctl ls      --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]
   sandboxctl cp      --config FILE --agent NAME [--areas-root DIR] SRC DST
-  sandboxctl cp      [-n NS] [--server URL] [--api-ca-file F] SRC DST   (one side CLAIM:/path)
-  sandboxctl exec    [-n NS] [-i] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
+  sandboxctl cp      [-n NS] [--via api-server|node] [--server URL] [--api-ca-file F] SRC DST   (one side CLAIM:/path)
+  sandboxctl exec    [-n NS] [-i] [--via api-server|node] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
   sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
   sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] --digest D TARGET
 

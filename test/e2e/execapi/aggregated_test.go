@@ -8,6 +8,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -52,6 +55,8 @@ func grantAggregated(ns string, subjects ...rbacv1.Subject) {
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"create"}},
 			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update"}},
+			// The node path reads the claim's status.endpoint.
+			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims"}, Verbs: []string{"get"}},
 			{APIGroups: []string{execapi.AggregatedGroup}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"get", "create"}},
 			{APIGroups: []string{execapi.AggregatedGroup}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update", "delete"}},
 		},
@@ -141,6 +146,44 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		code, body = do(http.MethodGet, "")
 		Expect(code).To(Equal(http.StatusOK))
 		Expect(body).To(Equal("written through the API server"))
+	})
+
+	It("is what kubectl sandbox exec and cp use by default, with nothing but the kubeconfig", func() {
+		bin := filepath.Join(env.Dir, "sandboxctl")
+		build := osexec.Command("go", "build", "-o", bin, "./cmd/sandboxctl")
+		build.Dir = filepath.Join(testenv.CRDDir(3), "..", "..", "..")
+		out, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		u, err := testEnv.AddUser(envtest.User{Name: "alice", Groups: []string{"developers"}}, nil)
+		Expect(err).NotTo(HaveOccurred())
+		kc, err := u.KubeConfig()
+		Expect(err).NotTo(HaveOccurred())
+		kcFile := filepath.Join(env.Dir, "alice-"+ns+".kubeconfig")
+		Expect(os.WriteFile(kcFile, kc, 0o600)).To(Succeed())
+		// A CA that verifies no node: only the API server path can work.
+		wrongCA := filepath.Join(env.Dir, "wrong-ca-"+ns+".crt")
+		Expect(os.WriteFile(wrongCA, servingCA, 0o600)).To(Succeed())
+		run := func(sub string, args ...string) (string, error) {
+			cmd := osexec.Command(bin, append([]string{sub, "--kubeconfig", kcFile, "-n", ns, "--api-ca-file", wrongCA}, args...)...)
+			b, err := cmd.CombinedOutput()
+			return string(b), err
+		}
+		By("exec without --via: through the API server")
+		got, err := run("exec", claim, "--", "echo", "via", "kubectl")
+		Expect(err).NotTo(HaveOccurred(), got)
+		Expect(got).To(Equal("via kubectl\n"))
+		By("cp without --via: through the API server")
+		local := filepath.Join(env.Dir, "cp-"+ns+".txt")
+		Expect(os.WriteFile(local, []byte("copied through the API server"), 0o600)).To(Succeed())
+		got, err = run("cp", local, claim+":/workspace/copied.txt")
+		Expect(err).NotTo(HaveOccurred(), got)
+		got, err = run("exec", "--via", "api-server", claim, "--", "cat", "/workspace/copied.txt")
+		Expect(err).NotTo(HaveOccurred(), got)
+		Expect(got).To(Equal("copied through the API server"))
+		By("--via node goes to the node, whose certificate that CA does not verify")
+		got, err = run("exec", "--via", "node", claim, "--", "true")
+		Expect(err).To(HaveOccurred())
+		Expect(got).To(ContainSubstring("certificate"))
 	})
 
 	It("is refused by the API server for a user without RBAC on the aggregated group", func() {
