@@ -69,10 +69,13 @@ cp       copies one file in or out; the sandbox side is written with a
          area or mount is refused.
 exec     runs a command in a SessionClaim's sandbox through the controller's
          exec API (also installed as the kubectl plugin: kubectl sandbox
-         exec CLAIM -- git status). It sends the kubeconfig's client
-         certificate, or a token for the exec API's audience: a service
-         account token is exchanged for one (TokenRequest), others are
-         never forwarded (--api-token-file gives one).
+         exec CLAIM -- git status). By default through the API server when
+         it serves the aggregated API, with the kubeconfig as it is (--via
+         api-server); else, or with --via node, on the Sandbox's node, where
+         it sends the kubeconfig's client certificate, or a token for the
+         exec API's audience: a service account token is exchanged for one
+         (TokenRequest), others are never forwarded (--api-token-file
+         gives one).
 diff     lists what the sandbox changed in an overlay mount (mode =
          "overlay"): A added, M changed, D deleted, with each file's mode
          and SHA-256, relative to the mount, and a digest of the whole set.
