@@ -95,6 +95,11 @@ func FrontProxyAuth(kube kubernetes.Interface, log logr.Logger, a *Auth) error {
 		go ca.Run(ctx, 1)
 		loadCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
+		// An API server without a front proxy: nothing to wait for.
+		if cm, err := kube.CoreV1().ConfigMaps(authConfigMapNS).Get(loadCtx, authConfigMap, metav1.GetOptions{}); err == nil && cm.Data[requestHeaderCAKey] == "" {
+			log.Info("the API server has no front proxy configured (no " + requestHeaderCAKey + " in ConfigMap kube-system/" + authConfigMap + "): requests through it are refused until it has one; nodes' endpoints work")
+			return
+		}
 		if err := hdr.RunOnce(loadCtx); err != nil {
 			log.Error(err, "reading the API server's front-proxy configuration (ConfigMap kube-system/extension-apiserver-authentication)")
 		}
