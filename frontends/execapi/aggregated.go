@@ -95,8 +95,13 @@ func FrontProxyAuth(kube kubernetes.Interface, log logr.Logger, a *Auth) error {
 		go ca.Run(ctx, 1)
 		loadCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		// An API server without a front proxy: nothing to wait for.
-		if cm, err := kube.CoreV1().ConfigMaps(authConfigMapNS).Get(loadCtx, authConfigMap, metav1.GetOptions{}); err == nil && cm.Data[requestHeaderCAKey] == "" {
+		// An API server without a front proxy, or a ConfigMap this
+		// controller may not read: nothing to wait for.
+		switch cm, err := kube.CoreV1().ConfigMaps(authConfigMapNS).Get(loadCtx, authConfigMap, metav1.GetOptions{}); {
+		case err != nil:
+			log.Error(err, "reading ConfigMap kube-system/"+authConfigMap+" (the RoleBinding to extension-apiserver-authentication-reader of config/aggregated gives it): requests through the API server are refused; nodes' endpoints work")
+			return
+		case cm.Data[requestHeaderCAKey] == "":
 			log.Info("the API server has no front proxy configured (no " + requestHeaderCAKey + " in ConfigMap kube-system/" + authConfigMap + "): requests through it are refused until it has one; nodes' endpoints work")
 			return
 		}
