@@ -149,7 +149,7 @@ bench-incus: ## Claim and exec latency of the incus backend beside raw REST base
 	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
 
 .PHONY: bench-execapi
-bench-execapi: ## Exec of true through the exec API against the runtime called directly; writes docs/benchmarks-execapi.md.
+bench-execapi: ## Exec of true through the exec API (the node's endpoint), through the API server (aggregated API) and the runtime called directly; writes docs/benchmarks-execapi.md.
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
 	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v

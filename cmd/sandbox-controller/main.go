@@ -53,6 +53,7 @@ type flags struct {
 	nodeLostAfter                           time.Duration
 	systemNamespace                         string
 	certValidity                            time.Duration
+	apiService                              string
 }
 
 func main() {
@@ -80,6 +81,7 @@ func main() {
 	flag.StringVar(&f.localKubeconfig, "local-kubeconfig", "bin/local/kubeconfig", "where --local-control-plane writes its administrator kubeconfig")
 	f.api.BindFlags(flag.CommandLine)
 	flag.DurationVar(&f.certValidity, "api-cert-validity", servingcert.DefaultValidity, "validity of the exec API's serving certificate when it comes from the cluster's CA; it is renewed at two thirds")
+	flag.StringVar(&f.apiService, "api-service", "sandbox-controller-exec-api", "Service in --system-namespace that APIService "+execapi.APIServiceName+" points at: the exec API accepts the API server's proxied requests (front proxy, from kube-system/extension-apiserver-authentication), forwards them to the node of the claim's Sandbox, and with a certificate from the cluster's CA names the Service's DNS names and sets the APIService's caBundle; empty: the exec API is reached on the nodes only")
 	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
 	logFormat := flag.String("log-format", "json", "log encoding: json (one object a line, for log collectors) or console (human-readable, with stack traces from warnings on: the development mode `make run` uses)")
 	logLevel := flag.String("log-level", "info", "least important log lines written: error, info, debug, or a number N for logr's V(N) and below (steady-state lines are V(4))")
@@ -136,6 +138,9 @@ func run(ctx context.Context, f flags) (retErr error) {
 			return err
 		}
 		kc, _ := filepath.Abs(cp.Kubeconfig)
+		// The local control plane has no aggregator routing to this
+		// process: its exec API is reached directly.
+		f.apiService = ""
 		var apiCA string
 		if f.api.Enabled() && f.api.CertFile == "" {
 			dir := filepath.Join(filepath.Dir(kc), "execapi")
@@ -237,11 +242,23 @@ Ctrl-C stops the controller and the control plane.
 		}
 		opts := execapi.Options{
 			Reader: mgr.GetClient(), Runtimes: rts, Host: host, NodeName: f.nodeName,
-			Auth: auth, Log: ctrl.Log.WithName("execapi"),
+			Log: ctrl.Log.WithName("execapi"),
+		}
+		if f.apiService != "" {
+			if err := execapi.FrontProxyAuth(kube, ctrl.Log.WithName("execapi"), &auth); err != nil {
+				return fmt.Errorf("exec API: %w", err)
+			}
 		}
 		if certs != nil {
 			opts.GetCertificate = certs.GetCertificate
+			if f.apiService != "" {
+				if err := execapi.PeerAuth(certs.CAPEM(), servingcert.ForwarderName, &auth); err != nil {
+					return fmt.Errorf("exec API: %w", err)
+				}
+				opts.Forwarding = &execapi.Forwarding{CAPEM: certs.CAPEM(), GetClientCertificate: certs.GetClientCertificate}
+			}
 		}
+		opts.Auth = auth
 		srv, err := execapi.New(f.api, opts)
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)
@@ -322,6 +339,12 @@ func clusterCertificate(ctx context.Context, cfg *rest.Config, scheme *runtime.S
 	if f.nodeName != "" && f.nodeName != host {
 		hosts = append(hosts, f.nodeName)
 	}
+	if f.apiService != "" {
+		// The API server verifies the Service's name when it proxies the
+		// aggregated API to a node.
+		svc := f.apiService + "." + f.systemNamespace + ".svc"
+		hosts = append(hosts, svc, svc+".cluster.local")
+	}
 	// Straight to the API server: the manager's cache would watch every
 	// Secret of the cluster.
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
@@ -333,6 +356,16 @@ func clusterCertificate(ctx context.Context, cfg *rest.Config, scheme *runtime.S
 	defer cancel()
 	if err := src.Load(loadCtx); err != nil {
 		return nil, fmt.Errorf("exec API serving certificate: %w", err)
+	}
+	if f.apiService != "" {
+		switch found, err := servingcert.PublishAPIService(loadCtx, c, execapi.APIServiceName, src.CAPEM()); {
+		case err != nil:
+			// The node's own endpoint works without it; say why the
+			// aggregated one does not.
+			ctrl.Log.WithName("servingcert").Error(err, "the API server cannot verify the exec API until the APIService has the CA", "apiService", execapi.APIServiceName)
+		case !found:
+			ctrl.Log.WithName("servingcert").Info("no APIService for the aggregated exec API; it is reached on the nodes only", "apiService", execapi.APIServiceName)
+		}
 	}
 	return src, nil
 }

@@ -39,13 +39,21 @@ type clusterFlags struct {
 	audience, tokenFile            string
 	systemNamespace                string
 	insecure                       bool
+	via                            string
 }
+
+// How a client reaches the exec API (--via).
+const (
+	viaAPIServer = "api-server"
+	viaNode      = "node"
+)
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "the kubeconfig whose credentials are used (default $KUBECONFIG or ~/.kube/config)")
 	fs.StringVar(&f.context, "context", "", "the kubeconfig context to use")
 	fs.StringVar(&f.namespace, "n", "", "the claim's namespace (default the context's namespace)")
 	fs.StringVar(&f.namespace, "namespace", "", "the claim's namespace (default the context's namespace)")
+	fs.StringVar(&f.via, "via", "", "how to reach the claim's sandbox: api-server (the aggregated API "+execapi.AggregatedGroup+", with the kubeconfig's own credentials, from anywhere kubectl works) or node (the exec API of the Sandbox's node, the claim's status.endpoint); default api-server when the API server serves that API, else node")
 	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
 	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default: the cluster's exec API CA, published in ConfigMap "+servingcert.ConfigMapName+" of --system-namespace; without one, the kubeconfig's CA)")
 	fs.StringVar(&f.systemNamespace, "system-namespace", servingcert.DefaultNamespace, "the controller's namespace, where the exec API's CA is published")
@@ -54,29 +62,49 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "a bearer token issued for --api-audience (e.g. from your identity provider) to send instead of the kubeconfig's credentials")
 }
 
-// apiConfig builds the client configuration for the claim's exec API, aimed
-// at the endpoint the claim publishes. It never forwards a credential the
-// API server accepts as its own: a client certificate is sent as it is, a
-// service account token is exchanged for one bound to the exec API's
-// audience (exectoken.ForExecAPI).
-func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Config, string, error) {
+// apiConfig builds the client configuration for the claim's exec API and
+// the base URL of its paths (up to /namespaces). Through the API server it
+// is the kubeconfig's own, credentials and CA, aimed at the aggregated API.
+// To a node it is aimed at the endpoint the claim publishes and never
+// forwards a credential the API server accepts as its own: a client
+// certificate is sent as it is, a service account token is exchanged for
+// one bound to the exec API's audience (exectoken.ForExecAPI).
+func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Config, string, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = f.kubeconfig
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context})
 	cfg, err := cc.ClientConfig()
 	if err != nil {
-		return nil, "", fmt.Errorf("loading the kubeconfig: %w", err)
+		return nil, "", "", fmt.Errorf("loading the kubeconfig: %w", err)
 	}
 	ns := f.namespace
 	if ns == "" {
 		if ns, _, err = cc.Namespace(); err != nil {
-			return nil, "", fmt.Errorf("finding the namespace: %w", err)
+			return nil, "", "", fmt.Errorf("finding the namespace: %w", err)
 		}
+	}
+	via := f.via
+	switch {
+	case via == viaAPIServer || via == viaNode:
+	case via != "":
+		return nil, "", "", fmt.Errorf("--via %q: use %s or %s", via, viaAPIServer, viaNode)
+	case f.server != "":
+		via = viaNode
+	case aggregatedServed(cfg):
+		via = viaAPIServer
+	default:
+		via = viaNode
+	}
+	if via == viaAPIServer {
+		if f.server != "" {
+			return nil, "", "", errors.New("--server names a node's exec API; it does not go with --via " + viaAPIServer)
+		}
+		return cfg, ns, strings.TrimSuffix(cfg.Host, "/") + execapi.AggregatedPrefix, nil
 	}
 	server := f.server
 	if server == "" {
 		if server, err = claimEndpoint(ctx, cfg, ns, claim); err != nil {
-			return nil, "", err
+			return nil, "", "", err
 		}
 	}
 	if !strings.Contains(server, "://") {
@@ -84,7 +112,7 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 	}
 	api, err := exectoken.ForExecAPI(ctx, cfg, f.audience, f.tokenFile)
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	api.Host, api.APIPath = server, ""
 	switch {
@@ -95,13 +123,32 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 	default:
 		ca, err := publishedCA(ctx, cfg, f.systemNamespace)
 		if err != nil {
-			return nil, "", err
+			return nil, "", "", err
 		}
 		if ca != nil {
 			api.CAFile, api.CAData = "", ca
 		}
 	}
-	return api, ns, nil
+	return api, ns, strings.TrimSuffix(server, "/") + "/api/v1alpha1", nil
+}
+
+// aggregatedServed reports whether the API server serves the aggregated
+// exec API: its discovery answers only while the APIService is Available.
+func aggregatedServed(cfg *rest.Config) bool {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return false
+	}
+	res, err := kube.Discovery().ServerResourcesForGroupVersion(execapi.AggregatedGroup + "/" + execapi.AggregatedVersion)
+	if err != nil {
+		return false
+	}
+	for _, r := range res.APIResources {
+		if r.Name == "sessionclaims/exec" {
+			return true
+		}
+	}
+	return false
 }
 
 // publishedCA is the exec API's CA the controllers publish, or nil when
@@ -149,7 +196,7 @@ func claimEndpoint(ctx context.Context, cfg *rest.Config, ns, claim string) (str
 func execCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var f clusterFlags
 	var attachStdin bool
-	fs := newFlagSet("exec", "exec [-n NS] [-i] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]", stderr)
+	fs := newFlagSet("exec", "exec [-n NS] [-i] [--via api-server|node] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]", stderr)
 	f.register(fs)
 	fs.BoolVar(&attachStdin, "i", false, "pass stdin to the command")
 	fs.BoolVar(&attachStdin, "stdin", false, "pass stdin to the command")
@@ -177,7 +224,7 @@ func execCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg, ns, err := f.apiConfig(ctx, claim)
+	cfg, ns, base, err := f.apiConfig(ctx, claim)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
@@ -188,7 +235,7 @@ func execCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		q.Set("stdin", "true")
 		opts.Stdin = stdin
 	}
-	u := fmt.Sprintf("%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/exec?%s", strings.TrimSuffix(cfg.Host, "/"), url.PathEscape(ns), url.PathEscape(claim), q.Encode())
+	u := fmt.Sprintf("%s/namespaces/%s/sessionclaims/%s/exec?%s", base, url.PathEscape(ns), url.PathEscape(claim), q.Encode())
 	e, err := remotecommand.NewWebSocketExecutor(cfg, "GET", u)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)

@@ -44,8 +44,8 @@ Usage:
   sandboxctl convert FILE --agent NAME [--name NAME] [--namespace NS]
   sandboxctl ls      --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]
   sandboxctl cp      --config FILE --agent NAME [--areas-root DIR] SRC DST
-  sandboxctl cp      [-n NS] [--server URL] [--api-ca-file F] SRC DST   (one side CLAIM:/path)
-  sandboxctl exec    [-n NS] [-i] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
+  sandboxctl cp      [-n NS] [--via api-server|node] [--server URL] [--api-ca-file F] SRC DST   (one side CLAIM:/path)
+  sandboxctl exec    [-n NS] [-i] [--via api-server|node] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
   sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
   sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] --digest D TARGET
 
@@ -69,10 +69,13 @@ cp       copies one file in or out; the sandbox side is written with a
          area or mount is refused.
 exec     runs a command in a SessionClaim's sandbox through the controller's
          exec API (also installed as the kubectl plugin: kubectl sandbox
-         exec CLAIM -- git status). It sends the kubeconfig's client
-         certificate, or a token for the exec API's audience: a service
-         account token is exchanged for one (TokenRequest), others are
-         never forwarded (--api-token-file gives one).
+         exec CLAIM -- git status). By default through the API server when
+         it serves the aggregated API, with the kubeconfig as it is (--via
+         api-server); else, or with --via node, on the Sandbox's node, where
+         it sends the kubeconfig's client certificate, or a token for the
+         exec API's audience: a service account token is exchanged for one
+         (TokenRequest), others are never forwarded (--api-token-file
+         gives one).
 diff     lists what the sandbox changed in an overlay mount (mode =
          "overlay"): A added, M changed, D deleted, with each file's mode
          and SHA-256, relative to the mount, and a digest of the whole set.

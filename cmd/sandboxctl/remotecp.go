@@ -46,13 +46,13 @@ func remoteCopy(f clusterFlags, src, dst string, stderr io.Writer) int {
 	return 0
 }
 
-func fileURL(cfg *rest.Config, ns, claim, sandboxPath string) string {
-	return fmt.Sprintf("%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/files/%s", strings.TrimSuffix(cfg.Host, "/"),
+func fileURL(base, ns, claim, sandboxPath string) string {
+	return fmt.Sprintf("%s/namespaces/%s/sessionclaims/%s/files/%s", base,
 		url.PathEscape(ns), url.PathEscape(claim), strings.TrimPrefix(path.Clean(sandboxPath), "/"))
 }
 
 func fileRequest(ctx context.Context, f clusterFlags, claim, method, sandboxPath string, body io.Reader) (*http.Response, error) {
-	cfg, ns, err := f.apiConfig(ctx, claim)
+	cfg, ns, base, err := f.apiConfig(ctx, claim)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func fileRequest(ctx context.Context, f clusterFlags, claim, method, sandboxPath
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, method, fileURL(cfg, ns, claim, sandboxPath), body)
+	req, err := http.NewRequestWithContext(ctx, method, fileURL(base, ns, claim, sandboxPath), body)
 	if err != nil {
 		return nil, err
 	}

@@ -29,8 +29,18 @@ const (
 type Auth struct {
 	Authenticator authenticator.Request
 	Authorizer    authorizer.Authorizer
+	// FrontProxy, when set, authenticates requests the API server proxies
+	// to the aggregated API (FrontProxyAuth).
+	FrontProxy authenticator.Request
+	// Peer, when set, authenticates requests another node's exec API
+	// forwards (PeerAuth).
+	Peer authenticator.Request
 	// run, when set, keeps the client CA bundle reloaded until ctx ends.
 	run func(ctx context.Context)
+	// prepare, when set, starts what keeps authentication current until
+	// ctx ends and waits for its first load, before the server accepts
+	// its first request.
+	prepare func(ctx context.Context)
 }
 
 // The manager asks the API server who a caller is and what they may do.
@@ -80,16 +90,16 @@ func DelegatingAuth(kube kubernetes.Interface, c Config) (Auth, error) {
 	return a, nil
 }
 
-// authenticate returns the caller, or answers 401 and returns nil. The
-// request carries the exec API's audience into the TokenReview: without
-// it the API server reviews a token for its own audiences, and any token
-// that works against the API server (a service account's, a user's
-// kubeconfig token) would work here, where each node's controller sees it.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) user.Info {
-	r = r.WithContext(authenticator.WithAudiences(r.Context(), authenticator.Audiences{s.cfg.Audience}))
-	resp, ok, err := s.auth.Authenticator.AuthenticateRequest(r)
-	if err == nil && ok && resp.User != nil && resp.User.GetName() != "" {
-		return resp.User
+// authenticate returns the caller and how it was authenticated, or
+// answers 401 and returns nil. The caller's own bearer token is reviewed
+// for the exec API's audience: without it the API server reviews a token
+// for its own audiences, and any token that works against the API server
+// (a service account's, a user's kubeconfig token) would work here, where
+// each node's controller sees it.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (user.Info, via) {
+	resp, how, errs := s.authenticateVia(r)
+	if resp != nil {
+		return resp.User, how
 	}
 	msg := "no credentials: send a bearer token issued for audience " + s.cfg.Audience + " or a client certificate; anonymous requests are refused"
 	if hasBearerToken(r) {
@@ -98,11 +108,11 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) user.Info 
 			"mount a projected service account token with that audience, or use a client certificate",
 			s.cfg.Audience, s.cfg.Audience)
 	}
-	if err != nil {
-		msg += " (authentication failed: " + err.Error() + ")"
+	if len(errs) > 0 {
+		msg += " (authentication failed: " + strings.Join(errs, "; ") + ")"
 	}
 	s.refuse(w, r, nil, &apiError{code: http.StatusUnauthorized, refusal: refusalUnauthenticated, msg: msg})
-	return nil
+	return nil, viaCredentials
 }
 
 // hasBearerToken reports whether the request sends a bearer token, in the

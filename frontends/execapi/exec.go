@@ -72,7 +72,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, &apiError{code: http.StatusMethodNotAllowed, msg: "exec takes GET or POST with a websocket upgrade"})
 		return
 	}
-	u := s.authenticate(w, r)
+	u, how := s.authenticate(w, r)
 	if u == nil || !s.authorize(w, r, u, "create", subresourceExec, ns, name) {
 		return
 	}
@@ -87,6 +87,10 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	}
 	t, aerr := s.resolve(r.Context(), ns, name, true)
 	if aerr != nil {
+		if s.forwards(how, aerr) {
+			s.forward(w, r, u, aerr.endpoint)
+			return
+		}
 		s.refuse(w, r, u, aerr)
 		return
 	}

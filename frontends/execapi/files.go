@@ -35,7 +35,7 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, &apiError{code: http.StatusMethodNotAllowed, msg: "files take GET, HEAD, PUT or DELETE"})
 		return
 	}
-	u := s.authenticate(w, r)
+	u, how := s.authenticate(w, r)
 	if u == nil || !s.authorize(w, r, u, verb, subresourceFiles, ns, name) {
 		return
 	}
@@ -47,6 +47,10 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	sandboxPath := path.Join("/", area, r.PathValue("path"))
 	t, aerr := s.resolve(r.Context(), ns, name, false)
 	if aerr != nil {
+		if s.forwards(how, aerr) {
+			s.forward(w, r, u, aerr.endpoint)
+			return
+		}
 		s.refuse(w, r, u, aerr)
 		return
 	}

@@ -10,6 +10,8 @@ type metrics struct {
 	execs    *prometheus.CounterVec
 	latency  prometheus.Histogram
 	refusals *prometheus.CounterVec
+	// forwarded counts requests sent on to the node of their Sandbox.
+	forwarded prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -27,8 +29,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sandbox_execapi_refusals_total",
 			Help: "Requests the exec and file API refused, by reason.",
 		}, []string{"reason"}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandbox_execapi_forwarded_total",
+			Help: "Requests that reached this node through the API server and were forwarded to the exec API of the node running the claim's Sandbox.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.execs, m.latency, m.refusals} {
+	for _, c := range []prometheus.Collector{m.execs, m.latency, m.refusals, m.forwarded} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -41,6 +41,10 @@ type Options struct {
 	// GetCertificate serves the certificate of each TLS handshake
 	// (servingcert.Source); nil means Config's certificate files.
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// Forwarding, when set, sends a request that reached this node through
+	// the API server on to the node that runs the claim's Sandbox; without
+	// it such a request is answered 421 as a direct one is.
+	Forwarding *Forwarding
 }
 
 // Server is the exec and file API. It is a manager.Runnable that runs on
@@ -54,6 +58,8 @@ type Server struct {
 	execs   *claimLimiter
 	uploads uploadSlots
 	handler http.Handler
+	// forwardTransport reaches other nodes' exec APIs (Options.Forwarding).
+	forwardTransport http.RoundTripper
 
 	mu sync.Mutex
 	ln net.Listener
@@ -77,17 +83,43 @@ func New(cfg Config, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("exec API: registering metrics: %w", err)
 	}
 	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads)}
+	if opts.Forwarding != nil {
+		if s.forwardTransport, err = opts.Forwarding.transport(); err != nil {
+			return nil, err
+		}
+	}
 	s.handler = s.routes()
 	return s, nil
 }
 
-const claimPath = "/api/v1alpha1/namespaces/{namespace}/sessionclaims/{name}"
+// forwards reports whether a request refused with e is to be forwarded:
+// it reached this node through the API server (never from a peer, so a
+// request is forwarded at most once), and its Sandbox's node publishes an
+// endpoint.
+func (s *Server) forwards(how via, e *apiError) bool {
+	return s.forwardTransport != nil && how == viaFrontProxy && e.code == http.StatusMisdirectedRequest && e.endpoint != ""
+}
+
+const (
+	claimPath           = "/api/v1alpha1/namespaces/{namespace}/sessionclaims/{name}"
+	aggregatedClaimPath = AggregatedPrefix + "/namespaces/{namespace}/sessionclaims/{name}"
+)
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(claimPath+"/exec", s.serveExec)
 	mux.HandleFunc(claimPath+"/files/{area}", s.serveFiles)
 	mux.HandleFunc(claimPath+"/files/{area}/{path...}", s.serveFiles)
+	// The same handlers under the aggregated API's paths, and its discovery.
+	mux.HandleFunc(aggregatedClaimPath+"/exec", s.serveExec)
+	mux.HandleFunc(aggregatedClaimPath+"/files/{area}", s.serveFiles)
+	mux.HandleFunc(aggregatedClaimPath+"/files/{area}/{path...}", s.serveFiles)
+	mux.HandleFunc("GET /apis", serveDiscovery)
+	mux.HandleFunc("GET /apis/{$}", serveDiscovery)
+	mux.HandleFunc("GET /apis/"+AggregatedGroup, serveDiscovery)
+	mux.HandleFunc("GET /apis/"+AggregatedGroup+"/{$}", serveDiscovery)
+	mux.HandleFunc("GET "+AggregatedPrefix, serveDiscovery)
+	mux.HandleFunc("GET "+AggregatedPrefix+"/{$}", serveDiscovery)
 	return mux
 }
 
@@ -133,6 +165,9 @@ func (s *Server) Start(ctx context.Context) error {
 	addr, err := s.Listen()
 	if err != nil {
 		return err
+	}
+	if s.auth.prepare != nil {
+		s.auth.prepare(ctx)
 	}
 	if s.auth.run != nil {
 		go s.auth.run(ctx)

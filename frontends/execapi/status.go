@@ -32,6 +32,9 @@ type apiError struct {
 	// refusal, when set, counts the error as a refusal with this reason.
 	refusal string
 	msg     string
+	// endpoint, on a request for a Sandbox of another node, is that
+	// node's exec API (the claim's status.endpoint) when it has one.
+	endpoint string
 }
 
 func (e *apiError) Error() string { return e.msg }

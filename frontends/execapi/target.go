@@ -55,7 +55,7 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 		return nil, &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("reading Sandbox %s/%s: %v", ns, claim.Spec.SandboxName, err)}
 	}
 	if sb.Node() != s.opts.NodeName {
-		return nil, &apiError{code: http.StatusMisdirectedRequest, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q; this controller serves node %q: use the endpoint in the claim's status", ns, sb.Name, sb.Node(), s.opts.NodeName)}
+		return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q; this controller serves node %q: use the endpoint in the claim's status", ns, sb.Name, sb.Node(), s.opts.NodeName)}
 	}
 	if e := s.checkOwner(ns, name, &sb); e != nil {
 		return nil, e

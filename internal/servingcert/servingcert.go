@@ -22,6 +22,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -33,7 +35,11 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -142,6 +148,50 @@ func (ca *CA) Issue(hosts []string, validity time.Duration, now time.Time) (*tls
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {
 		return nil, fmt.Errorf("signing the serving certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// ForwarderName is the common name of the client certificate a node's
+// exec API presents when it forwards a request that reached it through
+// the API server to the node that runs the claim's Sandbox. A node takes
+// the caller's identity from the request's headers only from a peer whose
+// certificate the cluster's CA signed for this name.
+const ForwarderName = "sandbox-controller:forwarder"
+
+// IssueClient signs a client certificate for the common name cn, valid
+// from now for validity (never past the CA's own end).
+func (ca *CA) IssueClient(cn string, validity time.Duration, now time.Time) (*tls.Certificate, error) {
+	if cn == "" {
+		return nil, errors.New("a client certificate needs a common name")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := serialNumber()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(validity)
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    now.Add(-5 * time.Minute),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("signing the client certificate: %w", err)
 	}
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
@@ -263,7 +313,9 @@ type Source struct {
 	Now      func() time.Time
 	Log      logr.Logger
 
-	cur atomic.Pointer[tls.Certificate]
+	cur    atomic.Pointer[tls.Certificate]
+	client atomic.Pointer[tls.Certificate]
+	caPEM  atomic.Pointer[[]byte]
 }
 
 // Load issues the first certificate, making and publishing the CA if the
@@ -291,7 +343,13 @@ func (s *Source) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	fwd, err := ca.IssueClient(ForwarderName, s.Validity, now)
+	if err != nil {
+		return err
+	}
 	s.cur.Store(cert)
+	s.client.Store(fwd)
+	s.caPEM.Store(&ca.PEM)
 	s.Log.Info("exec API serving certificate issued", "hosts", s.Hosts, "notAfter", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
@@ -329,4 +387,42 @@ func (s *Source) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) 
 		return c, nil
 	}
 	return nil, errors.New("no serving certificate loaded yet")
+}
+
+// GetClientCertificate is the forwarder's client certificate, renewed
+// with the serving one (tls.Config.GetClientCertificate).
+func (s *Source) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if c := s.client.Load(); c != nil {
+		return c, nil
+	}
+	return nil, errors.New("no client certificate loaded yet")
+}
+
+// CAPEM is the cluster's exec API CA certificate (PEM), nil before Load.
+func (s *Source) CAPEM() []byte {
+	if p := s.caPEM.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// PublishAPIService puts the CA's certificate in the caBundle of the
+// APIService name, with which the API server verifies the nodes' exec
+// APIs when it proxies the aggregated API to them. found is false when
+// there is no such APIService (the aggregated API is not installed).
+func PublishAPIService(ctx context.Context, c client.Client, name string, caPEM []byte) (found bool, err error) {
+	svc := &unstructured.Unstructured{}
+	svc.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
+	svc.SetName(name)
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"caBundle": base64.StdEncoding.EncodeToString(caPEM)}})
+	if err != nil {
+		return false, err
+	}
+	switch err := c.Patch(ctx, svc, client.RawPatch(types.MergePatchType, patch)); {
+	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("setting the caBundle of APIService %s: %w", name, err)
+	}
+	return true, nil
 }

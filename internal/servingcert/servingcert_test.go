@@ -68,3 +68,35 @@ func TestASecretWithoutACAIsRefused(t *testing.T) {
 		t.Error("a CA certificate with another key accepted")
 	}
 }
+
+func TestIssueClientIsForClientAuthOnly(t *testing.T) {
+	now := time.Now()
+	ca, err := NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ca.IssueClient(ForwarderName, time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Leaf.Subject.CommonName != ForwarderName {
+		t.Errorf("CN = %q", c.Leaf.Subject.CommonName)
+	}
+	if len(c.Leaf.ExtKeyUsage) != 1 || c.Leaf.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+		t.Errorf("ExtKeyUsage = %v, want client auth only", c.Leaf.ExtKeyUsage)
+	}
+	if len(c.Leaf.DNSNames)+len(c.Leaf.IPAddresses) != 0 {
+		t.Error("a client certificate names no host")
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	if _, err := c.Leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+		t.Error("the forwarder's certificate must not serve")
+	}
+	if _, err := c.Leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("verifying as a client: %v", err)
+	}
+	if _, err := ca.IssueClient("", time.Hour, now); err == nil {
+		t.Error("a client certificate without a name is refused")
+	}
+}

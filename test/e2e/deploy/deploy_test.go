@@ -50,6 +50,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 )
@@ -413,6 +414,22 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder},
 		})).To(Succeed())
 		Expect(controller.List(ctx, &corev1.NodeList{})).To(Succeed())
+
+		By("setting the aggregated API's caBundle and reading the API server's front-proxy configuration as a node's controller does")
+		found, err = servingcert.PublishAPIService(ctx, controller, execapi.APIServiceName, src.CAPEM())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(found).To(BeTrue(), "make deploy installs the APIService")
+		sa := rest.CopyConfig(adminCfg)
+		sa.Impersonate = rest.ImpersonationConfig{UserName: controllerSA}
+		saKube, err := kubernetes.NewForConfig(sa)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = saKube.CoreV1().ConfigMaps("kube-system").Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		// What the informers of the front-proxy authenticator list and watch.
+		_, err = saKube.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=extension-apiserver-authentication"})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = saKube.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "no other ConfigMap of kube-system: %v", err)
 	})
 
 	It("stops undeploy in bounded time while finalizers hold, naming them, having deleted nothing else", func() {

@@ -18,10 +18,11 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
-// benchmarkExec runs `true` alternately through the API and through the
-// driver in this process, so both see the same machine load, and writes
-// p50 and p99 of each to out.
-func benchmarkExec(out string, cfg *rest.Config, ns, claim, instance string) {
+// benchmarkExec runs `true` alternately through the API, through the API
+// server (the aggregated API, when kube is a kubeconfig's configuration
+// for it) and through the driver in this process, so all see the same
+// machine load, and writes p50 and p99 of each to out.
+func benchmarkExec(out string, cfg, kube *rest.Config, ns, claim, instance string) {
 	n := 200
 	if v, err := strconv.Atoi(os.Getenv("SANDBOX_BENCH_N")); err == nil && v > 0 {
 		n = v
@@ -39,13 +40,25 @@ func benchmarkExec(out string, cfg *rest.Config, ns, claim, instance string) {
 	apiHost = host
 	defer func() { apiHost = suiteHost }()
 
+	if kube != nil {
+		installAggregatedAPI()
+		routeTo(hostNode)
+		Eventually(func() error { return execThrough(ctx, kube, ns, claim, "true").err }, timeout).Should(Succeed())
+	}
 	rt := mgr.Runtimes[v1alpha1.BackendBwrap]
-	var viaAPI, direct []time.Duration
+	var viaAPI, viaServer, direct []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		res := execIn(ctx, cfg, ns, claim, nil, nil, "true")
 		viaAPI = append(viaAPI, time.Since(t0))
 		Expect(res.err).NotTo(HaveOccurred())
+
+		if kube != nil {
+			t0 = time.Now()
+			res = execThrough(ctx, kube, ns, claim, "true")
+			viaServer = append(viaServer, time.Since(t0))
+			Expect(res.err).NotTo(HaveOccurred())
+		}
 
 		t0 = time.Now()
 		st, err := rt.Exec(ctx, instance, runtimes.ExecRequest{Argv: []string{"true"}})
@@ -61,9 +74,15 @@ func benchmarkExec(out string, cfg *rest.Config, ns, claim, instance string) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 	var b strings.Builder
 	fmt.Fprintf(&b, "| path | p50 | p99 |\n| --- | ---: | ---: |\n")
-	fmt.Fprintf(&b, "| through the exec API | %s | %s |\n", ms(p(viaAPI, 0.5)), ms(p(viaAPI, 0.99)))
+	fmt.Fprintf(&b, "| through the exec API (the node's endpoint) | %s | %s |\n", ms(p(viaAPI, 0.5)), ms(p(viaAPI, 0.99)))
+	if kube != nil {
+		fmt.Fprintf(&b, "| through the API server (aggregated API) | %s | %s |\n", ms(p(viaServer, 0.5)), ms(p(viaServer, 0.99)))
+	}
 	fmt.Fprintf(&b, "| runtime called directly (baseline) | %s | %s |\n", ms(p(direct, 0.5)), ms(p(direct, 0.99)))
-	fmt.Fprintf(&b, "| API overhead | %s | %s |\n", ms(p(viaAPI, 0.5)-p(direct, 0.5)), ms(p(viaAPI, 0.99)-p(direct, 0.99)))
+	fmt.Fprintf(&b, "| exec API overhead | %s | %s |\n", ms(p(viaAPI, 0.5)-p(direct, 0.5)), ms(p(viaAPI, 0.99)-p(direct, 0.99)))
+	if kube != nil {
+		fmt.Fprintf(&b, "| API server's added cost over the node's endpoint | %s | %s |\n", ms(p(viaServer, 0.5)-p(viaAPI, 0.5)), ms(p(viaServer, 0.99)-p(viaAPI, 0.99)))
+	}
 	fmt.Fprintf(&b, "\n%d runs of each, interleaved in one process. %s\n", n, testenv.MachineNote())
 	Expect(testenv.WriteBenchTable(out, "bench-execapi", b.String())).To(Succeed())
 	fmt.Fprint(GinkgoWriter, b.String())

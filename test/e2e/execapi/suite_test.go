@@ -31,6 +31,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -68,11 +69,28 @@ var _ = BeforeSuite(func() {
 
 	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "bwrap")})
 	Expect(err).NotTo(HaveOccurred())
-	mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{})
+	// The manager's claims publish the host node's exec API, which serves
+	// the aggregated API too when this machine has an address the API
+	// server may proxy to.
+	var endpoint string
+	if nodeIP = findNodeIP(); nodeIP != "" {
+		aggCA, err = servingcert.NewCA(time.Now())
+		Expect(err).NotTo(HaveOccurred())
+		endpoint = reserveAddress()
+	}
+	mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{Endpoint: endpoint})
 	startAPI()
+	if endpoint != "" {
+		// As the controller runs it: claims read through the manager's
+		// cache, answers of authentication and authorisation cached.
+		hostNode = startNodeAPI(endpoint, "", mgr.Client, execapi.DefaultAuthCacheTTL)
+	}
 })
 
 var _ = AfterSuite(func() {
+	if hostNode != nil {
+		hostNode.Stop()
+	}
 	if stopAPI != nil {
 		stopAPI()
 		Eventually(apiDone, timeout).Should(Receive(BeNil()))
@@ -97,11 +115,12 @@ func startEnv() *testharness.Env {
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
 	testEnv = &envtest.Environment{CRDDirectoryPaths: []string{testenv.CRDDir(3)}, ErrorIfCRDPathMissing: true}
+	dir, err := os.MkdirTemp("", "sandbox-execapi-")
+	Expect(err).NotTo(HaveOccurred())
+	configureFrontProxy(dir)
 	cfg, err := testEnv.Start()
 	Expect(err).NotTo(HaveOccurred())
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	Expect(err).NotTo(HaveOccurred())
-	dir, err := os.MkdirTemp("", "sandbox-execapi-")
 	Expect(err).NotTo(HaveOccurred())
 	return &testharness.Env{Config: cfg, Client: c, Scheme: scheme, AreasRoot: filepath.Join(dir, "areas"), Dir: dir}
 }

@@ -1,0 +1,296 @@
+package execapi
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/request/headerrequest"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/kubernetes"
+)
+
+// The aggregated API: the API server authenticates and authorises the
+// caller, then proxies the request here with the caller's identity in
+// request headers, over TLS with its front-proxy client certificate.
+const (
+	// AggregatedGroup is the API group the APIService registers.
+	AggregatedGroup = "subresources.sandbox.cireilclaw.dev"
+	// AggregatedVersion is its only version.
+	AggregatedVersion = "v1alpha1"
+	// AggregatedPrefix is the path prefix of the group's version.
+	AggregatedPrefix = "/apis/" + AggregatedGroup + "/" + AggregatedVersion
+	// APIServiceName is the name of the APIService object.
+	APIServiceName = AggregatedVersion + "." + AggregatedGroup
+)
+
+// Headers a trusted proxy (the API server, or another node's exec API)
+// names the caller in.
+const (
+	headerRemoteUser   = "X-Remote-User"
+	headerRemoteUID    = "X-Remote-Uid"
+	headerRemoteGroup  = "X-Remote-Group"
+	headerRemoteExtra  = "X-Remote-Extra-"
+	authConfigMap      = "extension-apiserver-authentication"
+	authConfigMapNS    = "kube-system"
+	requestHeaderCAKey = "requestheader-client-ca-file"
+)
+
+// The controller reads the API server's front-proxy configuration (the
+// RoleBinding to extension-apiserver-authentication-reader in kube-system
+// gives it get, list and watch on that ConfigMap; config/rbac).
+
+// via is how a request's caller was authenticated.
+type via int
+
+const (
+	// viaCredentials: the caller's own token or client certificate.
+	viaCredentials via = iota
+	// viaFrontProxy: the API server, naming the caller in headers.
+	viaFrontProxy
+	// viaPeer: another node's exec API forwarding a request that
+	// reached it through the API server.
+	viaPeer
+)
+
+// FrontProxyAuth authenticates requests the API server proxies to the
+// aggregated API: a client certificate of the request-header CA with one
+// of the allowed names, the user in the configured headers, all read from
+// ConfigMap kube-system/extension-apiserver-authentication and kept up to
+// date while Auth runs.
+func FrontProxyAuth(kube kubernetes.Interface, log logr.Logger, a *Auth) error {
+	ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("request-header", authConfigMapNS, authConfigMap, requestHeaderCAKey, kube)
+	if err != nil {
+		return fmt.Errorf("watching the request-header CA: %w", err)
+	}
+	hdr := headerrequest.NewRequestHeaderAuthRequestController(authConfigMap, authConfigMapNS, kube,
+		"requestheader-username-headers", "requestheader-uid-headers", "requestheader-group-headers",
+		"requestheader-extra-headers-prefix", "requestheader-allowed-names")
+	a.FrontProxy = headerrequest.NewDynamicVerifyOptionsSecure(ca.VerifyOptions,
+		headerrequest.StringSliceProviderFunc(hdr.AllowedClientNames), headerrequest.StringSliceProviderFunc(hdr.UsernameHeaders),
+		headerrequest.StringSliceProviderFunc(hdr.UIDHeaders), headerrequest.StringSliceProviderFunc(hdr.GroupHeaders),
+		headerrequest.StringSliceProviderFunc(hdr.ExtraHeaderPrefixes))
+	// The controllers keep both current; the server waits (a while) for
+	// their first read before serving, so the API server's first
+	// requests are not refused.
+	prev := a.prepare
+	a.prepare = func(ctx context.Context) {
+		if prev != nil {
+			prev(ctx)
+		}
+		go hdr.Run(ctx, 1)
+		go ca.Run(ctx, 1)
+		loadCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		// An API server without a front proxy, or a ConfigMap this
+		// controller may not read: nothing to wait for.
+		switch cm, err := kube.CoreV1().ConfigMaps(authConfigMapNS).Get(loadCtx, authConfigMap, metav1.GetOptions{}); {
+		case err != nil:
+			log.Error(err, "reading ConfigMap kube-system/"+authConfigMap+" (the RoleBinding to extension-apiserver-authentication-reader of config/aggregated gives it): requests through the API server are refused; nodes' endpoints work")
+			return
+		case cm.Data[requestHeaderCAKey] == "":
+			log.Info("the API server has no front proxy configured (no " + requestHeaderCAKey + " in ConfigMap kube-system/" + authConfigMap + "): requests through it are refused until it has one; nodes' endpoints work")
+			return
+		}
+		if err := hdr.RunOnce(loadCtx); err != nil {
+			log.Error(err, "reading the API server's front-proxy configuration (ConfigMap kube-system/extension-apiserver-authentication)")
+		}
+		err := wait.PollUntilContextCancel(loadCtx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			return len(ca.CurrentCABundleContent()) > 0, nil
+		})
+		if err != nil {
+			log.Error(err, "no request-header CA in ConfigMap kube-system/extension-apiserver-authentication yet: requests through the API server are refused until it appears")
+		}
+	}
+	return nil
+}
+
+// PeerAuth authenticates requests another node's exec API forwards: a
+// client certificate of the cluster's exec API CA (caPEM) for
+// servingcert.ForwarderName, the user in the X-Remote-* headers.
+func PeerAuth(caPEM []byte, forwarderName string, a *Auth) error {
+	ca, err := dynamiccertificates.NewStaticCAContent("exec-api-ca", caPEM)
+	if err != nil {
+		return fmt.Errorf("the exec API's CA: %w", err)
+	}
+	a.Peer = headerrequest.NewDynamicVerifyOptionsSecure(ca.VerifyOptions,
+		headerrequest.StaticStringSlice{forwarderName},
+		headerrequest.StaticStringSlice{headerRemoteUser}, headerrequest.StaticStringSlice{headerRemoteUID},
+		headerrequest.StaticStringSlice{headerRemoteGroup}, headerrequest.StaticStringSlice{headerRemoteExtra})
+	return nil
+}
+
+// Forwarding is how a node reaches the node that runs a claim's Sandbox.
+type Forwarding struct {
+	// CAPEM verifies the other node's serving certificate.
+	CAPEM []byte
+	// GetClientCertificate is the certificate the forwarder presents
+	// (servingcert.Source.GetClientCertificate).
+	GetClientCertificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
+}
+
+func (f *Forwarding) transport() (*http.Transport, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(f.CAPEM) {
+		return nil, errors.New("exec API: forwarding needs the cluster's exec API CA")
+	}
+	if f.GetClientCertificate == nil {
+		return nil, errors.New("exec API: forwarding needs a client certificate")
+	}
+	return &http.Transport{
+		TLSClientConfig: &tls.Config{
+			MinVersion:           tls.VersionTLS12,
+			RootCAs:              pool,
+			GetClientCertificate: f.GetClientCertificate,
+			NextProtos:           []string{"http/1.1"},
+		},
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+	}, nil
+}
+
+// forward sends a request to the exec API of the node that runs the
+// claim's Sandbox (endpoint, host:port), naming the caller in headers the
+// receiving node trusts only from the forwarder's certificate. None of the
+// caller's own credentials go along.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, endpoint string) {
+	s.metrics.forwarded.Inc()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(&url.URL{Scheme: "https", Host: endpoint})
+			setIdentity(pr.Out.Header, u)
+		},
+		Transport: s.forwardTransport,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			s.refuse(w, r, u, &apiError{code: http.StatusBadGateway, msg: fmt.Sprintf("forwarding to the exec API of the Sandbox's node at %s: %v", endpoint, err)})
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// setIdentity removes every credential and identity header of h and names u.
+func setIdentity(h http.Header, u user.Info) {
+	h.Del("Authorization")
+	h.Del("Proxy-Authorization")
+	for k := range h {
+		lk := strings.ToLower(k)
+		if strings.HasPrefix(lk, "x-remote-") || strings.HasPrefix(lk, "impersonate-") {
+			delete(h, k)
+		}
+	}
+	// A browser-style websocket carries a bearer token as a subprotocol.
+	if ps := h.Values("Sec-WebSocket-Protocol"); len(ps) > 0 {
+		var keep []string
+		for _, v := range ps {
+			for _, p := range strings.Split(v, ",") {
+				if p = strings.TrimSpace(p); p != "" && !strings.HasPrefix(p, "base64url.bearer.authorization.k8s.io.") {
+					keep = append(keep, p)
+				}
+			}
+		}
+		h.Del("Sec-WebSocket-Protocol")
+		if len(keep) > 0 {
+			h.Set("Sec-WebSocket-Protocol", strings.Join(keep, ", "))
+		}
+	}
+	h.Set(headerRemoteUser, u.GetName())
+	if uid := u.GetUID(); uid != "" {
+		h.Set(headerRemoteUID, uid)
+	}
+	for _, g := range u.GetGroups() {
+		h.Add(headerRemoteGroup, g)
+	}
+	for k, vs := range u.GetExtra() {
+		for _, v := range vs {
+			h.Add(headerRemoteExtra+url.PathEscape(k), v)
+		}
+	}
+}
+
+// serveDiscovery answers the API server's discovery of the aggregated
+// group, which makes the APIService Available. Discovery names only the
+// group's resources; it is served without authentication, as the API
+// server's own discovery is to every authenticated user.
+func serveDiscovery(w http.ResponseWriter, r *http.Request) {
+	gv := metav1.GroupVersionForDiscovery{GroupVersion: AggregatedGroup + "/" + AggregatedVersion, Version: AggregatedVersion}
+	group := metav1.APIGroup{
+		TypeMeta:         metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"},
+		Name:             AggregatedGroup,
+		Versions:         []metav1.GroupVersionForDiscovery{gv},
+		PreferredVersion: gv,
+	}
+	var body any
+	switch strings.TrimSuffix(r.URL.Path, "/") {
+	case "/apis":
+		body = metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: []metav1.APIGroup{group}}
+	case "/apis/" + AggregatedGroup:
+		body = group
+	case AggregatedPrefix:
+		body = metav1.APIResourceList{
+			TypeMeta:     metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
+			GroupVersion: gv.GroupVersion,
+			APIResources: []metav1.APIResource{
+				{Name: "sessionclaims/exec", Namespaced: true, Kind: "SessionClaimExec", Verbs: metav1.Verbs{"get", "create"}},
+				{Name: "sessionclaims/files", Namespaced: true, Kind: "SessionClaimFiles", Verbs: metav1.Verbs{"get", "update", "delete"}},
+			},
+		}
+	default:
+		writeStatus(w, &apiError{code: http.StatusNotFound, msg: "no such path: " + r.URL.Path})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// authenticateVia is authenticate with how the caller was authenticated:
+// a forwarding peer first, then the API server as front proxy, then the
+// caller's own credentials. A request whose X-Remote-* headers come
+// without a verified proxy certificate is never taken as that user.
+func (s *Server) authenticateVia(r *http.Request) (*authenticator.Response, via, []string) {
+	var errs []string
+	try := func(a authenticator.Request, how via) (*authenticator.Response, bool) {
+		if a == nil {
+			return nil, false
+		}
+		resp, ok, err := a.AuthenticateRequest(r)
+		if err != nil {
+			errs = append(errs, err.Error())
+		}
+		return resp, err == nil && ok && resp.User != nil && resp.User.GetName() != ""
+	}
+	if resp, ok := try(s.auth.Peer, viaPeer); ok {
+		return resp, viaPeer, nil
+	}
+	if resp, ok := try(s.auth.FrontProxy, viaFrontProxy); ok {
+		return resp, viaFrontProxy, nil
+	}
+	// The caller's own credentials: identity headers mean nothing here.
+	for k := range r.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-remote-") {
+			r.Header.Del(k)
+		}
+	}
+	r2 := r.WithContext(authenticator.WithAudiences(r.Context(), authenticator.Audiences{s.cfg.Audience}))
+	resp, ok, err := s.auth.Authenticator.AuthenticateRequest(r2)
+	if err == nil && ok && resp.User != nil && resp.User.GetName() != "" {
+		return resp, viaCredentials, nil
+	}
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	return nil, viaCredentials, errs
+}

@@ -1,0 +1,265 @@
+package execapi_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/util/exec"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
+)
+
+// aggregatedURL is the API server's URL of a claim's subresource.
+func aggregatedURL(ns, claim, sub string) string {
+	return fmt.Sprintf("%s%s/namespaces/%s/sessionclaims/%s/%s", strings.TrimSuffix(env.Config.Host, "/"), execapi.AggregatedPrefix, ns, claim, sub)
+}
+
+// execThrough runs argv in the claim through the API server with cfg's
+// own credentials (a kubeconfig's), as kubectl sandbox exec does by default.
+func execThrough(ctx context.Context, cfg *rest.Config, ns, claim string, argv ...string) result {
+	q := url.Values{"command": argv, "stdout": {"true"}, "stderr": {"true"}}
+	e, err := remotecommand.NewWebSocketExecutor(cfg, "GET", aggregatedURL(ns, claim, "exec")+"?"+q.Encode())
+	Expect(err).NotTo(HaveOccurred())
+	var out, errb lockedBuffer
+	err = e.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &errb})
+	return result{stdout: out.String(), stderr: errb.String(), err: err}
+}
+
+// grantAggregated lets subject exec and use files of the claims of ns
+// through both groups: the API server checks the aggregated group, the
+// exec API sandbox.cireilclaw.dev.
+func grantAggregated(ns string, subjects ...rbacv1.Subject) {
+	Expect(env.Client.Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-user-aggregated"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"create"}},
+			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update"}},
+			// The node path reads the claim's status.endpoint.
+			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims"}, Verbs: []string{"get"}},
+			{APIGroups: []string{execapi.AggregatedGroup}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"get", "create"}},
+			{APIGroups: []string{execapi.AggregatedGroup}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update", "delete"}},
+		},
+	})).To(Succeed())
+	Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-user-aggregated"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "sandbox-user-aggregated"},
+		Subjects:   subjects,
+	})).To(Succeed())
+}
+
+// requireNodeIP fails under CI and skips elsewhere when this machine has
+// no address the API server proxies to.
+func requireNodeIP() {
+	if nodeIP == "" {
+		testenv.Missing(GinkgoT(), "an IPv4 address of this machine that is not loopback", "the API server refuses loopback endpoints for an APIService's Service; bring up a network interface")
+	}
+}
+
+var _ = Describe("the aggregated API through the API server", Ordered, func() {
+	var (
+		ns                 string
+		alice, bob         *rest.Config // kubeconfig credentials for the API server
+		aliceNode, bobNode *rest.Config // the same users' credentials for a node's exec API
+	)
+	const claim = "s1"
+
+	BeforeAll(func() {
+		requireNodeIP()
+		installAggregatedAPI()
+		routeTo(hostNode)
+		ns = env.NewNamespace()
+		grantAggregated(ns, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"})
+		for name, cfg := range map[string]**rest.Config{"alice": &alice, "bob": &bob} {
+			u, err := testEnv.AddUser(envtest.User{Name: name, Groups: []string{"developers"}}, nil)
+			Expect(err).NotTo(HaveOccurred())
+			*cfg = u.Config()
+		}
+		aliceNode, bobNode = rest.CopyConfig(alice), rest.CopyConfig(bob)
+		for _, c := range []*rest.Config{aliceNode, bobNode} {
+			c.Host, c.CAData, c.CAFile = "https://"+hostNode.addr, aggCA.PEM, ""
+		}
+		Expect(env.Client.Create(ctx, &v1alpha1.Sandbox{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "box"},
+			Spec:       v1alpha1.SandboxSpec{Agent: "agg-" + ns, Binaries: []v1alpha1.BinaryName{"sh", "cat", "echo", "true"}},
+		})).To(Succeed())
+		Expect(env.Client.Create(ctx, testharness.NewClaim(ns, claim, "box"))).To(Succeed())
+		Eventually(env.ClaimStatus(ns, claim), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+	})
+
+	It("is discovered, and runs an allowed user's commands with the kubeconfig's own credentials", func() {
+		res, err := kube.Discovery().ServerResourcesForGroupVersion(execapi.AggregatedGroup + "/" + execapi.AggregatedVersion)
+		Expect(err).NotTo(HaveOccurred())
+		var names []string
+		for _, r := range res.APIResources {
+			names = append(names, r.Name)
+		}
+		Expect(names).To(ConsistOf("sessionclaims/exec", "sessionclaims/files"))
+
+		// The manager's cache may not hold the claim's Ready status yet.
+		Eventually(func() error { return execThrough(ctx, alice, ns, claim, "true").err }, timeout).Should(Succeed())
+		r := execThrough(ctx, alice, ns, claim, "echo", "hello", "through", "the", "API", "server")
+		Expect(r.err).NotTo(HaveOccurred())
+		Expect(r.stdout).To(Equal("hello through the API server\n"))
+		r = execThrough(ctx, alice, ns, claim, "sh", "-c", "echo err >&2; exit 3")
+		var code exec.CodeExitError
+		Expect(errors.As(r.err, &code)).To(BeTrue(), "%v", r.err)
+		Expect(code.Code).To(Equal(3))
+		Expect(r.stderr).To(Equal("err\n"))
+	})
+
+	It("reads and writes files through the API server", func() {
+		hc, err := rest.HTTPClientFor(alice)
+		Expect(err).NotTo(HaveOccurred())
+		do := func(method, body string) (int, string) {
+			req, err := http.NewRequest(method, aggregatedURL(ns, claim, "files/workspace/note.txt"), strings.NewReader(body))
+			Expect(err).NotTo(HaveOccurred())
+			resp, err := hc.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			Expect(err).NotTo(HaveOccurred())
+			return resp.StatusCode, string(b)
+		}
+		code, body := do(http.MethodPut, "written through the API server")
+		Expect(code).To(BeNumerically("<", 300), body)
+		code, body = do(http.MethodGet, "")
+		Expect(code).To(Equal(http.StatusOK))
+		Expect(body).To(Equal("written through the API server"))
+	})
+
+	It("is what kubectl sandbox exec and cp use by default, with nothing but the kubeconfig", func() {
+		bin := filepath.Join(env.Dir, "sandboxctl")
+		build := osexec.Command("go", "build", "-o", bin, "./cmd/sandboxctl")
+		build.Dir = filepath.Join(testenv.CRDDir(3), "..", "..", "..")
+		out, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		u, err := testEnv.AddUser(envtest.User{Name: "alice", Groups: []string{"developers"}}, nil)
+		Expect(err).NotTo(HaveOccurred())
+		kc, err := u.KubeConfig()
+		Expect(err).NotTo(HaveOccurred())
+		kcFile := filepath.Join(env.Dir, "alice-"+ns+".kubeconfig")
+		Expect(os.WriteFile(kcFile, kc, 0o600)).To(Succeed())
+		// A CA that verifies no node: only the API server path can work.
+		wrongCA := filepath.Join(env.Dir, "wrong-ca-"+ns+".crt")
+		Expect(os.WriteFile(wrongCA, servingCA, 0o600)).To(Succeed())
+		run := func(sub string, args ...string) (string, error) {
+			cmd := osexec.Command(bin, append([]string{sub, "--kubeconfig", kcFile, "-n", ns, "--api-ca-file", wrongCA}, args...)...)
+			b, err := cmd.CombinedOutput()
+			return string(b), err
+		}
+		By("exec without --via: through the API server")
+		got, err := run("exec", claim, "--", "echo", "via", "kubectl")
+		Expect(err).NotTo(HaveOccurred(), got)
+		Expect(got).To(Equal("via kubectl\n"))
+		By("cp without --via: through the API server")
+		local := filepath.Join(env.Dir, "cp-"+ns+".txt")
+		Expect(os.WriteFile(local, []byte("copied through the API server"), 0o600)).To(Succeed())
+		got, err = run("cp", local, claim+":/workspace/copied.txt")
+		Expect(err).NotTo(HaveOccurred(), got)
+		got, err = run("exec", "--via", "api-server", claim, "--", "cat", "/workspace/copied.txt")
+		Expect(err).NotTo(HaveOccurred(), got)
+		Expect(got).To(Equal("copied through the API server"))
+		By("--via node goes to the node, whose certificate that CA does not verify")
+		got, err = run("exec", "--via", "node", claim, "--", "true")
+		Expect(err).To(HaveOccurred())
+		Expect(got).To(ContainSubstring("certificate"))
+	})
+
+	It("is refused by the API server for a user without RBAC on the aggregated group", func() {
+		r := execThrough(ctx, bob, ns, claim, "true")
+		Expect(r.err).To(MatchError(ContainSubstring(`cannot get resource "sessionclaims/exec" in API group "` + execapi.AggregatedGroup + `"`)))
+	})
+
+	It("never takes identity headers sent straight to a node as the user they name", func() {
+		send := func(cfg *rest.Config, cert *tls.Certificate) (int, string) {
+			tc := &tls.Config{RootCAs: pool(aggCA.PEM), MinVersion: tls.VersionTLS12}
+			if cert != nil {
+				tc.Certificates = []tls.Certificate{*cert}
+			} else if cfg != nil {
+				pair, err := tls.X509KeyPair(cfg.CertData, cfg.KeyData)
+				Expect(err).NotTo(HaveOccurred())
+				tc.Certificates = []tls.Certificate{pair}
+			}
+			hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 30 * time.Second}
+			u := fmt.Sprintf("https://%s%s/namespaces/%s/sessionclaims/%s/exec?command=true", hostNode.addr, execapi.AggregatedPrefix, ns, claim)
+			req, err := http.NewRequest(http.MethodGet, u, nil)
+			Expect(err).NotTo(HaveOccurred())
+			req.Header.Set("X-Remote-User", "alice")
+			req.Header.Add("X-Remote-Group", "system:masters")
+			resp, err := hc.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		By("without any certificate")
+		code, body := send(nil, nil)
+		Expect(code).To(Equal(http.StatusUnauthorized), body)
+		By("with bob's own client certificate: bob, who may not exec")
+		code, body = send(bobNode, nil)
+		Expect(code).To(Equal(http.StatusForbidden), body)
+		Expect(body).To(ContainSubstring(`user \"bob\"`))
+		By("with a certificate of the exec API's CA for a name other than the forwarder's")
+		other, err := aggCA.IssueClient("mallory", time.Hour, time.Now())
+		Expect(err).NotTo(HaveOccurred())
+		code, body = send(nil, other)
+		Expect(code).To(Equal(http.StatusUnauthorized), body)
+		By("with the forwarder's certificate the headers name the user (a node's own peers)")
+		fwd, err := aggCA.IssueClient(servingcert.ForwarderName, time.Hour, time.Now())
+		Expect(err).NotTo(HaveOccurred())
+		code, body = send(nil, fwd)
+		// alice is authorised; the plain GET lacks the websocket upgrade.
+		Expect(code).To(Equal(http.StatusBadRequest), body)
+		Expect(body).To(ContainSubstring("websocket"))
+	})
+
+	It("forwards a request that reaches a node without the Sandbox to the node that runs it", func() {
+		other := startNodeAPI(reserveAddress(), "node-b", mgr.Client, execapi.DefaultAuthCacheTTL)
+		defer func() {
+			routeTo(hostNode)
+			other.Stop()
+		}()
+		By("a request straight to that node with the user's own credentials is misdirected, not forwarded")
+		direct := rest.CopyConfig(aliceNode)
+		direct.Host = "https://" + other.addr
+		q := url.Values{"command": {"true"}}
+		e, err := remotecommand.NewWebSocketExecutor(direct, "GET", fmt.Sprintf("https://%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/exec?%s", other.addr, ns, claim, q.Encode()))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(e.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard})).To(MatchError(ContainSubstring("use the endpoint in the claim's status")))
+
+		By("routing the APIService to the node without the Sandbox")
+		routeTo(other)
+		before := hostNode.counter("sandbox_execapi_execs_total")
+		Eventually(func() float64 {
+			r := execThrough(ctx, alice, ns, claim, "echo", "forwarded")
+			Expect(r.err).NotTo(HaveOccurred())
+			Expect(r.stdout).To(Equal("forwarded\n"))
+			return other.counter("sandbox_execapi_forwarded_total")
+		}, timeout, 200*time.Millisecond).Should(BeNumerically(">", 0))
+		Expect(other.counter("sandbox_execapi_execs_total")).To(BeZero(), "the node without the Sandbox runs nothing")
+		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(BeNumerically(">", before), "the Sandbox's node ran it")
+		r := execThrough(ctx, bob, ns, claim, "true")
+		Expect(r.err).To(HaveOccurred(), "bob is still refused")
+	})
+})
