@@ -60,8 +60,8 @@
 #
 # Pods get addresses on the bridge sc-cni0 without masquerading and the host
 # does not forward: they reach this machine (and each other), nothing beyond.
-# Service addresses that kube-proxy does not translate are routed into a
-# dummy interface (sc-svc0), so they never leave the machine either.
+# Service addresses that kube-proxy does not translate are routed into that
+# bridge, so they never leave the machine either.
 #
 # Measured on 2 cores, shared: cold build of kubelet, kube-controller-manager,
 # kube-scheduler and kube-proxy with a warm kube-apiserver cache: see
@@ -101,7 +101,6 @@ CTRD_CONF=$PREFIX/containerd/config.toml
 SHIMS=$RUNDIR/shim
 ADMIN_KUBECONFIG=$PREFIX/admin.kubeconfig
 BRIDGE=sc-cni0
-SVC_DUMMY=sc-svc0
 
 # Our shim first: Debian's containerd ships a v1.6 one in /usr/bin.
 export PATH=$CTRD_BIN:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -293,8 +292,16 @@ launch() {
   mkdir -p "$LOGS" "$PIDS"
   say "starting $name (log $LOGS/$name.log)"
   setsid "$bin" "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
-  echo $! >"$PIDS/$name.pid"
-  readlink -f "$bin" >"$PIDS/$name.exe"
+  local pid=$! exe i
+  exe=$(readlink -f "$bin")
+  echo "$pid" >"$PIDS/$name.pid"
+  echo "$exe" >"$PIDS/$name.exe"
+  # Until setsid has exec'd the binary the pid shows another program.
+  for i in $(seq 50); do
+    [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
 }
 
 halt() {
@@ -402,8 +409,12 @@ disabled_plugins = [
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "$PAUSE_IMAGE"
 
+# This machine's root has no CAP_SYS_RESOURCE: an oom_score_adj below
+# containerd's own (the kubelet asks -998 for sandboxes) fails in runc with
+# "can't get final child's PID from pipe: EOF"; restrict clamps it.
 [plugins."io.containerd.cri.v1.runtime"]
   netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["$CNI_BIN"]
     conf_dir = "$CNI_CONF"
@@ -454,13 +465,13 @@ start_containerd() {
   containerd_config
   ctrd_answers && return 0
   running containerd >/dev/null || rm -f "$SOCK" "$SOCK.ttrpc"
-  launch containerd "$CTRD_BIN/containerd" --config "$CTRD_CONF"
+  launch containerd "$CTRD_BIN/containerd" --config "$CTRD_CONF" --log-level warn
   wait_for "containerd" 30 containerd ctrd_answers
 }
 
 import_pause() {
   local want
-  want=$(tar -xOf "$PAUSE_TAR" index.json | grep -o '"digest":"sha256:[0-9a-f]*"' | head -1 | cut -d'"' -f4)
+  want=$(tar -xOf "$PAUSE_TAR" index.json | grep -o '"digest": *"sha256:[0-9a-f]*"' | head -1 | cut -d'"' -f4)
   if ctr -n k8s.io images ls | awk -v n="$PAUSE_IMAGE" '$1 == n {print $3}' | grep -qxF "$want"; then
     return 0
   fi
@@ -529,12 +540,14 @@ EOF
   launch kube-proxy "$NODE_BIN/kube-proxy" --config "$PREFIX/kube-proxy.yaml"
 }
 
-# Service addresses kube-proxy does not translate go into a dummy device
-# (dropped) instead of out of the default route.
+# Service addresses that kube-proxy does not translate are routed into the
+# pods' bridge (made here before the bridge plugin would make it), where
+# nothing answers for them, instead of out of the default route. Pods'
+# packets do not leave anyway: the host does not forward.
 guard_services() {
-  ip link show "$SVC_DUMMY" >/dev/null 2>&1 || ip link add "$SVC_DUMMY" type dummy
-  ip link set "$SVC_DUMMY" up
-  ip route replace "$SERVICE_CIDR" dev "$SVC_DUMMY"
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+  ip link set "$BRIDGE" up
+  ip route replace "$SERVICE_CIDR" dev "$BRIDGE"
 }
 
 node_ready() {
@@ -627,7 +640,6 @@ stop() {
   halt etcd
   unmount_below "$PREFIX" "$RUNDIR"
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
-  ip link show "$SVC_DUMMY" >/dev/null 2>&1 && ip link delete "$SVC_DUMMY"
   remove_cgroups
   rm -rf "$RUNDIR"
   say "stopped"
