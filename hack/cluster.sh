@@ -304,12 +304,20 @@ launch() {
   done
 }
 
+# gone PID: the process has exited (a zombie that init has not reaped yet
+# counts as exited).
+gone() {
+  local st
+  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 0
+  [ -z "$st" ] || [ "$st" = Z ]
+}
+
 halt() {
   local name=$1 pid
   if pid=$(running "$name"); then
     kill "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null
+    for _ in $(seq 100); do gone "$pid" && break; sleep 0.1; done
+    gone "$pid" || kill -9 "$pid" 2>/dev/null
     say "stopped $name"
   fi
   rm -f "$PIDS/$name.pid" "$PIDS/$name.exe"
@@ -472,11 +480,11 @@ start_containerd() {
 import_pause() {
   local want
   want=$(tar -xOf "$PAUSE_TAR" index.json | grep -o '"digest": *"sha256:[0-9a-f]*"' | head -1 | cut -d'"' -f4)
-  if ctr -n k8s.io images ls | awk -v n="$PAUSE_IMAGE" '$1 == n {print $3}' | grep -qxF "$want"; then
+  if ctr -n k8s.io images ls 2>/dev/null | awk -v n="$PAUSE_IMAGE" '$1 == n {print $3}' | grep -qxF "$want"; then
     return 0
   fi
   say "importing $PAUSE_IMAGE into the cluster's containerd"
-  ctr -n k8s.io images import "$PAUSE_TAR" >/dev/null
+  ctr -n k8s.io images import "$PAUSE_TAR" >/dev/null 2>&1 || die "importing $PAUSE_TAR failed"
 }
 
 start_kubelet() {
@@ -536,6 +544,7 @@ conntrack:
   maxPerCore: 0
 iptables:
   localhostNodePorts: false
+nodePortAddresses: [primary]
 EOF
   launch kube-proxy "$NODE_BIN/kube-proxy" --config "$PREFIX/kube-proxy.yaml"
 }
@@ -616,6 +625,24 @@ unmount_below() {
   done
 }
 
+# The kubelet's and kube-proxy's chains (KUBE-*) and the CNI plugins'
+# (CNI-*), in every table, IPv4 and IPv6: first the jumps to them from the
+# built-in chains, then the chains.
+remove_chains() {
+  local cmd table chains c rule
+  for cmd in iptables ip6tables; do
+    command -v "$cmd" >/dev/null || continue
+    for table in mangle filter nat; do
+      chains=$("$cmd" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && ($2 ~ /^KUBE-/ || $2 ~ /^CNI-/) {print $2}')
+      [ -n "$chains" ] || continue
+      "$cmd" -t "$table" -S 2>/dev/null | grep -E -- '^-A (PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) .*-j (KUBE|CNI)-' |
+        while read -r rule; do eval "$cmd -t $table ${rule/-A/-D}" 2>/dev/null || true; done
+      for c in $chains; do "$cmd" -t "$table" -F "$c" 2>/dev/null || true; done
+      for c in $chains; do "$cmd" -t "$table" -X "$c" 2>/dev/null || true; done
+    done
+  done
+}
+
 # kubepods cgroups the kubelet made, leaves first.
 remove_cgroups() {
   local d
@@ -639,6 +666,7 @@ stop() {
   halt kube-apiserver
   halt etcd
   unmount_below "$PREFIX" "$RUNDIR"
+  remove_chains
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
   remove_cgroups
   rm -rf "$RUNDIR"
