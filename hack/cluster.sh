@@ -16,14 +16,15 @@
 #
 # What a caller needs:
 #   eval "$(hack/cluster.sh env)"  sets KUBECONFIG (cluster-admin), KUBECTL,
-#                            CLUSTER_CONTAINERD_ADDRESS, CLUSTER_PAUSE_IMAGE.
+#                            CLUSTER_CONTAINERD_ADDRESS, CLUSTER_PAUSE_IMAGE,
+#                            CRI_CONFIG_FILE (for crictl).
 #   Images: the kubelet pulls nothing (no registry is reachable); import an
 #   OCI or docker archive into the cluster's containerd, namespace k8s.io,
 #   and refer to it by the name it carries with imagePullPolicy: IfNotPresent
 #   or Never (a :latest tag implies Always, which fails):
 #     bin/containerd/ctr --address "$CLUSTER_CONTAINERD_ADDRESS" -n k8s.io images import FILE
-#   bin/crictl --runtime-endpoint unix://$CLUSTER_CONTAINERD_ADDRESS ps -a
-#   lists the node's containers.
+#   bin/crictl ps -a lists the node's containers (CRI_CONFIG_FILE from `env`
+#   points it at the cluster's containerd).
 #   In-cluster clients: kube-proxy runs, so KUBERNETES_SERVICE_HOST (the first
 #   address of CLUSTER_SERVICE_CIDR) reaches the API server from pods on the
 #   pod network and from hostNetwork pods alike. There is no cluster DNS:
@@ -107,6 +108,14 @@ export PATH=$CTRD_BIN:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin
 export GOWORK=off GOFLAGS="-buildvcs=false -mod=mod"
 
 say() { printf 'cluster.sh: %s\n' "$*" >&2; }
+
+# settle TMP: TMP replaces the file it is named after (TMP without .tmp)
+# only when their contents differ. kube-proxy exits when its configuration
+# file is written, even with the same content.
+settle() {
+  local dest=${1%.tmp}
+  if cmp -s "$1" "$dest"; then rm -f "$1"; else mv -f "$1" "$dest"; fi
+}
 die() { say "$*"; exit 1; }
 
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
@@ -269,7 +278,7 @@ contexts:
   context: {cluster: sandbox-controller-cluster, user: $name}
 current-context: $name@sandbox-controller-cluster
 EOF
-  mv "$file.tmp" "$file"
+  settle "$file.tmp"
 }
 
 # ---------------------------------------------------------------- processes
@@ -439,7 +448,7 @@ disabled_plugins = [
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 EOF
-  mv "$CTRD_CONF.tmp" "$CTRD_CONF"
+  settle "$CTRD_CONF.tmp"
   # Pods: a bridge, no masquerading (the host does not forward), addresses
   # kept below the prefix.
   cat >"$CNI_CONF/10-sandbox-cluster.conflist.tmp" <<EOF
@@ -464,13 +473,15 @@ EOF
   ]
 }
 EOF
-  mv "$CNI_CONF/10-sandbox-cluster.conflist.tmp" "$CNI_CONF/10-sandbox-cluster.conflist"
+  settle "$CNI_CONF/10-sandbox-cluster.conflist.tmp"
 }
 
 ctrd_answers() { [ -S "$SOCK" ] && timeout 5 "$CTRD_BIN/ctr" --address "$SOCK" tasks ls -q >/dev/null 2>&1; }
 
 start_containerd() {
   containerd_config
+  printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 10\n' "$SOCK" "$SOCK" >"$PREFIX/crictl.yaml.tmp"
+  settle "$PREFIX/crictl.yaml.tmp"
   ctrd_answers && return 0
   running containerd >/dev/null || rm -f "$SOCK" "$SOCK.ttrpc"
   launch containerd "$CTRD_BIN/containerd" --config "$CTRD_CONF" --log-level warn
@@ -490,7 +501,7 @@ import_pause() {
 start_kubelet() {
   local addr=$1
   mkdir -p "$PREFIX/kubelet" "$PREFIX/pod-logs"
-  cat >"$PREFIX/kubelet.yaml" <<EOF
+  cat >"$PREFIX/kubelet.yaml.tmp" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
@@ -523,6 +534,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
+  settle "$PREFIX/kubelet.yaml.tmp"
   launch kubelet "$NODE_BIN/kubelet" --config "$PREFIX/kubelet.yaml" \
     --kubeconfig "$PREFIX/kubelet.kubeconfig" --root-dir "$PREFIX/kubelet" \
     --hostname-override "$NODE" --node-ip "$addr"
@@ -530,7 +542,7 @@ EOF
 }
 
 start_proxy() {
-  cat >"$PREFIX/kube-proxy.yaml" <<EOF
+  cat >"$PREFIX/kube-proxy.yaml.tmp" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
@@ -546,6 +558,7 @@ iptables:
   localhostNodePorts: false
 nodePortAddresses: [primary]
 EOF
+  settle "$PREFIX/kube-proxy.yaml.tmp"
   launch kube-proxy "$NODE_BIN/kube-proxy" --config "$PREFIX/kube-proxy.yaml"
 }
 
@@ -597,7 +610,7 @@ stop_pods() {
   ctrd_answers || return 0
   # Through CRI first: the network of each pod is torn down by its plugins.
   if [ -x "$ROOT/bin/crictl" ]; then
-    timeout 60 "$ROOT/bin/crictl" --runtime-endpoint "unix://$SOCK" rmp -af >/dev/null 2>&1 || true
+    CRI_CONFIG_FILE=$PREFIX/crictl.yaml timeout 60 "$ROOT/bin/crictl" rmp -af >/dev/null 2>&1 || true
   fi
   local ns id
   for ns in $(ctr namespaces ls -q 2>/dev/null); do
@@ -678,6 +691,7 @@ print_env() {
   echo "export KUBECTL=$K8S_BIN/kubectl"
   echo "export CLUSTER_CONTAINERD_ADDRESS=$SOCK"
   echo "export CLUSTER_PAUSE_IMAGE=$PAUSE_IMAGE"
+  echo "export CRI_CONFIG_FILE=$PREFIX/crictl.yaml"
 }
 
 case ${1:-start} in
