@@ -601,6 +601,10 @@ start() {
   start_proxy
   wait_for "node $NODE to be Ready" "$READY_TIMEOUT" kubelet node_ready
   say "node $NODE is Ready ($((SECONDS - t0))s)"
+  # New pods are refused until their namespace has its service account and the
+  # cluster's CA in kube-root-ca.crt (kube-controller-manager makes both).
+  wait_for "the default service account" 60 kube-controller-manager \
+    kubectl -n default get serviceaccount/default configmap/kube-root-ca.crt
   print_env
 }
 
@@ -648,7 +652,7 @@ remove_chains() {
     for table in mangle filter nat; do
       chains=$("$cmd" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && ($2 ~ /^KUBE-/ || $2 ~ /^CNI-/) {print $2}')
       [ -n "$chains" ] || continue
-      "$cmd" -t "$table" -S 2>/dev/null | grep -E -- '^-A (PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) .*-j (KUBE|CNI)-' |
+      "$cmd" -t "$table" -S 2>/dev/null | { grep -E -- '^-A (PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) .*-j (KUBE|CNI)-' || true; } |
         while read -r rule; do eval "$cmd -t $table ${rule/-A/-D}" 2>/dev/null || true; done
       for c in $chains; do "$cmd" -t "$table" -F "$c" 2>/dev/null || true; done
       for c in $chains; do "$cmd" -t "$table" -X "$c" 2>/dev/null || true; done
