@@ -108,6 +108,9 @@ SHIMS=$RUNDIR/shim
 ADMIN_KUBECONFIG=$PREFIX/admin.kubeconfig
 BRIDGE=sc-cni0
 EGRESS_CHAIN=SC-CLUSTER-EGRESS
+# The kubelet's pods live below this cgroup (kubepods inside it), apart
+# from anything else on the machine.
+CGROUP_ROOT=/sandbox-controller-cluster
 
 # Our shim first: Debian's containerd ships a v1.6 one in /usr/bin.
 export PATH=$CTRD_BIN:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -504,13 +507,29 @@ import_pause() {
   ctr -n k8s.io images import "$PAUSE_TAR" >/dev/null 2>&1 || die "importing $PAUSE_TAR failed"
 }
 
+# cgroup_dirs prints CGROUP_ROOT's directory in every mounted hierarchy.
+cgroup_dirs() {
+  awk -v r="$CGROUP_ROOT" '$3 == "cgroup" || $3 == "cgroup2" {print $2 r}' /proc/self/mounts
+}
+
 start_kubelet() {
-  local addr=$1
+  local addr=$1 d
   mkdir -p "$PREFIX/kubelet" "$PREFIX/pod-logs"
+  # The kubelet wants its cgroup root in every hierarchy; cpuset's children
+  # start without CPUs and memory nodes, so they copy the parent's.
+  for d in $(cgroup_dirs); do
+    [ -d "$d" ] && continue
+    mkdir -p "$d"
+    if [ -f "$d/cpuset.cpus" ]; then
+      cat "$(dirname "$d")/cpuset.cpus" >"$d/cpuset.cpus"
+      cat "$(dirname "$d")/cpuset.mems" >"$d/cpuset.mems"
+    fi
+  done
   cat >"$PREFIX/kubelet.yaml.tmp" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
+cgroupRoot: $CGROUP_ROOT
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://$SOCK
@@ -671,10 +690,24 @@ remove_chains() {
   done
 }
 
-# kubepods cgroups the kubelet made, leaves first.
+# kill_leftovers kills what a crashed containerd left: every process in
+# the pods' cgroups, then the shims that served our daemon.
+kill_leftovers() {
+  local f pid
+  for f in $(find $(cgroup_dirs) -name cgroup.procs 2>/dev/null); do
+    for pid in $(cat "$f" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  done
+  for f in /proc/[0-9]*/cmdline; do
+    pid=${f#/proc/}; pid=${pid%/cmdline}
+    [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$CTRD_BIN/containerd-shim-runc-v2")" ] || continue
+    tr '\0' ' ' <"$f" 2>/dev/null | grep -qF -- "-address $SOCK " && kill -9 "$pid" 2>/dev/null || true
+  done
+}
+
+# The pods' cgroups, leaves first.
 remove_cgroups() {
   local d
-  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+  for d in $(cgroup_dirs); do
     [ -d "$d" ] || continue
     find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
@@ -689,6 +722,7 @@ stop() {
   halt kubelet
   stop_pods
   halt containerd
+  kill_leftovers
   halt kube-scheduler
   halt kube-controller-manager
   halt kube-apiserver
