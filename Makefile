@@ -106,6 +106,10 @@ test-chaos: build ## Long chaos run (CHAOS_DURATION, default 7m): claims churn w
 cluster-up: ## A real single-node cluster built from source (hack/cluster.sh start: control plane, kubelet, kube-proxy, a CRI containerd of its own); hack/cluster.sh env prints KUBECONFIG and the rest a caller needs.
 	hack/cluster.sh start
 
+.PHONY: cluster-smoke
+cluster-smoke: ## Check that cluster: a pod on the pod network and a hostNetwork pod reach the API server through the kubernetes service (hack/cluster.sh smoke).
+	hack/cluster.sh smoke
+
 .PHONY: cluster-down
 cluster-down: ## Stop that cluster: processes, pods, mounts (its state is kept; hack/cluster.sh clean removes it).
 	hack/cluster.sh stop

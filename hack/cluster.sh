@@ -13,6 +13,9 @@
 #                            is a new cluster)
 #   hack/cluster.sh status   exit 0 when the API server answers; print the nodes
 #   hack/cluster.sh env      the variables a caller needs
+#   hack/cluster.sh smoke    run the probe (below) as a pod on the pod network
+#                            and as a hostNetwork pod; exit 0 when both reach
+#                            the API server through the kubernetes service
 #
 # What a caller needs:
 #   eval "$(hack/cluster.sh env)"  sets KUBECONFIG (cluster-admin), KUBECTL,
@@ -735,6 +738,44 @@ stop() {
   say "stopped"
 }
 
+# smoke runs the pause image's probe as a pod on the pod network and as a
+# hostNetwork pod; both must reach the API server through the kubernetes
+# service with their service account token and exit 0.
+smoke() {
+  local ns=cluster-smoke pod net phase i t0=$SECONDS
+  kubectl get namespace "$ns" >/dev/null 2>&1 || kubectl create namespace "$ns" >/dev/null
+  wait_for "the $ns service account" 60 "" kubectl -n "$ns" get serviceaccount/default configmap/kube-root-ca.crt
+  for net in false true; do
+    pod=probe-hostnetwork-$net
+    kubectl -n "$ns" delete pod "$pod" --ignore-not-found --wait=true >/dev/null
+    kubectl -n "$ns" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $pod}
+spec:
+  hostNetwork: $net
+  restartPolicy: Never
+  containers:
+  - name: probe
+    image: $PAUSE_IMAGE
+    imagePullPolicy: Never
+    command: ["/pause", "-probe"]
+EOF
+  done
+  for net in false true; do
+    pod=probe-hostnetwork-$net
+    for i in $(seq 300); do
+      phase=$(kubectl -n "$ns" get pod "$pod" -o jsonpath='{.status.phase}' 2>/dev/null)
+      case $phase in Succeeded | Failed) break ;; esac
+      sleep 0.2
+    done
+    kubectl -n "$ns" logs "$pod" 2>&1 | sed "s/^/$pod: /" >&2
+    [ "$phase" = Succeeded ] || die "$pod: phase ${phase:-unknown}, want Succeeded"
+  done
+  kubectl delete namespace "$ns" --wait=false >/dev/null
+  say "smoke test passed ($((SECONDS - t0))s)"
+}
+
 print_env() {
   echo "export KUBECONFIG=$ADMIN_KUBECONFIG"
   echo "export KUBECTL=$K8S_BIN/kubectl"
@@ -757,5 +798,6 @@ case ${1:-start} in
       echo "the cluster is not running"; exit 1
     fi ;;
   env) print_env ;;
-  *) echo "usage: $0 [start|stop|clean|status|env]" >&2; exit 2 ;;
+  smoke) smoke ;;
+  *) echo "usage: $0 [start|stop|clean|status|env|smoke]" >&2; exit 2 ;;
 esac
