@@ -743,11 +743,12 @@ stop() {
 # service with their service account token and exit 0.
 smoke() {
   local ns=cluster-smoke pod net phase i t0=$SECONDS
-  kubectl get namespace "$ns" >/dev/null 2>&1 || kubectl create namespace "$ns" >/dev/null
+  # A namespace of an earlier run may still be terminating.
+  timeout 120 "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" delete namespace "$ns" --ignore-not-found --wait=true >/dev/null
+  kubectl create namespace "$ns" >/dev/null
   wait_for "the $ns service account" 60 "" kubectl -n "$ns" get serviceaccount/default configmap/kube-root-ca.crt
   for net in false true; do
     pod=probe-hostnetwork-$net
-    kubectl -n "$ns" delete pod "$pod" --ignore-not-found --wait=true >/dev/null
     kubectl -n "$ns" apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
