@@ -53,7 +53,7 @@
 #   CLUSTER_PREFIX          state, logs, sockets      [/var/lib/sandbox-controller-cluster]
 #   CLUSTER_RUN_DIR         shim sockets, runc state  [/run/sandbox-controller-cluster]
 #   CLUSTER_NODE_NAME       the node's name           [hostname, lower case]
-#   CLUSTER_ADDRESS         API server and node IP    [source address of the default route]
+#   CLUSTER_ADDRESS         API server and node IP    [first address of the default route's device]
 #   CLUSTER_API_PORT        API server port           [6443]
 #   CLUSTER_ETCD_PORT       etcd client port (peer port is one more)  [2379]
 #   CLUSTER_KUBELET_PORT    kubelet port (healthz is 10248)  [10250]
@@ -61,6 +61,8 @@
 #   CLUSTER_SERVICE_CIDR    service addresses            [10.96.0.0/16]
 #   CLUSTER_READY_TIMEOUT   seconds to wait for the node to be Ready  [180]
 #   K8S_VERSION             [1.37.2]; CNI_VERSION [v1.10.0]; CRICTL_VERSION [v1.37.0]
+# Fixed ports on 127.0.0.1: kube-controller-manager 10257, kube-scheduler
+# 10259, kubelet healthz 10248, kube-proxy healthz 10256 and metrics 10249.
 #
 # Pods get addresses on the bridge sc-cni0 without masquerading, and a
 # FORWARD rule drops what would leave the bridge: they reach this machine
@@ -120,6 +122,7 @@ export PATH=$CTRD_BIN:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin
 export GOWORK=off GOFLAGS="-buildvcs=false -mod=mod"
 
 say() { printf 'cluster.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
 
 # settle TMP: TMP replaces the file it is named after (TMP without .tmp)
 # only when their contents differ. kube-proxy exits when its configuration
@@ -128,15 +131,15 @@ settle() {
   local dest=${1%.tmp}
   if cmp -s "$1" "$dest"; then rm -f "$1"; else mv -f "$1" "$dest"; fi
 }
-die() { say "$*"; exit 1; }
 
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
 ctr() { "$CTRD_BIN/ctr" --address "$SOCK" "$@"; }
 
 address() {
   if [ -n "${CLUSTER_ADDRESS:-}" ]; then echo "$CLUSTER_ADDRESS"; return; fi
-  local a
-  a=$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p' | head -1)
+  local dev= a=
+  dev=$(ip -4 route show default 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -1)
+  [ -n "$dev" ] && a=$(ip -4 -o addr show dev "$dev" scope global 2>/dev/null | awk '{print $4}' | cut -d/ -f1 | head -1)
   [ -n "$a" ] || die "no default route to take an address from: set CLUSTER_ADDRESS to an address of this machine"
   echo "$a"
 }
