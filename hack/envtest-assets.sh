@@ -4,6 +4,7 @@
 #
 #   hack/envtest-assets.sh              build what is missing, print the directory
 #   hack/envtest-assets.sh --print-dir  print the directory only
+#   hack/envtest-assets.sh --print-node-dir  print WITH_NODE's directory only
 #
 # Output: bin/k8s/<K8S_VERSION>/{kube-apiserver,etcd[,kubectl]}. A binary that
 # already reports the wanted version is kept, so a second run takes a moment.
@@ -17,8 +18,8 @@
 #   ETCD_VERSION  etcd release (default 3.7.3)
 #   WITH_KUBECTL  1 also builds kubectl from the same release (default 0)
 #   WITH_NODE     1 also builds kubelet, kube-controller-manager, kube-scheduler
-#                 and kube-proxy (default 0; cold about 6 more minutes, warm
-#                 a moment)
+#                 and kube-proxy (default 0; about 7 more minutes on a busy
+#                 machine after kube-apiserver, a moment when built)
 #   NODE_BIN_DIR  where those go (default bin/k8s-node/<K8S_VERSION>)
 #
 # Cold, on 2 cores: about 5 minutes (up to 8 on a busy machine), 2.4 GB peak
