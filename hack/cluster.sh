@@ -140,7 +140,7 @@ ctr() { "$CTRD_BIN/ctr" --address "$SOCK" "$@"; }
 
 address() {
   if [ -n "${CLUSTER_ADDRESS:-}" ]; then echo "$CLUSTER_ADDRESS"; return; fi
-  local dev= a=
+  local dev='' a=''
   dev=$(ip -4 route show default 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -1)
   [ -n "$dev" ] && a=$(ip -4 -o addr show dev "$dev" scope global 2>/dev/null | awk '{print $4}' | cut -d/ -f1 | head -1)
   [ -n "$a" ] || die "no default route to take an address from: set CLUSTER_ADDRESS to an address of this machine"
@@ -319,12 +319,12 @@ launch() {
   mkdir -p "$LOGS" "$PIDS"
   say "starting $name (log $LOGS/$name.log)"
   setsid "$bin" "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
-  local pid=$! exe i
+  local pid=$! exe
   exe=$(readlink -f "$bin")
   echo "$pid" >"$PIDS/$name.pid"
   echo "$exe" >"$PIDS/$name.exe"
   # Until setsid has exec'd the binary the pid shows another program.
-  for i in $(seq 50); do
+  for _ in $(seq 50); do
     [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] && return 0
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
@@ -353,9 +353,9 @@ halt() {
 # wait_for WHAT SECONDS NAME CMD...: until CMD succeeds; fails early when
 # component NAME exited.
 wait_for() {
-  local what=$1 secs=$2 name=$3 i
+  local what=$1 secs=$2 name=$3
   shift 3
-  for i in $(seq $((secs * 5))); do
+  for _ in $(seq $((secs * 5))); do
     "$@" >/dev/null 2>&1 && return 0
     if [ -n "$name" ] && ! running "$name" >/dev/null; then
       tail -20 "$LOGS/$name.log" >&2
@@ -702,9 +702,12 @@ remove_chains() {
 # kill_leftovers kills what a crashed containerd left: every process in
 # the pods' cgroups, then the shims that served our daemon.
 kill_leftovers() {
-  local f pid
-  for f in $(find $(cgroup_dirs) -name cgroup.procs 2>/dev/null); do
-    for pid in $(cat "$f" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  local f pid d
+  for d in $(cgroup_dirs); do
+    [ -d "$d" ] || continue
+    while read -r f; do
+      for pid in $(cat "$f" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    done < <(find "$d" -name cgroup.procs 2>/dev/null)
   done
   for f in /proc/[0-9]*/cmdline; do
     pid=${f#/proc/}; pid=${pid%/cmdline}
@@ -748,7 +751,7 @@ stop() {
 # hostNetwork pod; both must reach the API server through the kubernetes
 # service with their service account token and exit 0.
 smoke() {
-  local ns=cluster-smoke pod net phase i t0=$SECONDS
+  local ns=cluster-smoke pod net phase t0=$SECONDS
   # A namespace of an earlier run may still be terminating.
   timeout 120 "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" delete namespace "$ns" --ignore-not-found --wait=true >/dev/null
   kubectl create namespace "$ns" >/dev/null
@@ -771,7 +774,7 @@ EOF
   done
   for net in false true; do
     pod=probe-hostnetwork-$net
-    for i in $(seq 300); do
+    for _ in $(seq 300); do
       phase=$(kubectl -n "$ns" get pod "$pod" -o jsonpath='{.status.phase}' 2>/dev/null)
       case $phase in Succeeded | Failed) break ;; esac
       sleep 0.2
