@@ -64,9 +64,13 @@
 # Fixed ports on 127.0.0.1: kube-controller-manager 10257, kube-scheduler
 # 10259, kubelet healthz 10248, kube-proxy healthz 10256 and metrics 10249.
 #
+# The kubelet changes a few kernel settings (sysctl) when it starts and the
+# bridge plugin turns on IPv4 forwarding; stop puts back the values they had
+# before. kube-proxy is told to leave the host's conntrack settings alone.
+#
 # Pods get addresses on the bridge sc-cni0 without masquerading, and a
-# FORWARD rule drops what would leave the bridge: they reach this machine
-# (and each other), nothing beyond.
+# FORWARD rule drops what would leave the bridge (the bridge plugin turns
+# forwarding on): they reach this machine (and each other), nothing beyond.
 # Service addresses that kube-proxy does not translate are routed into that
 # bridge, so they never leave the machine either.
 #
@@ -521,8 +525,30 @@ cgroup_dirs() {
   awk -v r="$CGROUP_ROOT" '$3 == "cgroup" || $3 == "cgroup2" {print $2 r}' /proc/self/mounts
 }
 
+# The kubelet sets these on the host when it starts (vm.overcommit_memory=1,
+# kernel.panic=10, kernel.panic_on_oops=1, ...) and the bridge plugin turns
+# on net.ipv4.ip_forward for its gateway; both leave them so: their values
+# from before the kubelet's first start are kept and put back by stop.
+KERNEL_TUNABLES="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward"
+
+save_tunables() {
+  [ -f "$PREFIX/sysctl.saved" ] && return 0
+  running kubelet >/dev/null && return 0
+  local k
+  for k in $KERNEL_TUNABLES; do echo "$k=$(sysctl -n "$k")"; done >"$PREFIX/sysctl.saved.tmp"
+  mv "$PREFIX/sysctl.saved.tmp" "$PREFIX/sysctl.saved"
+}
+
+restore_tunables() {
+  [ -f "$PREFIX/sysctl.saved" ] || return 0
+  local kv
+  while read -r kv; do sysctl -q -w "$kv" >/dev/null 2>&1 || say "could not restore $kv"; done <"$PREFIX/sysctl.saved"
+  rm -f "$PREFIX/sysctl.saved"
+}
+
 start_kubelet() {
   local addr=$1 d
+  save_tunables
   mkdir -p "$PREFIX/kubelet" "$PREFIX/pod-logs"
   # The kubelet wants its cgroup root in every hierarchy; cpuset's children
   # start without CPUs and memory nodes, so they copy the parent's.
@@ -588,6 +614,8 @@ healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack:
   maxPerCore: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
 iptables:
   localhostNodePorts: false
 nodePortAddresses: [primary]
@@ -604,8 +632,9 @@ guard_services() {
   ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
   ip link set "$BRIDGE" up
   ip route replace "$SERVICE_CIDR" dev "$BRIDGE"
-  # On a host that forwards, pods' packets would go out of the default
-  # route (unmasqueraded): a chain of ours drops what leaves the bridge.
+  # The bridge plugin turns forwarding on, so pods' packets would go out of
+  # the default route (unmasqueraded): a chain of ours drops what leaves
+  # the bridge.
   iptables -N "$EGRESS_CHAIN" 2>/dev/null || iptables -F "$EGRESS_CHAIN"
   iptables -A "$EGRESS_CHAIN" -i "$BRIDGE" ! -o "$BRIDGE" -j DROP
   iptables -C FORWARD -j "$EGRESS_CHAIN" 2>/dev/null || iptables -I FORWARD 1 -j "$EGRESS_CHAIN"
@@ -732,6 +761,7 @@ stop() {
   fi
   [ -x "$NODE_BIN/kube-proxy" ] && "$NODE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   halt kubelet
+  restore_tunables
   stop_pods
   halt containerd
   kill_leftovers
