@@ -111,7 +111,7 @@ cluster-smoke: ## Check that cluster: a pod on the pod network and a hostNetwork
 	hack/cluster.sh smoke
 
 .PHONY: cluster-down
-cluster-down: ## Stop that cluster: processes, pods, mounts (its state is kept; hack/cluster.sh clean removes it).
+cluster-down: ## Stop that cluster: processes, pods, mounts, iptables chains, cgroups, and the kernel settings the kubelet changed put back (its state is kept; hack/cluster.sh clean removes it).
 	hack/cluster.sh stop
 
 GOLANGCI_LINT_VERSION ?= v2.15.0

@@ -745,6 +745,23 @@ kill_leftovers() {
   done
 }
 
+# Paths the kubelet and the CNI library use whatever their configuration
+# says: the device-plugin socket, the links to container logs, the plugins'
+# result cache. Only what points at or belongs to this cluster goes; the
+# directories too when that leaves them empty.
+remove_host_leftovers() {
+  local f
+  rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+  rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
+  for f in /var/log/containers/*.log; do
+    [ -L "$f" ] || continue
+    case $(readlink "$f") in "$PREFIX"/*) rm -f "$f" ;; esac
+  done
+  rmdir /var/log/containers 2>/dev/null || true
+  rm -f /var/lib/cni/results/sandbox-cluster-*
+  rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null || true
+}
+
 # The pods' cgroups, leaves first.
 remove_cgroups() {
   local d
@@ -773,6 +790,7 @@ stop() {
   remove_chains
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
   remove_cgroups
+  remove_host_leftovers
   rm -rf "$RUNDIR"
   say "stopped"
 }
