@@ -102,6 +102,18 @@ test-chaos: build ## Long chaos run (CHAOS_DURATION, default 7m): claims churn w
 	@hack/containerd.sh start >/dev/null
 	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_CONTROLLER_BIN="$(BIN)/sandbox-controller" CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_OUTAGES="$(CHAOS_OUTAGES)" CHAOS_BACKENDS="$(CHAOS_BACKENDS)" CHAOS_REPORT="$(BIN)/chaos-report.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestChaos$$' ./test/chaos/; rc=$$?; hack/containerd.sh stop; exit $$rc
 
+.PHONY: cluster-up
+cluster-up: ## A real single-node cluster built from source (hack/cluster.sh start: control plane, kubelet, kube-proxy, a CRI containerd of its own); hack/cluster.sh env prints KUBECONFIG and the rest a caller needs.
+	hack/cluster.sh start
+
+.PHONY: cluster-smoke
+cluster-smoke: ## Check that cluster: a pod on the pod network and a hostNetwork pod reach the API server through the kubernetes service (hack/cluster.sh smoke).
+	hack/cluster.sh smoke
+
+.PHONY: cluster-down
+cluster-down: ## Stop that cluster: processes, pods, mounts, iptables chains, cgroups, and the kernel settings the kubelet changed put back (its state is kept; hack/cluster.sh clean removes it).
+	hack/cluster.sh stop
+
 GOLANGCI_LINT_VERSION ?= v2.15.0
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 

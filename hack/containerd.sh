@@ -7,6 +7,7 @@
 #   hack/containerd.sh stop     kill every task, then the daemon
 #   hack/containerd.sh status   exit 0 when the daemon answers
 #   hack/containerd.sh env      the variables tests and the controller read
+#   hack/containerd.sh build    build containerd, its shim and ctr only
 #   hack/containerd.sh crash    SIGKILL the daemon only (tasks and their shims
 #                               keep running, as after a real crash)
 #
@@ -237,6 +238,7 @@ case ${1:-start} in
   status)
     if answers; then ctr version; else echo "containerd is not running"; exit 1; fi ;;
   env) print_env ;;
+  build) install_runc; build ;;
   crash) crash_daemon ;;
-  *) echo "usage: $0 [start|stop|status|env|crash]" >&2; exit 2 ;;
+  *) echo "usage: $0 [start|stop|status|env|build|crash]" >&2; exit 2 ;;
 esac
