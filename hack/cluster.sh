@@ -36,6 +36,10 @@
 #   binary, /pause; `/pause -probe` is a smoke test that calls the API server
 #   with the pod's service account token.
 #
+# The API server's front proxy is configured (a front-proxy CA and client
+# certificate of its own, the X-Remote-* headers, aggregator routing), so
+# aggregated APIs work: the exec API through the API server, for one.
+#
 # The control plane and the node are host processes (no static pods):
 # their logs are in $CLUSTER_PREFIX/log/. Client certificates for every
 # component, the service-account keys and the cluster-signing CA are made
