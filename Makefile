@@ -63,7 +63,7 @@ help: ## Show this help.
 # Packages that need a daemon of their own (containerd, incusd) or run the
 # controller as a process under faults; the rest is the fast loop.
 E2E_PKGS  := ./runtimes/containerd/ ./test/e2e/containerd/ ./test/e2e/incus/ ./test/e2e/image/ ./test/chaos/
-UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/test/e2e/containerd$$' -e '/test/e2e/incus$$' -e '/test/e2e/image$$' -e '/test/chaos$$')
+UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/test/e2e/containerd$$' -e '/test/e2e/incus$$' -e '/test/e2e/image$$' -e '/test/chaos$$' -e '/test/e2e/realcluster$$')
 
 ##@ Test
 
@@ -90,6 +90,15 @@ test-e2e: manifests generate ## The suites that need containerd, incusd or a con
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
 	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) $(E2E_PKGS); rc=$$?; hack/containerd.sh stop; exit $$rc
+
+TEST_CLUSTER_TIMEOUT ?= 40m
+
+.PHONY: test-cluster
+test-cluster: ## On a real single-node cluster (hack/cluster.sh start; stopped after): build and import the image, make deploy, apply the samples, kubectl sandbox exec through the API server and on the node, the README's worktree example, delete everything, make undeploy, check nothing is left (test/e2e/realcluster). Not part of make test.
+	@hack/install-deps.sh
+	set +e; hack/cluster.sh start >/dev/null && eval "$$(hack/cluster.sh env)" && \
+		SANDBOX_TEST_CLUSTER=1 go test -count=1 -timeout $(TEST_CLUSTER_TIMEOUT) -v ./test/e2e/realcluster/ -ginkgo.v $(GO_TEST_FLAGS); \
+		rc=$$?; hack/cluster.sh stop; exit $$rc
 
 CHAOS_DURATION ?= 7m
 CHAOS_OUTAGES  ?= 5s,30s,90s

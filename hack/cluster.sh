@@ -36,6 +36,10 @@
 #   binary, /pause; `/pause -probe` is a smoke test that calls the API server
 #   with the pod's service account token.
 #
+# The API server's front proxy is configured (a front-proxy CA and client
+# certificate of its own, the X-Remote-* headers, aggregator routing), so
+# aggregated APIs work: the exec API through the API server, for one.
+#
 # The control plane and the node are host processes (no static pods):
 # their logs are in $CLUSTER_PREFIX/log/. Client certificates for every
 # component, the service-account keys and the cluster-signing CA are made
@@ -230,9 +234,10 @@ build_images() {
 
 # ---------------------------------------------------------------- pki
 
-# cert NAME CN O [SANs]: a key and a certificate signed by the cluster CA.
+# cert NAME CN O [SANs]: a key and a certificate signed by the cluster CA
+# (by the CA named in CERT_CA, front-proxy-ca say, when set).
 cert() {
-  local name=$1 cn=$2 o=$3 sans=${4:-} subj="/CN=$2"
+  local name=$1 cn=$2 o=$3 sans=${4:-} subj="/CN=$2" ca=${CERT_CA:-ca}
   [ -n "$o" ] && subj="/O=$o/CN=$cn"
   local ext=$PKI/$name.ext
   {
@@ -243,7 +248,7 @@ cert() {
   } >"$ext"
   openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$name.key" 2>/dev/null
   openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" -CAcreateserial \
     -days 3650 -sha256 -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
   rm -f "$PKI/$name.csr" "$ext"
 }
@@ -267,6 +272,16 @@ pki() {
     cert scheduler system:kube-scheduler ""
     cert kube-proxy system:kube-proxy ""
     cert kubelet-client "system:node:$NODE" system:nodes
+  fi
+  # The front proxy: a CA of its own whose one client, the API server,
+  # vouches for the user when it proxies to an aggregated API (the exec API
+  # through the API server); a state from before it gets one too.
+  if [ ! -f "$PKI/front-proxy-ca.crt" ]; then
+    openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/front-proxy-ca.key" 2>/dev/null
+    openssl req -x509 -new -key "$PKI/front-proxy-ca.key" -subj "/CN=sandbox-controller-cluster-front-proxy-ca" -days 3650 -sha256 \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+      -out "$PKI/front-proxy-ca.crt" 2>/dev/null
+    CERT_CA=front-proxy-ca cert front-proxy-client front-proxy-client ""
   fi
   # Serving certificates name the address: made again when it changed.
   local want="$addr $NODE $SERVICE_CIDR"
@@ -395,6 +410,11 @@ start_apiserver() {
     --allow-privileged=true \
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP,Hostname \
+    --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
+    --enable-aggregator-routing=true \
     --profiling=false
   wait_for "kube-apiserver /readyz" 90 kube-apiserver kubectl get --raw /readyz
 }

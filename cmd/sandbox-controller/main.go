@@ -236,6 +236,9 @@ Ctrl-C stops the controller and the control plane.
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)
 		}
+		// On a cluster, client certificates the API server accepts work on
+		// the nodes' endpoints too (kubectl sandbox exec --via node).
+		f.api.ClusterClientCA = f.apiService != "" && f.api.ClientCAFile == ""
 		auth, err := execapi.DelegatingAuth(kube, f.api)
 		if err != nil {
 			return fmt.Errorf("exec API: %w", err)

@@ -47,6 +47,7 @@ const (
 	authConfigMap      = "extension-apiserver-authentication"
 	authConfigMapNS    = "kube-system"
 	requestHeaderCAKey = "requestheader-client-ca-file"
+	clientCAKey        = "client-ca-file"
 )
 
 // The controller reads the API server's front-proxy configuration (the

@@ -48,8 +48,8 @@ type Auth struct {
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // DelegatingAuth authenticates the way the kubelet does: bearer tokens by
-// TokenReview and client certificates against c.ClientCAFile (skipped when
-// empty), and authorises every request by SubjectAccessReview, both through
+// TokenReview and client certificates against c.ClientCAFile (or the API
+// server's client CA with c.ClusterClientCA; skipped when neither), and authorises every request by SubjectAccessReview, both through
 // the API server behind kube. Anonymous requests are not authenticated.
 // Every TokenReview names c.Audience (the server puts it on each request),
 // so only tokens issued for the exec API pass.
@@ -73,6 +73,21 @@ func DelegatingAuth(kube kubernetes.Interface, c Config) (Auth, error) {
 		}
 		authn.ClientCertificateCAContentProvider = ca
 		a.run = func(ctx context.Context) { ca.Run(ctx, 1) }
+	} else if c.ClusterClientCA {
+		ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("client-ca", authConfigMapNS, authConfigMap, clientCAKey, kube)
+		if err != nil {
+			return Auth{}, fmt.Errorf("watching the API server's client CA: %w", err)
+		}
+		authn.ClientCertificateCAContentProvider = ca
+		// Read once before serving (a ConfigMap that is missing or not
+		// readable leaves client certificates refused; tokens still work),
+		// then kept current.
+		a.prepare = func(ctx context.Context) {
+			loadCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_ = ca.RunOnce(loadCtx)
+			go ca.Run(ctx, 1)
+		}
 	}
 	var err error
 	if a.Authenticator, _, err = authn.New(); err != nil {

@@ -27,8 +27,16 @@ type Config struct {
 	// CertFile and KeyFile are the serving certificate and key (PEM).
 	CertFile, KeyFile string
 	// ClientCAFile holds the CAs whose client certificates authenticate a
-	// caller (CN is the user, O the groups); empty accepts bearer tokens only.
+	// caller (CN is the user, O the groups); empty accepts bearer tokens
+	// only, unless ClusterClientCA.
 	ClientCAFile string
+	// ClusterClientCA, without ClientCAFile, authenticates client
+	// certificates against the API server's own client CA (client-ca-file
+	// of ConfigMap kube-system/extension-apiserver-authentication, kept up
+	// to date), as every aggregated API server does: a kubeconfig with a
+	// client certificate then works on the nodes' endpoints as it works
+	// against the API server. The manager sets it with --api-service.
+	ClusterClientCA bool
 	// MaxExecsPerClaim bounds the commands running at once for one claim;
 	// one more is refused with 429.
 	MaxExecsPerClaim int
@@ -53,7 +61,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.BindAddress, "api-bind-address", DefaultBindAddress, "address the exec and file API (HTTPS) binds to; 0 disables it")
 	fs.StringVar(&c.CertFile, "api-tls-cert-file", "", "serving certificate of the exec and file API (PEM); empty: one signed by the cluster's exec API CA (Secret sandbox-controller-ca in --system-namespace, made when missing) for --api-advertise-address and --node-name, renewed at two thirds of --api-cert-validity")
 	fs.StringVar(&c.KeyFile, "api-tls-private-key-file", "", "private key of --api-tls-cert-file (PEM)")
-	fs.StringVar(&c.ClientCAFile, "client-ca-file", "", "CA bundle whose client certificates authenticate exec and file API callers (CN user, O groups); empty accepts bearer tokens only (checked with TokenReview)")
+	fs.StringVar(&c.ClientCAFile, "client-ca-file", "", "CA bundle whose client certificates authenticate exec and file API callers (CN user, O groups); empty: the API server's client CA (client-ca-file of ConfigMap kube-system/extension-apiserver-authentication) when --api-service is set, else bearer tokens only (checked with TokenReview)")
 	fs.IntVar(&c.MaxExecsPerClaim, "api-max-execs-per-claim", DefaultMaxExecsPerClaim, "commands one SessionClaim may run at once through the API; more are refused with 429")
 	fs.DurationVar(&c.ExecTimeout, "api-exec-timeout", DefaultExecTimeout, "a command run through the API is killed after this long")
 	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", DefaultMaxBodyBytes, "largest file upload the API accepts, in bytes; a larger one is refused with 413")

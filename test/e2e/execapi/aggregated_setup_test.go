@@ -129,7 +129,10 @@ func startNodeAPI(bind, nodeName string, reader client.Reader, ttl time.Duration
 	Expect(err).NotTo(HaveOccurred())
 	fwd, err := aggCA.IssueClient(servingcert.ForwarderName, 24*time.Hour, time.Now())
 	Expect(err).NotTo(HaveOccurred())
-	cfg := execapi.Config{BindAddress: bind, ClientCAFile: clientCAFile(), AuthCacheTTL: ttl}
+	// No client CA file, as in the DaemonSet: client certificates are
+	// checked against the API server's own client CA (its ConfigMap
+	// kube-system/extension-apiserver-authentication).
+	cfg := execapi.Config{BindAddress: bind, ClusterClientCA: true, AuthCacheTTL: ttl}
 	auth, err := execapi.DelegatingAuth(kube, cfg)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(execapi.FrontProxyAuth(kube, logf.Log.WithName("execapi-"+nodeName), &auth)).To(Succeed())

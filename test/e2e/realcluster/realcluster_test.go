@@ -1,0 +1,356 @@
+// Package realcluster_test runs the project as a user would on a real
+// cluster (hack/cluster.sh: a kubelet, kube-proxy and a CRI containerd, so
+// the DaemonSet's pod really starts and its sandboxes really run): it builds
+// the image, imports it into the node's containerd, runs make deploy, applies
+// the samples, waits for the claim, runs `kubectl sandbox exec` through the
+// API server (the aggregated API) and on the node, follows the README's
+// worktree example, deletes everything, runs make undeploy and checks that
+// nothing is left but the agents' areas on the node.
+//
+// `make test-cluster` starts the cluster, runs this package with its
+// KUBECONFIG, KUBECTL and CLUSTER_CONTAINERD_ADDRESS (hack/cluster.sh env)
+// and stops the cluster after. It changes the cluster (the deployment is
+// removed at the end) and the node's /var/lib/sandbox-controller, so it runs
+// only when asked to (SANDBOX_TEST_CLUSTER=1, which make test-cluster sets):
+// `go test ./...` (make test) never deploys to whatever cluster a
+// developer's KUBECONFIG names. Asked to run without a cluster's variables,
+// it skips, or fails under CI=true.
+package realcluster_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+)
+
+const (
+	namespace = "sandbox-controller-system"
+	// version tags the image this suite builds and deploys.
+	version = "test-cluster"
+	// imageRef is the name make image gives it and the kubelet looks up for
+	// sandbox-controller:VERSION.
+	imageRef = "docker.io/library/sandbox-controller:" + version
+	// areas is the DaemonSet's hostPath for the agents' areas.
+	areas     = "/var/lib/sandbox-controller"
+	wtClaim   = "bob-fix-login"
+	wtInside  = "/workspace/demo/app/.worktrees/" + wtClaim
+	sampleCl  = "alice-session-1"
+	sampleSbx = "alice"
+)
+
+var (
+	ctx        = context.Background()
+	repo       string
+	kubectl    string
+	ctr        string
+	ctrAddress string
+	pluginDir  string // holds kubectl-sandbox, put first on PATH
+	scratch    string
+	// The README's worktree example: a host directory holding a
+	// repository, mounted into the controller's pod as docs/cluster.md
+	// (Custom mounts) says.
+	demoDir  string
+	demoRepo string
+)
+
+// optIn is the variable that makes this suite run.
+const optIn = "SANDBOX_TEST_CLUSTER"
+
+func TestRealCluster(t *testing.T) {
+	if os.Getenv(optIn) != "1" {
+		t.Skip(optIn + " is not 1: this suite deploys to the cluster of KUBECONFIG; `make test-cluster` runs it on a cluster of its own")
+	}
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Real cluster suite")
+}
+
+var _ = BeforeSuite(func() {
+	for _, v := range []string{"KUBECONFIG", "CLUSTER_CONTAINERD_ADDRESS"} {
+		if os.Getenv(v) == "" {
+			testenv.Missing(GinkgoT(), v, "run `make test-cluster`, or start a cluster with hack/cluster.sh start and eval \"$(hack/cluster.sh env)\"")
+		}
+	}
+	testenv.Binary(GinkgoT(), "make", "install make (apt-get install make)")
+	testenv.Binary(GinkgoT(), "git", "install git (apt-get install git)")
+	var err error
+	repo, err = filepath.Abs(filepath.Join("..", "..", ".."))
+	Expect(err).NotTo(HaveOccurred())
+	kubectl = os.Getenv("KUBECTL")
+	if kubectl == "" {
+		out, err := exec.Command(filepath.Join(repo, "hack", "envtest-assets.sh"), "--print-dir").Output()
+		Expect(err).NotTo(HaveOccurred())
+		kubectl = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
+	}
+	if _, err := os.Stat(kubectl); err != nil {
+		testenv.Missing(GinkgoT(), "kubectl", "hack/cluster.sh env names it (KUBECTL)")
+	}
+	ctr = filepath.Join(repo, "bin", "containerd", "ctr")
+	if _, err := os.Stat(ctr); err != nil {
+		testenv.Missing(GinkgoT(), "ctr", "hack/containerd.sh build (hack/cluster.sh start builds it)")
+	}
+	ctrAddress = os.Getenv("CLUSTER_CONTAINERD_ADDRESS")
+	out, err := run(time.Minute, kubectl, "get", "--raw", "/readyz")
+	Expect(err).NotTo(HaveOccurred(), "the cluster of KUBECONFIG does not answer: %s", out)
+
+	scratch, err = os.MkdirTemp("", "realcluster-")
+	Expect(err).NotTo(HaveOccurred())
+	// The plugin as a user installs it: kubectl-sandbox on PATH.
+	pluginDir = filepath.Join(scratch, "bin")
+	build := exec.Command("go", "build", "-o", filepath.Join(pluginDir, "kubectl-sandbox"), "./cmd/sandboxctl")
+	build.Dir = repo
+	b, err := build.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "building the plugin: %s", b)
+})
+
+var _ = AfterSuite(func() {
+	if scratch != "" {
+		Expect(os.RemoveAll(scratch)).To(Succeed())
+	}
+})
+
+// run runs a command with PATH starting at the plugin's directory and
+// returns its combined output; its process group is killed after timeout.
+func run(timeout time.Duration, name string, args ...string) (string, error) {
+	c, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(c, name, args...)
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "PATH="+pluginDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	t0 := time.Now()
+	out, err := cmd.CombinedOutput()
+	GinkgoWriter.Printf("$ %s %s  (%s)\n%s\n", filepath.Base(name), strings.Join(args, " "), time.Since(t0).Round(time.Millisecond), out)
+	return string(out), err
+}
+
+func kc(args ...string) string {
+	out, err := run(3*time.Minute, kubectl, args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), out)
+	return out
+}
+
+func runMake(timeout time.Duration, args ...string) string {
+	all := append([]string{"--no-print-directory", "-C", repo, "KUBECTL=" + kubectl, "VERSION=" + version}, args...)
+	out, err := run(timeout, "make", all...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "make %s: %s", strings.Join(args, " "), out)
+	return out
+}
+
+// sandboxExec runs `kubectl sandbox exec` as a user types it.
+func sandboxExec(claim string, flags []string, command ...string) string {
+	args := append([]string{"sandbox", "exec"}, flags...)
+	args = append(append(args, claim, "--"), command...)
+	out, err := run(2*time.Minute, kubectl, args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), out)
+	return out
+}
+
+// kubepodsProcesses lists the processes in the kubelet's pod cgroups
+// (hack/cluster.sh's cgroup root): the controller, its sandboxes, shims.
+func kubepodsProcesses() []string {
+	var left []string
+	dirs, err := os.ReadDir("/proc")
+	Expect(err).NotTo(HaveOccurred())
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil || !strings.Contains(string(cg), "/sandbox-controller-cluster/kubepods") {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		left = append(left, fmt.Sprintf("%d %s", pid, strings.TrimSpace(string(comm))))
+	}
+	return left
+}
+
+var _ = Describe("make deploy on a real cluster, used as a user would", Ordered, func() {
+	var node string
+
+	BeforeAll(func() {
+		node = strings.TrimSpace(kc("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"))
+		Expect(node).NotTo(BeEmpty())
+	})
+
+	AfterAll(func() {
+		// Whatever failed above, the cluster is left without the deployment.
+		if !undeployed {
+			// What the controller saw, for the failure's report.
+			_, _ = run(time.Minute, kubectl, "get", "sandboxes,sessionclaims", "-A", "-o", "yaml")
+			_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", "daemonset/sandbox-controller", "--tail=200")
+			_, _ = run(3*time.Minute, kubectl, "delete", "sessionclaims,sandboxes", "--all", "-A", "--wait", "--timeout=2m")
+			_, _ = run(6*time.Minute, "make", "--no-print-directory", "-C", repo, "KUBECTL="+kubectl, "undeploy")
+		}
+		if demoDir != "" {
+			_ = os.RemoveAll(demoDir)
+		}
+	})
+
+	It("builds the image and imports it into the node's containerd", func() {
+		tar := os.Getenv("TEST_CLUSTER_IMAGE_TAR")
+		if tar == "" {
+			tar = filepath.Join(scratch, "image.tar")
+			runMake(20*time.Minute, "image", "IMAGE_TAR="+tar)
+		}
+		out, err := run(5*time.Minute, ctr, "--address", ctrAddress, "-n", "k8s.io", "images", "import", tar)
+		Expect(err).NotTo(HaveOccurred(), out)
+		out, err = run(time.Minute, ctr, "--address", ctrAddress, "-n", "k8s.io", "images", "ls", "-q")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(strings.Fields(out)).To(ContainElement(imageRef))
+	})
+
+	It("deploys, and the DaemonSet's pod becomes Ready", func() {
+		runMake(10*time.Minute, "deploy")
+		kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")
+		kc("-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=2m")
+		Expect(kc("-n", namespace, "get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}")).To(Equal(node))
+	})
+
+	It("serves the exec API through the API server (the APIService is Available)", func() {
+		kc("wait", "apiservice/v1alpha1.subresources.sandbox.cireilclaw.dev", "--for=condition=Available", "--timeout=2m")
+	})
+
+	It("applies the samples and the claim becomes Ready on the node it was placed on", func() {
+		kc("apply", "-f", "config/samples/")
+		kc("wait", "sessionclaim/"+sampleCl, "--for=condition=Ready", "--timeout=3m")
+		// The sample Sandbox names no node: placement put it on the only one.
+		Expect(kc("get", "sandbox", sampleSbx, "-o", "jsonpath={.spec.nodeName}")).To(BeEmpty())
+		Expect(kc("get", "sandbox", sampleSbx, "-o", "jsonpath={.status.nodeName}")).To(Equal(node))
+	})
+
+	It("runs kubectl sandbox exec through the API server and on the node", func() {
+		// The default: the API server serves the aggregated API, so through it.
+		Expect(sandboxExec(sampleCl, nil, "git", "--version")).To(ContainSubstring("git version"))
+		Expect(sandboxExec(sampleCl, []string{"--via", "api-server"}, "git", "--version")).To(ContainSubstring("git version"))
+		Expect(sandboxExec(sampleCl, []string{"--via", "node"}, "git", "--version")).To(ContainSubstring("git version"))
+		// The sample allows python3, which the image does not have: it fails
+		// as on a machine without it (docs/cluster.md), not the exec.
+		out, err := run(time.Minute, kubectl, "sandbox", "exec", sampleCl, "--", "python3", "-c", "print(1)")
+		Expect(err).To(HaveOccurred(), out)
+	})
+
+	It("follows the README's worktree example: a commit made inside is on the host", func() {
+		var err error
+		demoDir, err = os.MkdirTemp("", "realcluster-demo-")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.Chmod(demoDir, 0o755)).To(Succeed())
+		demoRepo = filepath.Join(demoDir, "app")
+		Expect(os.MkdirAll(demoRepo, 0o755)).To(Succeed())
+		// The controller's pod sees the node's directories only where they
+		// are mounted into it: docs/cluster.md's overlay, as a patch.
+		patch := fmt.Sprintf(`[{"op":"add","path":"/spec/template/spec/volumes/-","value":{"name":"projects","hostPath":{"path":%q,"type":"Directory"}}},`+
+			`{"op":"add","path":"/spec/template/spec/containers/0/volumeMounts/-","value":{"name":"projects","mountPath":%q}}]`, demoDir, demoDir)
+		kc("-n", namespace, "patch", "daemonset", "sandbox-controller", "--type=json", "-p", patch)
+		kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")
+		kc("-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=2m")
+		for _, args := range [][]string{
+			{"init", "-q", "-b", "main", demoRepo},
+			{"-C", demoRepo, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "--allow-empty", "-m", "first"},
+		} {
+			out, err := exec.Command("git", args...).CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), string(out))
+		}
+		// docs/examples/worktree.yaml with the repository where the
+		// controller's pod sees it and git alone (the image has no sh).
+		manifest := fmt.Sprintf(`apiVersion: sandbox.cireilclaw.dev/v1alpha1
+kind: Sandbox
+metadata: {name: bob, namespace: default}
+spec:
+  agent: bob
+  backend: bwrap
+  binaries: ["git"]
+  mounts:
+  - source: %s
+    target: demo
+    mode: rw
+  idleTimeout: 5m
+---
+apiVersion: sandbox.cireilclaw.dev/v1alpha1
+kind: SessionClaim
+metadata: {name: %s, namespace: default}
+spec:
+  sandboxName: bob
+  session: "chat-2026-11-30-0002"
+  worktree:
+    repository: demo/app
+    ref: main
+    createBranch: true
+`, demoDir, wtClaim)
+		f := filepath.Join(scratch, "worktree.yaml")
+		Expect(os.WriteFile(f, []byte(manifest), 0o600)).To(Succeed())
+		kc("apply", "-f", f)
+		// bob runs as a host id of its own: give it the project.
+		agentDir := filepath.Join(areas, "areas", "bob")
+		Eventually(func() error { _, err := os.Stat(agentDir); return err }).WithTimeout(2 * time.Minute).Should(Succeed())
+		var st syscall.Stat_t
+		Expect(syscall.Stat(agentDir, &st)).To(Succeed())
+		Expect(testenv.ChownTree(demoDir, st.Uid, st.Gid)).To(Succeed())
+		kc("wait", "sessionclaim/"+wtClaim, "--for=condition=WorktreeReady", "--timeout=2m")
+		Expect(kc("get", "sessionclaim", wtClaim, "-o", "jsonpath={.status.worktree.path}")).To(Equal(wtInside))
+		Expect(sandboxExec(wtClaim, nil, "git", "-C", wtInside, "status")).To(ContainSubstring("On branch " + wtClaim))
+		sandboxExec(wtClaim, nil, "git", "-C", wtInside, "-c", "user.name=bob", "-c", "user.email=bob@example.com",
+			"commit", "-q", "--allow-empty", "-m", "Fix the login")
+		out, err := exec.Command("git", "-c", "safe.directory="+demoRepo, "-C", demoRepo, "log", "--oneline", wtClaim).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		GinkgoWriter.Printf("$ git log --oneline %s  (on the host)\n%s\n", wtClaim, out)
+		Expect(string(out)).To(ContainSubstring("Fix the login"))
+		kc("delete", "sessionclaim", wtClaim, "--timeout=2m")
+		// Clean: the worktree goes, the branch stays.
+		Eventually(func() bool {
+			_, err := os.Stat(filepath.Join(demoRepo, ".worktrees", wtClaim))
+			return os.IsNotExist(err)
+		}).
+			WithTimeout(time.Minute).Should(BeTrue())
+		out, err = exec.Command("git", "-c", "safe.directory="+demoRepo, "-C", demoRepo, "branch", "--list", wtClaim).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		Expect(string(out)).To(ContainSubstring(wtClaim))
+	})
+
+	It("deletes everything, undeploys, and nothing is left but the agents' areas", func() {
+		kc("delete", "sessionclaims,sandboxes", "--all", "-A", "--wait", "--timeout=2m")
+		kc("delete", "-f", "config/samples/", "--ignore-not-found", "--wait", "--timeout=1m")
+		runMake(10*time.Minute, "undeploy")
+		undeployed = true
+
+		out := kc("get", "crd", "-o", "name")
+		Expect(out).NotTo(ContainSubstring("sandbox.cireilclaw.dev"))
+		out = kc("get", "apiservice", "-o", "name")
+		Expect(out).NotTo(ContainSubstring("cireilclaw"))
+		out = kc("get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings", "-A",
+			"-l", "app.kubernetes.io/part-of=sandbox-controller", "-o", "name")
+		Expect(strings.TrimSpace(out)).To(BeEmpty())
+		out = kc("get", "rolebindings", "-n", "kube-system", "-l", "app.kubernetes.io/part-of=sandbox-controller", "-o", "name")
+		Expect(strings.TrimSpace(out)).To(BeEmpty())
+		Eventually(func() string {
+			out, _ := run(time.Minute, kubectl, "get", "namespace", namespace, "--ignore-not-found", "-o", "name")
+			return strings.TrimSpace(out)
+		}).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(BeEmpty())
+		Expect(strings.TrimSpace(kc("get", "pods", "-A", "-o", "name"))).To(BeEmpty())
+		// No instance, controller or shim process is left in the pods' cgroups.
+		Eventually(kubepodsProcesses).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeEmpty())
+		// The agents' areas stay on the node (make undeploy says so).
+		for _, agent := range []string{"alice", "bob"} {
+			Expect(filepath.Join(areas, "areas", agent, "workspace")).To(BeADirectory())
+		}
+	})
+})
+
+// undeployed is set once make undeploy has run: AfterAll runs it when a
+// spec before failed.
+var undeployed bool
