@@ -159,9 +159,21 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return "", &Error{Reason: ReasonGitTimedOut, Message: fmt.Sprintf("git %s in %s did not finish within %s and was stopped; something in the repository's git directory blocks it (a FIFO or a huge file)", verb, dir, timeout)}
 		}
+		if jailFailed(errb.String()) {
+			// bwrap's own message names a host path; it goes to the log.
+			return "", &Error{Reason: ReasonGitJailFailed, Message: fmt.Sprintf("git %s could not start: the bubblewrap jail host git runs in failed to set up, so git never ran; "+
+				"most often the agent's id %d cannot reach %s (every parent directory must let it through); the controller log has bubblewrap's message", verb, id.UID, repo.Mount.HostPath())}
+		}
 		return "", &Error{Reason: ReasonGitFailed, Message: fmt.Sprintf("git %s in %s failed (%v); the controller log has git's output", verb, dir, err)}
 	}
 	return strings.TrimSpace(out.String()), nil
+}
+
+// jailFailed says whether bubblewrap, not git, failed: bwrap reports its
+// own setup errors prefixed with its name, which git never prints (git's
+// own messages begin fatal:, error: or usage:).
+func jailFailed(stderr string) bool {
+	return strings.HasPrefix(stderr, "bwrap: ")
 }
 
 // boundedBuffer keeps the first max bytes written to it and drops the

@@ -25,6 +25,10 @@ const (
 	ReasonGitFailed = "GitFailed"
 	// ReasonGitTimedOut: host git did not finish within its deadline.
 	ReasonGitTimedOut = "GitTimedOut"
+	// ReasonGitJailFailed: the jail host git runs in could not be set up,
+	// most often because the agent's identity cannot reach the mount's
+	// host directory; git itself never ran.
+	ReasonGitJailFailed = "GitJailFailed"
 )
 
 // Error is a failure with a condition reason and a message in the

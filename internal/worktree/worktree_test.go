@@ -315,3 +315,22 @@ func TestRelativeLinksAreRecognisedAndHoldWhereverTheMountIs(t *testing.T) {
 		t.Fatalf("health of the moved relative worktree: %+v", h)
 	}
 }
+
+// A mount the agent's id cannot reach stops the jail before git runs; the
+// claim must say that, not that the ref names no commit.
+func TestAnUnreachableMountIsReportedAsSuch(t *testing.T) {
+	repo := newRepo(t)
+	// The mount's parent lets only root through.
+	parent := filepath.Dir(repo.Mount.HostPath())
+	if err := os.Chmod(parent, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Chmod(parent, 0o755) })
+	_, err := worktree.Add(context.Background(), repo, worktree.Spec{Name: "s1", Ref: "main"})
+	if got := worktree.ReasonOf(err); got != worktree.ReasonGitJailFailed {
+		t.Fatalf("reason %q (%v), want %s", got, err, worktree.ReasonGitJailFailed)
+	}
+	if !strings.Contains(err.Error(), "cannot reach "+repo.Mount.HostPath()) {
+		t.Errorf("message %q does not say which directory", err)
+	}
+}
