@@ -118,25 +118,9 @@ func (ca *CA) Issue(hosts []string, validity time.Duration, now time.Time) (*tls
 	if len(hosts) == 0 {
 		return nil, errors.New("a serving certificate needs at least one address or name")
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	serial, err := serialNumber()
-	if err != nil {
-		return nil, err
-	}
-	notAfter := now.Add(validity)
-	if notAfter.After(ca.Cert.NotAfter) {
-		notAfter = ca.Cert.NotAfter
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: "sandbox-controller exec API " + hosts[0]},
-		NotBefore:    now.Add(-5 * time.Minute),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		Subject:     pkix.Name{CommonName: "sandbox-controller exec API " + hosts[0]},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -145,15 +129,7 @@ func (ca *CA) Issue(hosts []string, validity time.Duration, now time.Time) (*tls
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-	if err != nil {
-		return nil, fmt.Errorf("signing the serving certificate: %w", err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+	return ca.sign(tmpl, "serving", validity, now)
 }
 
 // ForwarderName is the common name of the client certificate a node's
@@ -169,29 +145,31 @@ func (ca *CA) IssueClient(cn string, validity time.Duration, now time.Time) (*tl
 	if cn == "" {
 		return nil, errors.New("a client certificate needs a common name")
 	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	return ca.sign(tmpl, "client", validity, now)
+}
+
+// sign gives tmpl a fresh key, a serial number and its validity (from a
+// little before now, never past the CA's end) and signs it.
+func (ca *CA) sign(tmpl *x509.Certificate, what string, validity time.Duration, now time.Time) (*tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	serial, err := serialNumber()
-	if err != nil {
+	if tmpl.SerialNumber, err = serialNumber(); err != nil {
 		return nil, err
 	}
-	notAfter := now.Add(validity)
-	if notAfter.After(ca.Cert.NotAfter) {
-		notAfter = ca.Cert.NotAfter
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-5*time.Minute), now.Add(validity)
+	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
+		tmpl.NotAfter = ca.Cert.NotAfter
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    now.Add(-5 * time.Minute),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {
-		return nil, fmt.Errorf("signing the client certificate: %w", err)
+		return nil, fmt.Errorf("signing the %s certificate: %w", what, err)
 	}
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {

@@ -30,15 +30,8 @@ func benchmarkExec(out string, cfg, kube *rest.Config, ns, claim, instance strin
 	// A server configured as the controller runs it: claims read through
 	// the manager's cache, authentication and authorisation answers cached
 	// for the default time.
-	done := make(chan error, 1)
-	host, stop := serveAPI(mgr.Client, execapi.DefaultAuthCacheTTL, done)
-	defer func() {
-		stop()
-		Eventually(done, timeout).Should(Receive(BeNil()))
-	}()
-	suiteHost := apiHost
-	apiHost = host
-	defer func() { apiHost = suiteHost }()
+	_, restore := serveInstead(mgr.Client, execapi.DefaultAuthCacheTTL, nil)
+	defer restore()
 
 	if kube != nil {
 		installAggregatedAPI()

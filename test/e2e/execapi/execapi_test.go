@@ -463,15 +463,8 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			runCtx, stopRenewal := context.WithCancel(ctx)
 			defer stopRenewal()
 			go func() { _ = src.Start(runCtx) }()
-			done := make(chan error, 1)
-			host, stop := serveAPIWith(env.Client, time.Millisecond, done, src.GetCertificate)
-			defer func() {
-				stop()
-				Eventually(done, timeout).Should(Receive(BeNil()))
-			}()
-			suiteHost := apiHost
-			apiHost = host
-			defer func() { apiHost = suiteHost }()
+			host, restore := serveInstead(env.Client, time.Millisecond, src.GetCertificate)
+			defer restore()
 			cfg := rest.CopyConfig(alice)
 			cfg.CAData, cfg.CAFile = caPEM, ""
 			Expect(execIn(ctx, cfg, ns, claim, nil, nil, "true").err).NotTo(HaveOccurred())

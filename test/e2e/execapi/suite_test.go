@@ -188,3 +188,18 @@ func apiConfig(base *rest.Config) *rest.Config {
 	}
 	return cfg
 }
+
+// serveInstead serves another exec API (as serveAPIWith does) and points
+// the suite's requests at it until the returned function, which stops it
+// and waits for its end, runs.
+func serveInstead(reader client.Reader, ttl time.Duration, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) (host string, restore func()) {
+	done := make(chan error, 1)
+	host, stop := serveAPIWith(reader, ttl, done, getCert)
+	suiteHost := apiHost
+	apiHost = host
+	return host, func() {
+		apiHost = suiteHost
+		stop()
+		Eventually(done, timeout).Should(Receive(BeNil()))
+	}
+}
