@@ -97,7 +97,7 @@ TEST_CLUSTER_TIMEOUT ?= 40m
 test-cluster: ## On a real single-node cluster (hack/cluster.sh start; stopped after): build and import the image, make deploy, apply the samples, kubectl sandbox exec through the API server and on the node, the README's worktree example, delete everything, make undeploy, check nothing is left (test/e2e/realcluster). Not part of make test.
 	@hack/install-deps.sh
 	set +e; hack/cluster.sh start >/dev/null && eval "$$(hack/cluster.sh env)" && \
-		SANDBOX_TEST_CLUSTER=1 go test -count=1 -timeout $(TEST_CLUSTER_TIMEOUT) -v ./test/e2e/realcluster/ -ginkgo.v $(GO_TEST_FLAGS); \
+		go test -tags realcluster -count=1 -timeout $(TEST_CLUSTER_TIMEOUT) -v ./test/e2e/realcluster/ -ginkgo.v $(GO_TEST_FLAGS); \
 		rc=$$?; hack/cluster.sh stop; exit $$rc
 
 CHAOS_DURATION ?= 7m
@@ -180,7 +180,7 @@ bench-scale: image-binary ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
 	$(BENCH_PAGE) SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" \
-		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/
+		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -tags scale -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/
 
 ##@ Deploy
 

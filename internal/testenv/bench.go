@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -73,7 +74,9 @@ func MachineNote() string {
 		kernel = "Linux " + strings.TrimSpace(string(b))
 	}
 	bw := "bubblewrap"
-	if out, err := exec.Command("bwrap", "--version").Output(); err == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "bwrap", "--version").Output(); err == nil {
 		bw = string(bytes.TrimSpace(out))
 	}
 	load := ""

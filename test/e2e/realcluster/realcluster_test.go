@@ -1,3 +1,5 @@
+//go:build realcluster
+
 // Package realcluster_test runs the project as a user would on a real
 // cluster (hack/cluster.sh: a kubelet, kube-proxy and a CRI containerd, so
 // the DaemonSet's pod really starts and its sandboxes really run): it builds
@@ -11,9 +13,9 @@
 // KUBECONFIG, KUBECTL and CLUSTER_CONTAINERD_ADDRESS (hack/cluster.sh env)
 // and stops the cluster after. It changes the cluster (the deployment is
 // removed at the end) and the node's /var/lib/sandbox-controller, so it runs
-// only when asked to (SANDBOX_TEST_CLUSTER=1, which make test-cluster sets):
-// `go test ./...` (make test) never deploys to whatever cluster a
-// developer's KUBECONFIG names. Asked to run without a cluster's variables,
+// only when built with the realcluster tag, which make test-cluster sets:
+// `go test ./...` (make test) never builds it, so never deploys to whatever
+// cluster a developer's KUBECONFIG names. Asked to run without a cluster's variables,
 // it skips, or fails under CI=true.
 package realcluster_test
 
@@ -65,13 +67,7 @@ var (
 	demoRepo string
 )
 
-// optIn is the variable that makes this suite run.
-const optIn = "SANDBOX_TEST_CLUSTER"
-
 func TestRealCluster(t *testing.T) {
-	if os.Getenv(optIn) != "1" {
-		t.Skip(optIn + " is not 1: this suite deploys to the cluster of KUBECONFIG; `make test-cluster` runs it on a cluster of its own")
-	}
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "Real cluster suite")
 }

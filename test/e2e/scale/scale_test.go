@@ -1,8 +1,10 @@
+//go:build scale
+
 // Package scale is `make bench-scale`: many Sandboxes with a claim each
 // against a real kube-apiserver, the controller running as its own process
 // (the binary a node runs), so its memory is the process's and nothing of
-// the test's. It runs only when SANDBOX_BENCH_OUT names the page to
-// write.
+// the test's. It is built only with the scale tag (make bench-scale sets
+// it), so `go test ./...` never starts a thousand sandboxes.
 package scale
 
 import (
@@ -56,7 +58,7 @@ type figures struct {
 func TestScale(t *testing.T) {
 	table := testenv.BenchOut()
 	if table == "" {
-		t.Skip("set " + testenv.BenchOutEnv + " to the page to write into (make bench-scale)")
+		t.Fatal("set " + testenv.BenchOutEnv + " to the page to write into (make bench-scale does)")
 	}
 	if p := testenv.AssetsProblem(); p != "" {
 		testenv.Missing(t, "envtest binaries", p)
