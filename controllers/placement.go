@@ -127,11 +127,7 @@ func (v nodeView) coordinator() string {
 // buildView reads the Leases and Nodes as of now. A Lease not renewed for
 // its own duration makes its node lost, and so does a Node whose Ready
 // condition has not been True for lostAfter.
-// nodeOf says where a Sandbox is; nil means Sandbox.Node.
-func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, sandboxes []v1alpha1.Sandbox, now time.Time, lostAfter time.Duration, nodeOf func(*v1alpha1.Sandbox) string) nodeView {
-	if nodeOf == nil {
-		nodeOf = (*v1alpha1.Sandbox).Node
-	}
+func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, now time.Time, lostAfter time.Duration) nodeView {
 	var v nodeView
 	for i := range leases {
 		l := &leases[i]
@@ -169,12 +165,44 @@ func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, sandboxes []v
 			n.lostWhy = fmt.Sprintf("its Node has not been Ready since %s (%s)", c.LastTransitionTime.UTC().Format(time.RFC3339), c.Reason)
 		}
 	}
+	return v
+}
+
+// count sets how many of sandboxes each node holds; nodeOf says where a
+// Sandbox is (nil: Sandbox.Node).
+func (v nodeView) count(sandboxes []v1alpha1.Sandbox, nodeOf func(*v1alpha1.Sandbox) string) {
+	if nodeOf == nil {
+		nodeOf = (*v1alpha1.Sandbox).Node
+	}
 	for i := range sandboxes {
 		if n := v.get(nodeOf(&sandboxes[i])); n != nil && sandboxes[i].DeletionTimestamp.IsZero() {
 			n.placed++
 		}
 	}
-	return v
+}
+
+// readView is the nodes as of now, and whether this node coordinates.
+// Only the coordinator goes on to read the Sandboxes, straight from the
+// cache without copies (the caller must not change them), and count them.
+func readView(ctx context.Context, r client.Reader, opts Options, now time.Time, nodeOf func(*v1alpha1.Sandbox) string) (nodeView, []v1alpha1.Sandbox, bool, error) {
+	var leases coordinationv1.LeaseList
+	if err := r.List(ctx, &leases, client.InNamespace(opts.systemNamespace()), client.MatchingLabels{LabelNodeLease: "true"}); err != nil {
+		return nodeView{}, nil, false, err
+	}
+	var nodes corev1.NodeList
+	if err := r.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return nodeView{}, nil, false, err
+	}
+	v := buildView(leases.Items, nodes.Items, now, opts.nodeLostAfter())
+	if v.coordinator() != opts.NodeName {
+		return v, nil, false, nil
+	}
+	var list v1alpha1.SandboxList
+	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return nodeView{}, nil, false, err
+	}
+	v.count(list.Items, nodeOf)
+	return v, list.Items, true, nil
 }
 
 func nodeReady(n *corev1.Node) *corev1.NodeCondition {
@@ -355,19 +383,13 @@ func (t *placementTicker) Start(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		var leases coordinationv1.LeaseList
-		var nodes corev1.NodeList
-		var list v1alpha1.SandboxList
-		if t.reader.List(ctx, &leases, client.InNamespace(t.opts.systemNamespace()), client.MatchingLabels{LabelNodeLease: "true"}) != nil ||
-			t.reader.List(ctx, &nodes) != nil || t.reader.List(ctx, &list) != nil {
+		v, sandboxes, coordinating, err := readView(ctx, t.reader, t.opts, t.opts.Now(), nil)
+		if err != nil || !coordinating {
 			continue
 		}
-		v := buildView(leases.Items, nodes.Items, list.Items, t.opts.Now(), t.opts.nodeLostAfter(), nil)
-		if v.coordinator() != t.opts.NodeName {
-			continue
-		}
-		for i := range list.Items {
-			sb := &list.Items[i]
+		for i := range sandboxes {
+			// The cache's own object: the handler reads only its key.
+			sb := &sandboxes[i]
 			n := sb.Node()
 			if n == "" || (v.get(n) != nil && !v.get(n).live()) {
 				select {
@@ -388,24 +410,10 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if !sb.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
-	var leases coordinationv1.LeaseList
-	if err := p.List(ctx, &leases, client.InNamespace(p.opts.systemNamespace()), client.MatchingLabels{LabelNodeLease: "true"}); err != nil {
-		return ctrl.Result{}, err
-	}
-	var nodes corev1.NodeList
-	if err := p.List(ctx, &nodes); err != nil {
-		return ctrl.Result{}, err
-	}
-	// Read straight from the cache, without copies: a burst of a thousand
-	// new Sandboxes lists them all once each.
-	var list v1alpha1.SandboxList
-	if err := p.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		return ctrl.Result{}, err
-	}
 	now := p.opts.Now()
-	v := buildView(leases.Items, nodes.Items, list.Items, now, p.opts.nodeLostAfter(), p.nodeOf(now))
-	if v.coordinator() != p.opts.NodeName {
-		return ctrl.Result{}, nil
+	v, _, coordinating, err := readView(ctx, p.Client, p.opts, now, p.nodeOf(now))
+	if err != nil || !coordinating {
+		return ctrl.Result{}, err
 	}
 	if sb.Node() == "" && p.nodeOf(now)(&sb) != "" {
 		// Placed by this process; the cache has not caught up.

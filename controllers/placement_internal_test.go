@@ -47,7 +47,8 @@ func TestPlacementSpreadsOverLiveEligibleNodes(t *testing.T) {
 			{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", LastTransitionTime: metav1.NewTime(t0.Add(-5 * time.Minute))}}}},
 	}
 	sandboxes := append(placed("a", 1), placed("b", 3)...)
-	v := buildView(leases, nodes, sandboxes, t0, 40*time.Second, nil)
+	v := buildView(leases, nodes, t0, 40*time.Second)
+	v.count(sandboxes, nil)
 
 	if got := v.coordinator(); got != "a" {
 		t.Errorf("coordinator %q, want a (the live node that sorts first)", got)
@@ -98,12 +99,14 @@ func TestPlacementCountsWhatItPlacedBeforeTheCacheShowsIt(t *testing.T) {
 	fresh := []v1alpha1.Sandbox{{ObjectMeta: metav1.ObjectMeta{UID: "1"}}, {ObjectMeta: metav1.ObjectMeta{UID: "2"}}}
 	p := &placer{}
 	p.recent = map[types.UID]recentPlacement{"1": {node: "a", at: t0}}
-	v := buildView(leases, nil, fresh, t0, 40*time.Second, p.nodeOf(t0))
+	v := buildView(leases, nil, t0, 40*time.Second)
+	v.count(fresh, p.nodeOf(t0))
 	if got, _ := v.choose(&fresh[1], ""); got != "b" {
 		t.Errorf("second of a burst placed on %q, want b: a has the first, which the cache does not show yet", got)
 	}
 	// A placement the cache never showed is forgotten after a minute.
-	v = buildView(leases, nil, fresh, t0.Add(2*time.Minute), 40*time.Second, p.nodeOf(t0.Add(2*time.Minute)))
+	v = buildView(leases, nil, t0.Add(2*time.Minute), 40*time.Second)
+	v.count(fresh, p.nodeOf(t0.Add(2*time.Minute)))
 	if v.get("a").placed != 0 {
 		t.Errorf("a minute-old placement still counted")
 	}
