@@ -14,7 +14,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -217,6 +219,10 @@ func nodeReady(n *corev1.Node) *corev1.NodeCondition {
 // choose is the eligible node with the fewest Sandboxes (ties: the name
 // that sorts first), or "" and why no node is, one reason per node.
 func (v nodeView) choose(sb *v1alpha1.Sandbox, except string) (string, string) {
+	// A selector no Node label can carry matches nothing: say why.
+	if errs := metav1validation.ValidateLabels(sb.Spec.NodeSelector, field.NewPath("spec", "nodeSelector")); len(errs) > 0 {
+		return "", errs.ToAggregate().Error()
+	}
 	var best *nodeInfo
 	var why []string
 	for _, n := range v.nodes {

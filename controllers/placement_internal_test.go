@@ -84,6 +84,10 @@ func TestPlacementSpreadsOverLiveEligibleNodes(t *testing.T) {
 	if got, why := v.choose(sb, "b"); got != "" || !strings.Contains(why, "a: does not match nodeSelector") || !strings.Contains(why, "c: lost") {
 		t.Errorf("zone 2 without b: %q, why %q", got, why)
 	}
+	sb.Spec.NodeSelector = map[string]string{"zone one": "2"}
+	if got, why := v.choose(sb, ""); got != "" || !strings.Contains(why, `spec.nodeSelector: Invalid value: "zone one"`) {
+		t.Errorf("a selector no label can carry: %q, why %q", got, why)
+	}
 	sb.Spec.NodeSelector = nil
 	v.get("a").placed, v.get("b").capacity = 2, 3
 	if got, why := v.choose(sb, ""); got != "" || !strings.Contains(why, "a: full (2 of 2)") || !strings.Contains(why, "b: full (3 of 3)") {
