@@ -68,14 +68,18 @@ UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/te
 ##@ Test
 
 .PHONY: test
-test: manifests generate vet ## Everything (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies, then the two race tests alone at full strength (hack/run-tests.sh; starts incusd, and a private containerd it stops after). Output in bin/test-output.log, a summary at the end.
+test: manifests generate vet ## Everything (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies, the two race tests alone at full strength (hack/run-tests.sh; starts incusd, and a private containerd it stops after), then the real-cluster suite (hack/test-cluster.sh, as make test-cluster). Output in bin/test-output.log, a summary at the end.
 	@hack/install-deps.sh
 	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
 	@mkdir -p $(BIN)
 	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" hack/run-tests.sh $(BIN)/test-output.log $(GO_TEST_FLAGS); \
-		rc=$$?; hack/containerd.sh stop; hack/test-summary.sh $(BIN)/test-output.log; exit $$rc
+		rc=$$?; hack/containerd.sh stop; \
+		echo "== hack/test-cluster.sh" | tee -a $(BIN)/test-output.log; \
+		hack/test-cluster.sh -timeout $(TEST_CLUSTER_TIMEOUT) $(GO_TEST_FLAGS) 2>&1 | tee -a $(BIN)/test-output.log; \
+		r=$${PIPESTATUS[0]}; [ $$r -eq 0 ] || rc=$$r; \
+		hack/test-summary.sh $(BIN)/test-output.log; exit $$rc
 
 .PHONY: test-unit
 test-unit: manifests generate vet ## The fast loop: unit tests and envtest suites with the real bwrap and git; no daemons.
@@ -94,11 +98,10 @@ test-e2e: manifests generate ## The suites that need containerd, incusd or a con
 TEST_CLUSTER_TIMEOUT ?= 40m
 
 .PHONY: test-cluster
-test-cluster: ## On a real single-node cluster (hack/cluster.sh start; stopped after): build and import the image, make deploy, apply the samples, kubectl sandbox exec through the API server and on the node, the README's worktree example, delete everything, make undeploy, check nothing is left (test/e2e/realcluster). Not part of make test.
+test-cluster: ## On a real cluster (hack/test-cluster.sh: hack/cluster.sh start, stopped after): build and import the image, make deploy, apply the samples, kubectl sandbox exec through the API server and on the node, spreading over a second node and moving off it when it is lost, the README's worktree example, delete everything, make undeploy, check nothing is left (test/e2e/realcluster). The last pass of make test.
 	@hack/install-deps.sh
-	set +e; hack/cluster.sh start >/dev/null && eval "$$(hack/cluster.sh env)" && \
-		go test -tags realcluster -count=1 -timeout $(TEST_CLUSTER_TIMEOUT) -v ./test/e2e/realcluster/ -ginkgo.v $(GO_TEST_FLAGS); \
-		rc=$$?; hack/cluster.sh stop; exit $$rc
+	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
+	hack/test-cluster.sh -count=1 -timeout $(TEST_CLUSTER_TIMEOUT) $(GO_TEST_FLAGS)
 
 CHAOS_DURATION ?= 7m
 CHAOS_OUTAGES  ?= 5s,30s,90s

@@ -5,8 +5,9 @@
 // the DaemonSet's pod really starts and its sandboxes really run): it builds
 // the image, imports it into the node's containerd, runs make deploy, applies
 // the samples, waits for the claim, runs `kubectl sandbox exec` through the
-// API server (the aggregated API) and on the node, follows the README's
-// worktree example, deletes everything, runs make undeploy and checks that
+// API server (the aggregated API) and on the node, places Sandboxes on a
+// second node (a second controller process) and moves one off it when that
+// node is lost, follows the README's worktree example, deletes everything, runs make undeploy and checks that
 // nothing is left but the agents' areas on the node.
 //
 // `make test-cluster` starts the cluster, runs this package with its
@@ -196,6 +197,7 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		if demoDir != "" {
 			_ = os.RemoveAll(demoDir)
 		}
+		second.stop()
 	})
 
 	It("builds the image and imports it into the node's containerd", func() {
@@ -239,6 +241,19 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		// as on a machine without it (docs/cluster.md), not the exec.
 		out, err := run(time.Minute, kubectl, "sandbox", "exec", sampleCl, "--", "python3", "-c", "print(1)")
 		Expect(err).To(HaveOccurred(), out)
+	})
+
+	// A second node: another controller process, as the DaemonSet runs one
+	// on each node (second_node_test.go). It places, forwards and moves
+	// between the kubelet's node and that one; it is stopped before the
+	// worktree example, which needs bob on the kubelet's node.
+	It("spreads new Sandboxes over a second node and serves them through the API server from there", func() {
+		second.start(node)
+		second.spread(node)
+	})
+
+	It("moves a Sandbox off the second node when that node is lost, and its areas stay there", func() {
+		second.lose(node)
 	})
 
 	It("follows the README's worktree example: a commit made inside is on the host", func() {
@@ -341,7 +356,7 @@ spec:
 		// No instance, controller or shim process is left in the pods' cgroups.
 		Eventually(kubepodsProcesses).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeEmpty())
 		// The agents' areas stay on the node (make undeploy says so).
-		for _, agent := range []string{"alice", "bob"} {
+		for _, agent := range []string{"alice", "bob", second.moved} {
 			Expect(filepath.Join(areas, "areas", agent, "workspace")).To(BeADirectory())
 		}
 	})
