@@ -173,7 +173,7 @@ apt_install() {
   say "installing Debian's ${missing[*]}"
   local try
   for try in 1 2 3 4 5; do
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null && return 0
+    apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null && return 0
     say "apt-get failed (attempt $try), retrying in 10s"; sleep 10
   done
   die "could not install ${missing[*]}"
