@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -477,6 +479,9 @@ func (p *placer) place(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, no
 	}
 	meta.SetStatusCondition(&sb.Status.Conditions, ready)
 	if equalStatus(before, sb) {
+		if node == "" {
+			return p.markClaims(ctx, sb)
+		}
 		return ctrl.Result{}, nil
 	}
 	// With the resourceVersion read: a node's controller or another
@@ -499,6 +504,9 @@ func (p *placer) place(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, no
 	case node == "":
 		p.recorder.Event(sb, "Warning", v1alpha1.ReasonUnschedulable, ready.Message)
 	}
+	if node == "" {
+		return p.markClaims(ctx, sb)
+	}
 	return ctrl.Result{}, nil
 }
 
@@ -509,7 +517,7 @@ func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView,
 		return p.place(ctx, sb, v, now, n.name, msg)
 	}
 	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonNodeLost {
-		return ctrl.Result{}, nil
+		return p.markClaims(ctx, sb)
 	}
 	stay := "it stays (onNodeLost: Stay) and runs again when the node's controller is back"
 	if sb.Spec.NodeName != "" {
@@ -521,6 +529,40 @@ func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView,
 		return requeueOnConflict(err)
 	}
 	p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, msg)
+	return p.markClaims(ctx, sb)
+}
+
+// markClaims tells the claims of a Sandbox that no live node runs (not
+// placed, or its node lost) why they are not Ready. No node's controller
+// reconciles them meanwhile, and a claim left Ready on a node that is gone
+// sends its user there. The node that takes the Sandbox, or comes back,
+// derives them again from what it finds. The ticker brings this back for
+// claims made later.
+func (p *placer) markClaims(ctx context.Context, sb *v1alpha1.Sandbox) (ctrl.Result, error) {
+	var list v1alpha1.SessionClaimList
+	if err := p.List(ctx, &list, client.InNamespace(sb.Namespace), client.MatchingFields{indexClaimSandbox: sb.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	f := claimFacts{binding: bindingNoNode, sandbox: sb.Name, namespace: sb.Namespace, sandboxReady: sandboxReadyCondition(sb)}
+	var errs []error
+	for i := range list.Items {
+		c := &list.Items[i]
+		f.generation = c.Generation
+		before := c.DeepCopy()
+		applyConditions(&c.Status.Conditions, claimConditions(f))
+		if equality.Semantic.DeepEqual(before.Status.Conditions, c.Status.Conditions) {
+			continue
+		}
+		// With the resourceVersion read: a node that came back and wrote
+		// first wins.
+		err := p.Status().Patch(ctx, c, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return requeueOnConflict(err)
+	}
 	return ctrl.Result{}, nil
 }
 

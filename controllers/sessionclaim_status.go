@@ -23,6 +23,10 @@ const (
 	// bindingConflict: the Sandbox does not own its agent.
 	bindingConflict
 	bindingBound
+	// bindingNoNode: the Sandbox has no live node (not placed, or its node
+	// is lost), so no node's controller binds the claim; the coordinator
+	// says so in Ready and leaves the rest as that node last wrote it.
+	bindingNoNode
 )
 
 // worktreeStage is how far the claim's worktree got.
@@ -74,15 +78,15 @@ func claimConditions(f claimFacts) []conditionChange {
 		notBound(v1alpha1.ReasonSandboxDeleting, fmt.Sprintf("Sandbox %q is being deleted", f.sandbox))
 	case bindingConflict:
 		notBound(v1alpha1.ReasonNameConflict, fmt.Sprintf("Sandbox %q does not own its agent: %s", f.sandbox, f.conflict))
+	case bindingNoNode:
+		set(v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, sandboxNotReadyMessage(f.sandbox, f.sandboxReady))
 	case bindingBound:
 		set(v1alpha1.ConditionBound, true, v1alpha1.ReasonBound, fmt.Sprintf("bound to Sandbox %q", f.sandbox))
 		switch c := f.sandboxReady; {
 		case c != nil && c.Status == metav1.ConditionTrue:
 			set(v1alpha1.ConditionReady, true, v1alpha1.ReasonSandboxReady, fmt.Sprintf("instance %s is running", f.instance))
-		case c != nil:
-			set(v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, fmt.Sprintf("Sandbox %q is not ready: %s: %s", f.sandbox, c.Reason, c.Message))
 		default:
-			set(v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, fmt.Sprintf("Sandbox %q is not ready yet", f.sandbox))
+			set(v1alpha1.ConditionReady, false, v1alpha1.ReasonSandboxNotReady, sandboxNotReadyMessage(f.sandbox, c))
 		}
 	}
 
@@ -102,6 +106,15 @@ func claimConditions(f claimFacts) []conditionChange {
 		set(v1alpha1.ConditionGitHealthy, f.git.healthy, f.git.reason, f.git.message)
 	}
 	return changes.list
+}
+
+// sandboxNotReadyMessage is a claim's Ready message when its Sandbox's
+// Ready condition (nil: none yet) is not True.
+func sandboxNotReadyMessage(sandbox string, c *metav1.Condition) string {
+	if c == nil {
+		return fmt.Sprintf("Sandbox %q is not ready yet", sandbox)
+	}
+	return fmt.Sprintf("Sandbox %q is not ready: %s: %s", sandbox, c.Reason, c.Message)
 }
 
 // sandboxReadyCondition is the Sandbox's Ready condition, copied.

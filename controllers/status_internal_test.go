@@ -277,6 +277,18 @@ func TestClaimConditions(t *testing.T) {
 			},
 		},
 		{
+			// The coordinator, for a Sandbox no live node runs: Ready only,
+			// Bound and the worktree as the node last wrote them.
+			name: "a Sandbox on no live node",
+			facts: with(func(f *claimFacts) {
+				f.binding = bindingNoNode
+				f.sandboxReady = &metav1.Condition{Type: v1alpha1.ConditionReady, Status: F, Reason: v1alpha1.ReasonNodeLost, Message: "node n2 lost since"}
+			}),
+			expect: map[string]want{
+				v1alpha1.ConditionReady: {status: F, reason: v1alpha1.ReasonSandboxNotReady, message: `Sandbox "sb" is not ready: NodeLost: node n2 lost since`},
+			},
+		},
+		{
 			name: "a worktree that failed",
 			facts: with(func(f *claimFacts) {
 				f.worktree, f.worktreeProblem = worktreeFailed, problem{reason: v1alpha1.ReasonWorktreeFailed, message: "ref does not exist"}

@@ -125,6 +125,13 @@ func readyOf(ns, name string) func() (*metav1.Condition, error) {
 	}
 }
 
+func claimReadyOf(ns, name string) func() (*metav1.Condition, error) {
+	return func() (*metav1.Condition, error) {
+		st, err := env.ClaimStatus(ns, name)()
+		return meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady), err
+	}
+}
+
 var _ = Describe("Placement", Ordered, func() {
 	var ns string
 	BeforeAll(func() { ns = env.NewNamespace() })
@@ -162,6 +169,12 @@ var _ = Describe("Placement", Ordered, func() {
 			HaveField("Reason", v1alpha1.ReasonUnschedulable),
 			HaveField("Message", And(ContainSubstring("node-a: does not match nodeSelector"), ContainSubstring("node-b: full (2 of 2)")))))
 		Consistently(nodeOf(ns, "zoned"), 2*lostAfter/3).Should(BeEmpty())
+		// No node's controller binds its claim meanwhile: the coordinator
+		// says why it is not Ready.
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "zoned-claim", "zoned"))).To(Succeed())
+		Eventually(claimReadyOf(ns, "zoned-claim"), testharness.Timeout).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonSandboxNotReady),
+			HaveField("Message", And(ContainSubstring(`Sandbox "zoned" is not ready: Unschedulable`), ContainSubstring("node-b: full (2 of 2)")))))
 
 		var onB string
 		for i := 1; i <= 4 && onB == ""; i++ {
@@ -173,7 +186,12 @@ var _ = Describe("Placement", Ordered, func() {
 		env.DeleteAndWait(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: onB}})
 		Eventually(nodeOf(ns, "zoned"), testharness.Timeout).Should(Equal("node-b"))
 		Eventually(env.SandboxStatus(ns, "zoned"), testharness.Timeout).Should(
-			testharness.SandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Eventually(claimReadyOf(ns, "zoned-claim"), testharness.Timeout).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", v1alpha1.ReasonSandboxReady)))
+		env.DeleteAndWait(testharness.NewClaim(ns, "zoned-claim", "zoned"))
+		Eventually(env.SandboxStatus(ns, "zoned"), testharness.Timeout).Should(
+			testharness.SandboxIs(0, metav1.ConditionTrue, v1alpha1.ReasonIdle))
 	})
 
 	It("marks the Sandboxes of a node whose controller stops NodeLost, moves those with onNodeLost: Move, and cleans up when the node is back", func() {
@@ -222,6 +240,12 @@ var _ = Describe("Placement", Ordered, func() {
 		Eventually(readyOf(ns, "mover"), testharness.Timeout).Should(And(
 			HaveField("Reason", v1alpha1.ReasonNodeLost),
 			HaveField("Message", ContainSubstring("no other node can take it: node-a: does not match nodeSelector"))))
+		// Their claims are not left Ready on a node that is gone.
+		for _, name := range []string{stays, "mover"} {
+			Eventually(claimReadyOf(ns, name+"-claim"), testharness.Timeout).Should(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonSandboxNotReady),
+				HaveField("Message", And(ContainSubstring(fmt.Sprintf("Sandbox %q is not ready: NodeLost", name)), ContainSubstring("node node-b lost since")))))
+		}
 
 		Eventually(func() error {
 			var sb v1alpha1.Sandbox
@@ -247,6 +271,8 @@ var _ = Describe("Placement", Ordered, func() {
 		nodeB.start()
 		Eventually(env.SandboxStatus(ns, stays), testharness.Timeout).Should(
 			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Eventually(claimReadyOf(ns, stays+"-claim"), testharness.Timeout).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", v1alpha1.ReasonSandboxReady)), "the node that is back serves its claim again")
 		Eventually(func() (bool, error) {
 			st, err := nodeB.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)
 			return st.Exists, err
