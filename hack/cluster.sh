@@ -64,6 +64,9 @@
 #   CLUSTER_POD_CIDR        the bridge's pod addresses   [10.244.0.0/24]
 #   CLUSTER_SERVICE_CIDR    service addresses            [10.96.0.0/16]
 #   CLUSTER_READY_TIMEOUT   seconds to wait for the node to be Ready  [180]
+#   CLUSTER_SHARED_DIRS     host directories pods mount with propagation,
+#                           made shared mounts (below)
+#                           [/var/lib/sandbox-controller $CLUSTER_PREFIX/containerd]
 #   K8S_VERSION             [1.37.2]; CNI_VERSION [v1.10.0]; CRICTL_VERSION [v1.37.0]
 # Fixed ports on 127.0.0.1: kube-controller-manager 10257, kube-scheduler
 # 10259, kubelet healthz 10248, kube-proxy healthz 10256 and metrics 10249.
@@ -101,6 +104,7 @@ KUBELET_PORT=${CLUSTER_KUBELET_PORT:-10250}
 POD_CIDR=${CLUSTER_POD_CIDR:-10.244.0.0/24}
 SERVICE_CIDR=${CLUSTER_SERVICE_CIDR:-10.96.0.0/16}
 READY_TIMEOUT=${CLUSTER_READY_TIMEOUT:-180}
+SHARED_DIRS=${CLUSTER_SHARED_DIRS:-/var/lib/sandbox-controller $PREFIX/containerd}
 CNI_VERSION=${CNI_VERSION:-v1.10.0}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
 export K8S_VERSION=${K8S_VERSION:-1.37.2}
@@ -683,6 +687,7 @@ start() {
   start_etcd
   start_apiserver "$addr"
   start_controllers
+  share_dirs
   start_containerd
   import_pause
   start_kubelet "$addr"
@@ -694,6 +699,38 @@ start() {
   wait_for "the default service account" 60 kube-controller-manager \
     kubectl -n default get serviceaccount/default configmap/kube-root-ca.crt
   print_env
+}
+
+# The kubelet mounts a hostPath with propagation Bidirectional only from a
+# shared mount, and HostToContainer only from a shared or slave one (the
+# DaemonSet's areas, and the containerd component's socket directory).
+# Under systemd / is shared; on a machine whose init is something else it
+# may be private. share_dirs binds each of SHARED_DIRS on itself where it is
+# not a mount point and makes it shared; unshare_dirs (stop) takes away the
+# binds it made. The files are never touched.
+share_dirs() {
+  local d prop
+  for d in $SHARED_DIRS; do
+    mkdir -p "$d"
+    prop=$(findmnt -no PROPAGATION --target "$d")
+    case $prop in shared*) continue ;; esac
+    if ! mountpoint -q "$d"; then
+      mount --bind "$d" "$d"
+      echo "$d" >>"$PREFIX/shared-binds"
+    fi
+    mount --make-shared "$d"
+    say "made $d a shared mount (it was $prop) for pods that mount it with propagation"
+  done
+}
+
+unshare_dirs() {
+  local d
+  [ -f "$PREFIX/shared-binds" ] || return 0
+  tac "$PREFIX/shared-binds" | while read -r d; do
+    [ -n "$d" ] && mountpoint -q "$d" || continue
+    umount "$d" 2>/dev/null || say "could not take away the shared bind on $d (still in use?): umount $d"
+  done
+  rm -f "$PREFIX/shared-binds"
 }
 
 # ---------------------------------------------------------------- stop
@@ -807,6 +844,7 @@ stop() {
   halt kube-apiserver
   halt etcd
   unmount_below "$PREFIX" "$RUNDIR"
+  unshare_dirs
   remove_chains
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
   remove_cgroups

@@ -42,6 +42,7 @@ type flags struct {
 	sandboxWorkers, claimWorkers            int
 	containerdAddress, containerdNamespace  string
 	containerdFIFODir                       string
+	containerdMountNS                       string
 	incusSocket                             string
 	metricsAddr, probeAddr                  string
 	leaderElect                             bool
@@ -72,6 +73,7 @@ func main() {
 	flag.StringVar(&f.containerdAddress, "containerd-address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket for the containerd backend (default $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock)")
 	flag.StringVar(&f.containerdNamespace, "containerd-namespace", envOr("CONTAINERD_NAMESPACE", containerd.DefaultNamespace), "containerd namespace of the containers and their images")
 	flag.StringVar(&f.containerdFIFODir, "containerd-fifo-dir", os.Getenv("CONTAINERD_FIFO_DIR"), "directory for the exec FIFOs shared with containerd's shims (default: containerd's)")
+	flag.StringVar(&f.containerdMountNS, "containerd-mount-namespace", os.Getenv("CONTAINERD_MOUNT_NAMESPACE"), "mount namespace of containerd and its runc, where the containerd backend builds its containers' mount trees: "+containerd.DaemonMountNamespace+" (that of the process answering --containerd-address, found each time; a controller in a pod needs hostPID), or a namespace file such as /proc/PID/ns/mnt (default $CONTAINERD_MOUNT_NAMESPACE; empty: the controller's own, for a controller on the node)")
 	flag.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
 	flag.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address the health and readiness probes bind to; 0 disables them")
 	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader so only one replica reconciles at a time")
@@ -301,7 +303,7 @@ func enableBackends(ctx context.Context, f flags, stateDir string) (map[v1alpha1
 			}
 			rts[v1alpha1.BackendBwrap] = rt
 		case v1alpha1.BackendContainerd:
-			rt, err := containerd.New(ctx, containerd.Config{Address: f.containerdAddress, Namespace: f.containerdNamespace, FIFODir: f.containerdFIFODir})
+			rt, err := containerd.New(ctx, containerd.Config{Address: f.containerdAddress, Namespace: f.containerdNamespace, FIFODir: f.containerdFIFODir, MountNamespace: f.containerdMountNS})
 			if err != nil {
 				closeAll()
 				return nil, nil, fmt.Errorf("--backends containerd: %w", err)

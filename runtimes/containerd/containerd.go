@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
 
 // Defaults of Config.
@@ -75,10 +76,20 @@ type Config struct {
 	// of the host's file system for overlay health to mean anything.
 	ProcDir string
 	// TreesDir holds the instances' mount trees (trees.go), which runc
-	// binds the areas from: the controller must share containerd's mount
-	// namespace. Its parent is made a private mount. Empty means a
-	// directory of DefaultTreesDir named after Address and Namespace.
+	// binds the areas from, in the mount namespace runc resolves it in
+	// (MountNamespace). Its parent is made a private mount there. Empty
+	// means a directory of DefaultTreesDir named after Address and
+	// Namespace.
 	TreesDir string
+	// MountNamespace is the mount namespace of containerd and its runc:
+	// the mount trees are built and removed there, on a thread that joins
+	// it (runtimes/mountns.RunIn). DaemonMountNamespace finds it each
+	// time from the process answering Address (a controller in a pod with
+	// the node's pids, hostPID); otherwise it is a namespace file. The
+	// sources of areas and custom mounts must be at the same paths there
+	// as in the controller's view. Empty means the controller's own
+	// namespace (it runs on the node).
+	MountNamespace string
 }
 
 // Runtime is the containerd driver.
@@ -131,6 +142,17 @@ func New(_ context.Context, cfg Config) (*Runtime, error) {
 	}
 	if !filepath.IsAbs(cfg.TreesDir) {
 		return nil, fmt.Errorf("containerd driver: mount tree directory %q must be an absolute path", cfg.TreesDir)
+	}
+	if cfg.MountNamespace != "" && cfg.MountNamespace != DaemonMountNamespace {
+		f, err := os.Open(cfg.MountNamespace)
+		if err != nil {
+			return nil, fmt.Errorf("containerd driver: the mount namespace of containerd: %w", err)
+		}
+		err = mountns.IsMountNamespace(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("containerd driver: the mount namespace of containerd, %s: %w", cfg.MountNamespace, err)
+		}
 	}
 	return &Runtime{cfg: cfg}, nil
 }

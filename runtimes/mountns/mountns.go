@@ -179,9 +179,42 @@ func inMountNamespace(pid uint32, fn func() error) error {
 		return fmt.Errorf("opening the container's mount namespace: %w", err)
 	}
 	defer ns.Close()
+	return inNamespace(ns, fn)
+}
+
+func inNamespace(ns *os.File, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() { errc <- offMainThread(ns, fn) }()
 	return <-errc
+}
+
+// RunIn runs fn in the mount namespace at path (a namespace file such as
+// /proc/PID/ns/mnt), on a thread of its own that ends with fn, as for a
+// container's: paths fn opens resolve in that namespace, and mounts it
+// makes are made there. fn must do its work on the calling goroutine: a
+// goroutine it starts runs in the controller's namespace.
+func RunIn(path string, fn func() error) error {
+	ns, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("opening the mount namespace %s: %w", path, err)
+	}
+	defer ns.Close()
+	if err := IsMountNamespace(ns); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return inNamespace(ns, fn)
+}
+
+// IsMountNamespace checks that f is a mount namespace.
+func IsMountNamespace(f *os.File) error {
+	t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
+	if err != nil {
+		return fmt.Errorf("not a namespace: %w", err)
+	}
+	if t != unix.CLONE_NEWNS {
+		return fmt.Errorf("a namespace, but not a mount namespace (type %#x)", t)
+	}
+	return nil
 }
 
 // A thread that has joined a container's mount namespace is ended, not

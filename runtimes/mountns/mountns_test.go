@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -167,4 +169,47 @@ func TestTargetsAreNeverReachedThroughLinks(t *testing.T) {
 			t.Fatal("the unbind followed the link and detached the mount it leads to")
 		}
 	})
+}
+
+// RunIn works in the namespace it is given: a mount fn makes there is
+// seen there and not here, and paths fn opens resolve there.
+func TestRunInMountsInThatNamespace(t *testing.T) {
+	pid := otherMountNamespace(t)
+	dir := t.TempDir()
+	ns := fmt.Sprintf("/proc/%d/ns/mnt", pid)
+	err := RunIn(ns, func() error {
+		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, "made-there"), []byte("x"), 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := MountedIn(pid, dir); err != nil || !ok {
+		t.Fatalf("not mounted in the namespace RunIn was given: %v, %v", ok, err)
+	}
+	if ok, _ := MountedIn(uint32(os.Getpid()), dir); ok {
+		t.Fatal("the mount was made in the caller's own namespace")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "made-there")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the file written there is here: %v", err)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/root%s/made-there", pid, dir)); err != nil {
+		t.Fatalf("the file written there is not there: %v", err)
+	}
+	if now, _ := os.Readlink("/proc/self/ns/mnt"); now != controllerMountNS {
+		t.Fatalf("the main thread is left in mount namespace %s, not the process's own %s", now, controllerMountNS)
+	}
+
+	// Anything but a mount namespace is refused before a thread joins it.
+	ran := false
+	for _, bad := range []string{"/proc/self/ns/net", "/etc/hostname", "/nonexistent/ns"} {
+		if err := RunIn(bad, func() error { ran = true; return nil }); err == nil {
+			t.Errorf("RunIn(%s) accepted", bad)
+		}
+	}
+	if ran {
+		t.Fatal("fn ran in a namespace that is not a mount namespace")
+	}
 }
