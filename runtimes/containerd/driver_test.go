@@ -868,3 +868,35 @@ func TestGitDirBindRefusesALinkOnItsTarget(t *testing.T) {
 		t.Fatalf("directories were made where the link leads: %v %v", entries, err)
 	}
 }
+
+// With the daemon's mount namespace named (as the DaemonSet's component
+// does), trees are built and removed on a thread that joins the namespace
+// of the process answering the socket: here the test's own, so the
+// container runs as it does on the node, and nothing is left after Delete.
+func TestTreesInTheDaemonsMountNamespace(t *testing.T) {
+	rt, image := daemon(t, func(c *containerd.Config) { c.MountNamespace = containerd.DaemonMountNamespace })
+	ctx := context.Background()
+	in := newInstance(t, rt, image, "unit-daemonns", nil)
+	if st := ensure(t, rt, in); !st.Running {
+		t.Fatalf("after Ensure: %+v", st)
+	}
+	if code, out, errOut := run(t, rt, in.Name, "", "sh", "-c", "echo there > /workspace/out"); code != 0 {
+		t.Fatalf("exit %d: %q %q", code, out, errOut)
+	}
+	if b, err := os.ReadFile(filepath.Join(area(in, "/workspace"), "out")); err != nil || string(b) != "there\n" {
+		t.Fatalf("the workspace on the host: %q, %v", b, err)
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mounts), "/"+in.Name+"/gens/") {
+		t.Fatalf("no tree of %s in the daemon's mount namespace", in.Name)
+	}
+	if err := rt.Delete(ctx, in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if mounts, _ = os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), "/"+in.Name+"/gens/") {
+		t.Fatalf("a tree of %s is left after Delete", in.Name)
+	}
+}
