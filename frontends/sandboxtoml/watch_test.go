@@ -175,6 +175,12 @@ func TestReloadUnderRunningCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Before the directory goes: its trees are mounts on the host.
+	t.Cleanup(func() {
+		if err := bwrap.DetachTrees(filepath.Join(dir, "state")); err != nil {
+			t.Error(err)
+		}
+	})
 	runner := NewRunner(w, rt, v1alpha1.BackendBwrap, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 
 	var writes atomic.Int64

@@ -38,6 +38,12 @@ func newLatencyModes(tb testing.TB) latencyModes {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// Before the directory goes: its trees are mounts on the host.
+	tb.Cleanup(func() {
+		if err := DetachTrees(filepath.Join(dir, "state")); err != nil {
+			tb.Error(err)
+		}
+	})
 	spec := &v1alpha1.SandboxSpec{Agent: "bench", Binaries: []v1alpha1.BinaryName{"true"}}
 	in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {

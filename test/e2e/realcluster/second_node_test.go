@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 )
 
 // secondNode is a second node of the cluster: the controller binary run on
@@ -224,6 +225,9 @@ func (s *secondNode) stop() {
 		Fail(fmt.Sprintf("the second node's controller (pid %d) did not exit after SIGKILL", s.cmd.Process.Pid))
 	}
 	GinkgoWriter.Printf("second node %s stopped; its log:\n%s\n", s.name, s.logTail())
+	// A node that died leaves its bwrap trees mounted; these are on this
+	// machine, so they go before the suite removes the directory.
+	Expect(bwrap.DetachTrees(filepath.Join(s.areas, ".runtime", "bwrap"))).To(Succeed())
 }
 
 // logTail is the end of the second node's log.
