@@ -6,18 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
-	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
 
@@ -90,59 +84,6 @@ func (r *Runtime) buildTree(in runtimes.Instance) error {
 	r.treesMu.Lock()
 	defer r.treesMu.Unlock()
 	return r.inTreesNamespace(func() error { return r.buildTreeHere(in) })
-}
-
-// DaemonMountNamespace as Config.MountNamespace: the mount namespace of
-// the process that answers the containerd socket, found by the socket's
-// peer credentials each time trees are built or removed (containerd may
-// have restarted). A controller in a pod needs the node's pids (hostPID)
-// to see that process.
-const DaemonMountNamespace = "daemon"
-
-// inTreesNamespace runs fn where runc resolves the trees' paths: in
-// Config.MountNamespace when set, else here.
-func (r *Runtime) inTreesNamespace(fn func() error) error {
-	ns := r.cfg.MountNamespace
-	switch ns {
-	case "":
-		return fn()
-	case DaemonMountNamespace:
-		pid, err := socketPeer(r.cfg.Address)
-		if err != nil {
-			return fmt.Errorf("finding containerd's mount namespace: %w", err)
-		}
-		ns = filepath.Join(r.cfg.ProcDir, strconv.Itoa(int(pid)), "ns", "mnt")
-	}
-	return mountns.RunIn(ns, fn)
-}
-
-// socketPeer is the pid of the process that answers the unix socket at
-// address, as this process's pid namespace numbers it.
-func socketPeer(address string) (int32, error) {
-	d := net.Dialer{Timeout: 5 * time.Second}
-	conn, err := d.Dial("unix", strings.TrimPrefix(address, "unix://"))
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if credErr != nil {
-		return 0, fmt.Errorf("reading the peer credentials of %s: %w", address, credErr)
-	}
-	if cred.Pid <= 0 {
-		return 0, fmt.Errorf("the process answering %s is not in this pid namespace (a controller in a pod needs hostPID)", address)
-	}
-	return cred.Pid, nil
 }
 
 func (r *Runtime) buildTreeHere(in runtimes.Instance) error {

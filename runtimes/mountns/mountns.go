@@ -205,6 +205,14 @@ func RunIn(path string, fn func() error) error {
 	return inNamespace(ns, fn)
 }
 
+// RunInNamespace is RunIn with the namespace already open.
+func RunInNamespace(ns *os.File, fn func() error) error {
+	if err := IsMountNamespace(ns); err != nil {
+		return fmt.Errorf("%s: %w", ns.Name(), err)
+	}
+	return inNamespace(ns, fn)
+}
+
 // IsMountNamespace checks that f is a mount namespace.
 func IsMountNamespace(f *os.File) error {
 	t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
