@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -532,6 +533,26 @@ func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView,
 	return p.markClaims(ctx, sb)
 }
 
+// releaseClaim lets a deleted claim of a Sandbox that no live node runs
+// go now, when nothing of it is on that node's disk (no worktree), rather
+// than when the node is back: it only gave access to the Sandbox, which
+// nobody reaches meanwhile, and the node recounts its claims when it is
+// back. A claim with a worktree waits for the node, whose controller
+// removes or keeps the worktree.
+func (p *placer) releaseClaim(ctx context.Context, c *v1alpha1.SessionClaim) error {
+	if c.Spec.Worktree != nil || c.Status.Worktree != nil || !controllerutil.ContainsFinalizer(c, v1alpha1.Finalizer) {
+		return nil
+	}
+	controllerutil.RemoveFinalizer(c, v1alpha1.Finalizer)
+	// With the resourceVersion read: a node that came back and wrote
+	// first wins.
+	if err := p.Update(ctx, c); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("releasing claim %s/%s: %w", c.Namespace, c.Name, err)
+	}
+	log.FromContext(ctx).Info("released a deleted claim while its Sandbox has no live node", "claim", c.Namespace+"/"+c.Name)
+	return nil
+}
+
 // markClaims tells the claims of a Sandbox that no live node runs (not
 // placed, or its node lost) why they are not Ready. No node's controller
 // reconciles them meanwhile, and a claim left Ready on a node that is gone
@@ -547,6 +568,12 @@ func (p *placer) markClaims(ctx context.Context, sb *v1alpha1.Sandbox) (ctrl.Res
 	var errs []error
 	for i := range list.Items {
 		c := &list.Items[i]
+		if !c.DeletionTimestamp.IsZero() {
+			if err := p.releaseClaim(ctx, c); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
 		f.generation = c.Generation
 		before := c.DeepCopy()
 		applyConditions(&c.Status.Conditions, claimConditions(f))

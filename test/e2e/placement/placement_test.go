@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -231,6 +232,11 @@ var _ = Describe("Placement", Ordered, func() {
 			Eventually(env.SandboxStatus(ns, name), testharness.Timeout).Should(
 				testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		}
+		// A second claim on the one that stays, deleted while its node is
+		// lost.
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, stays+"-extra", stays))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, stays), testharness.Timeout).Should(
+			testharness.SandboxIs(2, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		// The mover's selector names zone b only: it cannot move until the
 		// selector allows another node.
 		nodeB.stop()
@@ -246,6 +252,13 @@ var _ = Describe("Placement", Ordered, func() {
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonSandboxNotReady),
 				HaveField("Message", And(ContainSubstring(fmt.Sprintf("Sandbox %q is not ready: NodeLost", name)), ContainSubstring("node node-b lost since")))))
 		}
+		// A claim without a worktree, deleted meanwhile, goes without
+		// waiting for the node.
+		Expect(k8s.Delete(ctx, testharness.NewClaim(ns, stays+"-extra", stays))).To(Succeed())
+		Eventually(func() bool {
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: stays + "-extra"}, &v1alpha1.SessionClaim{})
+			return apierrors.IsNotFound(err)
+		}, testharness.Timeout).Should(BeTrue(), "a deleted claim without a worktree waits for the lost node")
 
 		Eventually(func() error {
 			var sb v1alpha1.Sandbox
