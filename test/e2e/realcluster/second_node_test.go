@@ -48,9 +48,7 @@ var spreadSandboxes = []string{"carol", "dave"}
 func (s *secondNode) start(first string) {
 	s.name = first + "-second"
 	bin := filepath.Join(scratch, "second", "sandbox-controller")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/sandbox-controller")
-	build.Dir = repo
-	out, err := build.CombinedOutput()
+	out, err := run(10*time.Minute, "go", "build", "-o", bin, "./cmd/sandbox-controller")
 	Expect(err).NotTo(HaveOccurred(), "building the controller: %s", out)
 
 	// The areas' parents are traversable, as /var/lib is on a node.
