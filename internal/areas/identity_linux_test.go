@@ -8,15 +8,14 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("giving areas to agent ids needs root; CI runs as root")
-		}
-		t.Skip("needs root to give areas to agent ids")
+		testenv.Missing(t, "root", "giving areas to agent ids needs root; CI runs as root")
 	}
 }
 
