@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The body of `make test`: every suite, then the two mount-destination race
-# tests once more each, alone and at full strength (10,000 command starts,
+# The body of `make test`: every suite (the image builder's module too),
+# then the two mount-destination race tests once more each, alone and at full strength (10,000 command starts,
 # see internal/testenv.RaceStarts). In the parallel pass they make a few
 # hundred starts; alone they do not compete with the other suites for the
 # kernel's mount table, which is what their starts wait on.
@@ -23,6 +23,10 @@ pass() {
 }
 
 SANDBOX_RACE_STARTS=300 pass go test "$@" ./...
+# The image builder is a module of its own (hack/image): ./... above does
+# not reach it.
+image_module() { (cd hack/image && GOWORK=off go test "$@" ./...); }
+pass image_module "$@"
 SANDBOX_RACE_STARTS=10000 pass go test "$@" -run '^TestMountDestinationExchangeRace$' ./runtimes/bwrap/
 SANDBOX_RACE_STARTS=10000 pass go test "$@" ./test/e2e/containerd/ -ginkgo.focus 'exchanges its parent'
 exit $rc
