@@ -451,13 +451,34 @@ func (p *placer) nodeOf(now time.Time) func(*v1alpha1.Sandbox) string {
 		if !ok {
 			return ""
 		}
-		if now.Sub(r.at) > time.Minute {
+		if now.Sub(r.at) > recentFor {
 			delete(p.recent, sb.UID)
 			return ""
 		}
 		return r.node
 	}
 }
+
+// remember records a placement the cache may not show yet, and forgets
+// those older than recentFor: nodeOf drops an old one only when asked
+// about a Sandbox the cache still shows without a node, so without this
+// every placement would stay for the life of the process.
+func (p *placer) remember(uid types.UID, node string, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.recent == nil {
+		p.recent = map[types.UID]recentPlacement{}
+	}
+	for k, r := range p.recent {
+		if now.Sub(r.at) > recentFor {
+			delete(p.recent, k)
+		}
+	}
+	p.recent[uid] = recentPlacement{node: node, at: now}
+}
+
+// recentFor is how long a placement counts before the cache shows it.
+const recentFor = time.Minute
 
 // place gives sb a node, or says why none can take it. lost and lostMsg
 // are set when sb is moving off a lost node.
@@ -491,12 +512,7 @@ func (p *placer) place(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, no
 		return requeueOnConflict(err)
 	}
 	if node != "" {
-		p.mu.Lock()
-		if p.recent == nil {
-			p.recent = map[types.UID]recentPlacement{}
-		}
-		p.recent[sb.UID] = recentPlacement{node: node, at: now}
-		p.mu.Unlock()
+		p.remember(sb.UID, node, now)
 		log.FromContext(ctx).Info("placed Sandbox", "node", node, "from", lost)
 	}
 	switch {

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +114,18 @@ func TestPlacementCountsWhatItPlacedBeforeTheCacheShowsIt(t *testing.T) {
 	v.count(fresh, p.nodeOf(t0.Add(2*time.Minute)))
 	if v.get("a").placed != 0 {
 		t.Errorf("a minute-old placement still counted")
+	}
+}
+
+// Placements the cache shows are never looked up again: remember forgets
+// the old ones, so the map holds only the last minute's.
+func TestPlacementForgetsOldPlacements(t *testing.T) {
+	p := &placer{}
+	for i := range 100 {
+		p.remember(types.UID(fmt.Sprint(i)), "a", t0)
+	}
+	p.remember("late", "b", t0.Add(2*recentFor))
+	if len(p.recent) != 1 {
+		t.Fatalf("%d placements remembered, want only the last minute's (1)", len(p.recent))
 	}
 }
