@@ -83,9 +83,11 @@ type Config struct {
 	TreesDir string
 	// MountNamespace is the mount namespace of containerd and its runc:
 	// the mount trees are built and removed there, on a thread that joins
-	// it (runtimes/mountns.RunIn). DaemonMountNamespace finds it each
+	// it (runtimes/mountns.RunInNamespace). DaemonMountNamespace finds it each
 	// time from the process answering Address (a controller in a pod with
-	// the node's pids, hostPID); otherwise it is a namespace file. The
+	// the node's pids, hostPID); otherwise it is a namespace file, opened
+	// once by New and held (a /proc/PID path opened again later could name
+	// another process by then). The
 	// sources of areas and custom mounts must be at the same paths there
 	// as in the controller's view. Empty means the controller's own
 	// namespace (it runs on the node).
@@ -103,6 +105,8 @@ type Runtime struct {
 	// says TreesDir has been made a private mount.
 	treesMu      sync.Mutex
 	treesPrivate bool
+	// treesNS is Config.MountNamespace opened, when it names a file.
+	treesNS *os.File
 }
 
 var _ runtimes.Runtime = (*Runtime)(nil)
@@ -143,18 +147,19 @@ func New(_ context.Context, cfg Config) (*Runtime, error) {
 	if !filepath.IsAbs(cfg.TreesDir) {
 		return nil, fmt.Errorf("containerd driver: mount tree directory %q must be an absolute path", cfg.TreesDir)
 	}
+	r := &Runtime{cfg: cfg}
 	if cfg.MountNamespace != "" && cfg.MountNamespace != DaemonMountNamespace {
 		f, err := os.Open(cfg.MountNamespace)
 		if err != nil {
 			return nil, fmt.Errorf("containerd driver: the mount namespace of containerd: %w", err)
 		}
-		err = mountns.IsMountNamespace(f)
-		f.Close()
-		if err != nil {
+		if err := mountns.IsMountNamespace(f); err != nil {
+			f.Close()
 			return nil, fmt.Errorf("containerd driver: the mount namespace of containerd, %s: %w", cfg.MountNamespace, err)
 		}
+		r.treesNS = f
 	}
-	return &Runtime{cfg: cfg}, nil
+	return r, nil
 }
 
 // Namespace is the containerd namespace the driver works in.

@@ -37,7 +37,7 @@ func (r *Runtime) inTreesNamespace(fn func() error) error {
 		defer ns.Close()
 		return mountns.RunInNamespace(ns, fn)
 	}
-	return mountns.RunIn(r.cfg.MountNamespace, fn)
+	return mountns.RunInNamespace(r.treesNS, fn)
 }
 
 // daemonNamespace opens the mount namespace of the process answering the

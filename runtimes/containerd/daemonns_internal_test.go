@@ -1,8 +1,10 @@
 package containerd
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -150,5 +152,23 @@ func TestTreesNamespaceFromTheDaemon(t *testing.T) {
 	}
 	if _, err := New(t.Context(), Config{Address: d.sock, MountNamespace: "/proc/self/ns/net"}); err == nil {
 		t.Fatal("New took a network namespace as containerd's mount namespace")
+	}
+
+	// A namespace named by a path is the one the path named at start:
+	// held, not opened again (a /proc/PID path may name another process,
+	// or none, later).
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	byPath, err := New(t.Context(), Config{Address: d.sock, MountNamespace: fmt.Sprintf("/proc/%d/ns/mnt", sleeper.Process.Pid)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sleeper.Process.Kill()
+	_ = sleeper.Wait()
+	ran = false
+	if err := byPath.inTreesNamespace(func() error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("the namespace opened at start, its process gone: ran %v, %v", ran, err)
 	}
 }

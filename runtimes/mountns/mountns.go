@@ -188,24 +188,12 @@ func inNamespace(ns *os.File, fn func() error) error {
 	return <-errc
 }
 
-// RunIn runs fn in the mount namespace at path (a namespace file such as
-// /proc/PID/ns/mnt), on a thread of its own that ends with fn, as for a
-// container's: paths fn opens resolve in that namespace, and mounts it
-// makes are made there. fn must do its work on the calling goroutine: a
-// goroutine it starts runs in the controller's namespace.
-func RunIn(path string, fn func() error) error {
-	ns, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("opening the mount namespace %s: %w", path, err)
-	}
-	defer ns.Close()
-	if err := IsMountNamespace(ns); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return inNamespace(ns, fn)
-}
-
-// RunInNamespace is RunIn with the namespace already open.
+// RunInNamespace runs fn in the mount namespace ns (an open namespace
+// file such as /proc/PID/ns/mnt), on a thread of its own that ends with
+// fn, as for a container's: paths fn opens resolve in that namespace, and
+// mounts it makes are made there. fn must do its work on the calling
+// goroutine: a goroutine it starts runs in the controller's namespace.
+// Anything but a mount namespace is refused before a thread joins it.
 func RunInNamespace(ns *os.File, fn func() error) error {
 	if err := IsMountNamespace(ns); err != nil {
 		return fmt.Errorf("%s: %w", ns.Name(), err)

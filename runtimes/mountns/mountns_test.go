@@ -171,13 +171,17 @@ func TestTargetsAreNeverReachedThroughLinks(t *testing.T) {
 	})
 }
 
-// RunIn works in the namespace it is given: a mount fn makes there is
+// RunInNamespace works in the namespace it is given: a mount fn makes there is
 // seen there and not here, and paths fn opens resolve there.
 func TestRunInMountsInThatNamespace(t *testing.T) {
 	pid := otherMountNamespace(t)
 	dir := t.TempDir()
-	ns := fmt.Sprintf("/proc/%d/ns/mnt", pid)
-	err := RunIn(ns, func() error {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	err = RunInNamespace(ns, func() error {
 		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
 			return err
 		}
@@ -187,7 +191,7 @@ func TestRunInMountsInThatNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ok, err := MountedIn(pid, dir); err != nil || !ok {
-		t.Fatalf("not mounted in the namespace RunIn was given: %v, %v", ok, err)
+		t.Fatalf("not mounted in the namespace RunInNamespace was given: %v, %v", ok, err)
 	}
 	if ok, _ := MountedIn(uint32(os.Getpid()), dir); ok {
 		t.Fatal("the mount was made in the caller's own namespace")
@@ -204,10 +208,15 @@ func TestRunInMountsInThatNamespace(t *testing.T) {
 
 	// Anything but a mount namespace is refused before a thread joins it.
 	ran := false
-	for _, bad := range []string{"/proc/self/ns/net", "/etc/hostname", "/nonexistent/ns"} {
-		if err := RunIn(bad, func() error { ran = true; return nil }); err == nil {
-			t.Errorf("RunIn(%s) accepted", bad)
+	for _, bad := range []string{"/proc/self/ns/net", "/etc/hostname"} {
+		f, err := os.Open(bad)
+		if err != nil {
+			t.Fatal(err)
 		}
+		if err := RunInNamespace(f, func() error { ran = true; return nil }); err == nil {
+			t.Errorf("RunInNamespace(%s) accepted", bad)
+		}
+		f.Close()
 	}
 	if ran {
 		t.Fatal("fn ran in a namespace that is not a mount namespace")
