@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -158,6 +159,9 @@ func (f *Forwarding) transport() (*http.Transport, error) {
 			GetClientCertificate: f.GetClientCertificate,
 			NextProtos:           []string{"http/1.1"},
 		},
+		// A node that is gone does not hold a request for the kernel's
+		// connect timeout (minutes).
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout: 10 * time.Second,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,

@@ -55,18 +55,21 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 		return nil, &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("reading Sandbox %s/%s: %v", ns, claim.Spec.SandboxName, err)}
 	}
 	if sb.Node() != s.opts.NodeName {
+		// A Sandbox that is not Ready elsewhere (its node lost, say) is
+		// said so here, not forwarded to an endpoint that may be gone.
+		if ready {
+			if e := notReadySandbox(ns, name, &sb); e != nil {
+				return nil, e
+			}
+		}
 		return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q; this controller serves node %q: use the endpoint in the claim's status", ns, sb.Name, sb.Node(), s.opts.NodeName)}
 	}
 	if e := s.checkOwner(ns, name, &sb); e != nil {
 		return nil, e
 	}
 	if ready {
-		if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != "True" {
-			why := "no Ready condition yet"
-			if c != nil {
-				why = fmt.Sprintf("%s: %s", c.Reason, c.Message)
-			}
-			return nil, notReady("Sandbox %s/%s of SessionClaim %s is not Ready (%s)", ns, sb.Name, name, why)
+		if e := notReadySandbox(ns, name, &sb); e != nil {
+			return nil, e
 		}
 	}
 	backend := sb.Spec.BackendOrDefault()
@@ -114,4 +117,18 @@ func (s *Server) checkOwner(ns, claim string, sb *v1alpha1.Sandbox) *apiError {
 
 func notReady(format string, args ...any) *apiError {
 	return &apiError{code: http.StatusConflict, refusal: refusalNotReady, msg: fmt.Sprintf(format, args...)}
+}
+
+// notReadySandbox is the error for a claim whose Sandbox is not Ready,
+// with the Sandbox's reason; nil when it is Ready.
+func notReadySandbox(ns, claim string, sb *v1alpha1.Sandbox) *apiError {
+	c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+	if c != nil && c.Status == "True" {
+		return nil
+	}
+	why := "no Ready condition yet"
+	if c != nil {
+		why = fmt.Sprintf("%s: %s", c.Reason, c.Message)
+	}
+	return notReady("Sandbox %s/%s of SessionClaim %s is not Ready (%s)", ns, sb.Name, claim, why)
 }

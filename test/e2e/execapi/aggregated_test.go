@@ -261,5 +261,25 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(BeNumerically(">", before), "the Sandbox's node ran it")
 		r := execThrough(ctx, bob, ns, claim, "true")
 		Expect(r.err).To(HaveOccurred(), "bob is still refused")
+
+		By("a Sandbox whose node is lost is said to be not Ready, not forwarded to the endpoint it had")
+		// Pinned to a node no controller here serves: the statuses are
+		// written as its node and the placing node would have left them.
+		lost := &v1alpha1.Sandbox{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost"},
+			Spec:       v1alpha1.SandboxSpec{Agent: "agg-lost-" + ns, NodeName: "node-c", Binaries: []v1alpha1.BinaryName{"true"}},
+		}
+		Expect(env.Client.Create(ctx, lost)).To(Succeed())
+		lost.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonNodeLost,
+			Message: "node node-c lost since a while", LastTransitionTime: metav1.Now()}}
+		Expect(env.Client.Status().Update(ctx, lost)).To(Succeed())
+		lostClaim := testharness.NewClaim(ns, "lost-claim", "lost")
+		Expect(env.Client.Create(ctx, lostClaim)).To(Succeed())
+		lostClaim.Status.Endpoint = reserveAddress() // nothing listens there
+		lostClaim.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound,
+			Message: "bound", LastTransitionTime: metav1.Now()}}
+		Expect(env.Client.Status().Update(ctx, lostClaim)).To(Succeed())
+		r = execThrough(ctx, alice, ns, "lost-claim", "true")
+		Expect(r.err).To(MatchError(And(ContainSubstring("is not Ready"), ContainSubstring("NodeLost"))))
 	})
 })
