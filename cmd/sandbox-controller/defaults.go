@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -98,4 +99,17 @@ func cacheOptions(cfg *rest.Config, systemNamespace string) cache.Options {
 			},
 		},
 	}
+}
+
+// checkPlacementFlags refuses placement flags no node could work with,
+// naming the flag and the rule (0 or less would otherwise quietly mean
+// "no limit" or the default).
+func checkPlacementFlags(capacity int, lostAfter time.Duration) error {
+	if capacity < 0 {
+		return fmt.Errorf("--node-capacity=%d: must be 0 (no limit) or more", capacity)
+	}
+	if lostAfter <= 0 {
+		return fmt.Errorf("--node-lost-after=%s: must be more than zero (the node renews its Lease every quarter of it)", lostAfter)
+	}
+	return nil
 }

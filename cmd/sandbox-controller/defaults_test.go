@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 
@@ -94,5 +95,25 @@ func TestCacheDropsManagedFields(t *testing.T) {
 	}
 	if _, ok := got.Annotations["kubectl.kubernetes.io/last-applied-configuration"]; !ok {
 		t.Error("last-applied-configuration dropped: an Update from the cache would remove it from the server")
+	}
+}
+
+func TestPlacementFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		capacity  int
+		lostAfter time.Duration
+		want      string
+	}{
+		{-1, time.Minute, "--node-capacity=-1"},
+		{0, 0, "--node-lost-after=0s"},
+		{3, -time.Second, "--node-lost-after=-1s"},
+	} {
+		err := checkPlacementFlags(tc.capacity, tc.lostAfter)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("checkPlacementFlags(%d, %s) = %v, want an error naming %s", tc.capacity, tc.lostAfter, err, tc.want)
+		}
+	}
+	if err := checkPlacementFlags(0, 40*time.Second); err != nil {
+		t.Errorf("the defaults refused: %v", err)
 	}
 }

@@ -93,6 +93,10 @@ func main() {
 		fmt.Println("sandbox-controller", buildVersion())
 		return
 	}
+	if err := checkPlacementFlags(f.capacity, f.nodeLostAfter); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
+		os.Exit(2)
+	}
 	logOpts, err := loggerOptions(*logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
