@@ -83,7 +83,9 @@ func (s *secondNode) start(first string) {
 	)
 	s.cmd.Env = os.Environ() // KUBECONFIG: the suite's administrator
 	s.cmd.Stdout, s.cmd.Stderr = logOut, logOut
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Killed with the suite even when the suite is killed (go test's
+	// timeout), which runs no AfterAll.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	Expect(s.cmd.Start()).To(Succeed())
 	s.exited = make(chan struct{})
 	go func() {
@@ -213,19 +215,21 @@ func (s *secondNode) running() bool {
 // stop kills the second node's controller and everything it started, as a
 // node that dies does; its areas stay.
 func (s *secondNode) stop() {
-	if !s.running() {
-		return
+	if s.running() {
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-s.exited:
+		case <-time.After(30 * time.Second):
+			Fail(fmt.Sprintf("the second node's controller (pid %d) did not exit after SIGKILL", s.cmd.Process.Pid))
+		}
+		GinkgoWriter.Printf("second node %s stopped; its log:\n%s\n", s.name, s.logTail())
 	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	select {
-	case <-s.exited:
-	case <-time.After(30 * time.Second):
-		Fail(fmt.Sprintf("the second node's controller (pid %d) did not exit after SIGKILL", s.cmd.Process.Pid))
+	// A node that died (killed here, or by itself) leaves its bwrap trees
+	// mounted; these are on this machine, so they go before the suite
+	// removes the directory.
+	if s.areas != "" {
+		Expect(bwrap.DetachTrees(filepath.Join(s.areas, ".runtime", "bwrap"))).To(Succeed())
 	}
-	GinkgoWriter.Printf("second node %s stopped; its log:\n%s\n", s.name, s.logTail())
-	// A node that died leaves its bwrap trees mounted; these are on this
-	// machine, so they go before the suite removes the directory.
-	Expect(bwrap.DetachTrees(filepath.Join(s.areas, ".runtime", "bwrap"))).To(Succeed())
 }
 
 // logTail is the end of the second node's log.
