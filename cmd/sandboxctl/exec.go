@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -134,13 +135,22 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 
 // aggregatedServed reports whether the API server serves the aggregated
 // exec API: its discovery answers only while the APIService is Available.
+// Asked with a deadline; an answer other than "not served" (the API
+// server unreachable, discovery refused) is said on stderr before the
+// node path is taken, so a switch of path is never silent.
 func aggregatedServed(cfg *rest.Config) bool {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = 10 * time.Second
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return false
 	}
-	res, err := kube.Discovery().ServerResourcesForGroupVersion(execapi.AggregatedGroup + "/" + execapi.AggregatedVersion)
+	gv := execapi.AggregatedGroup + "/" + execapi.AggregatedVersion
+	res, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
 	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			fmt.Fprintf(os.Stderr, "sandboxctl: asking the API server whether it serves %s: %v; using the node's exec API (--via %s)\n", gv, err, viaNode)
+		}
 		return false
 	}
 	for _, r := range res.APIResources {
