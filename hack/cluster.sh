@@ -133,7 +133,7 @@ EGRESS_CHAIN=SC-CLUSTER-EGRESS
 CGROUP_ROOT=/sandbox-controller-cluster
 
 # Our shim first: Debian's containerd ships a v1.6 one in /usr/bin.
-export PATH=$CTRD_BIN:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH=$CTRD_BIN:$PATH:/usr/local/go/bin:/usr/local/sbin:/usr/sbin:/sbin
 export GOWORK=off GOFLAGS="-buildvcs=false -mod=mod"
 
 say() { printf 'cluster.sh: %s\n' "$*" >&2; }
@@ -147,8 +147,10 @@ settle() {
   if cmp -s "$1" "$dest"; then rm -f "$1"; else mv -f "$1" "$dest"; fi
 }
 
-kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
-ctr() { "$CTRD_BIN/ctr" --address "$SOCK" "$@"; }
+# Each call has a deadline: wait_for retries until its own, but one call
+# that hangs would hold it forever.
+kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" --request-timeout=30s "$@"; }
+ctr() { timeout 120 "$CTRD_BIN/ctr" --address "$SOCK" "$@"; }
 
 address() {
   if [ -n "${CLUSTER_ADDRESS:-}" ]; then echo "$CLUSTER_ADDRESS"; return; fi
@@ -168,20 +170,7 @@ service_ip() {
 
 # ---------------------------------------------------------------- build
 
-apt_install() {
-  local missing=() p
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  say "installing Debian's ${missing[*]}"
-  local try
-  for try in 1 2 3 4 5; do
-    apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null && return 0
-    say "apt-get failed (attempt $try), retrying in 10s"; sleep 10
-  done
-  die "could not install ${missing[*]}"
-}
+apt_install() { "$ROOT/hack/install-deps.sh" "$@" || die "could not install $*"; }
 
 build_k8s() {
   WITH_KUBECTL=1 WITH_NODE=1 "$ROOT/hack/envtest-assets.sh" >/dev/null
@@ -397,7 +386,7 @@ start_etcd() {
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
     --initial-cluster "$NODE=http://127.0.0.1:$((ETCD_PORT + 1))" --listen-metrics-urls "" --log-level warn
-  wait_for "etcd" 30 etcd curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
+  wait_for "etcd" 30 etcd curl -fsS -m 5 "http://127.0.0.1:$ETCD_PORT/health"
 }
 
 start_apiserver() {
@@ -622,7 +611,7 @@ EOF
   launch kubelet "$NODE_BIN/kubelet" --config "$PREFIX/kubelet.yaml" \
     --kubeconfig "$PREFIX/kubelet.kubeconfig" --root-dir "$PREFIX/kubelet" \
     --hostname-override "$NODE" --node-ip "$addr"
-  wait_for "kubelet /healthz" 60 kubelet curl -fsS http://127.0.0.1:10248/healthz
+  wait_for "kubelet /healthz" 60 kubelet curl -fsS -m 5 http://127.0.0.1:10248/healthz
 }
 
 start_proxy() {
@@ -683,6 +672,11 @@ start() {
   kubeconfig "$PREFIX/scheduler.kubeconfig" scheduler "$addr"
   kubeconfig "$PREFIX/kube-proxy.kubeconfig" kube-proxy "$addr"
   kubeconfig "$PREFIX/kubelet.kubeconfig" kubelet-client "$addr"
+  # From here on this machine's state changes (processes, mounts, kernel
+  # settings, iptables): stop undoes what only a started cluster made
+  # when it finds this file.
+  mkdir -p "$PREFIX"
+  : >"$PREFIX/started"
   guard_services
   start_etcd
   start_apiserver "$addr"
@@ -833,7 +827,11 @@ stop() {
   if running kube-proxy >/dev/null; then
     halt kube-proxy
   fi
-  [ -x "$NODE_BIN/kube-proxy" ] && "$NODE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  # kube-proxy's cleanup and the chains below are the same names any
+  # kubelet uses: only when this cluster was started here.
+  local ours=false
+  [ -f "$PREFIX/started" ] && ours=true
+  $ours && [ -x "$NODE_BIN/kube-proxy" ] && timeout 60 "$NODE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   halt kubelet
   restore_tunables
   stop_pods
@@ -845,11 +843,12 @@ stop() {
   halt etcd
   unmount_below "$PREFIX" "$RUNDIR"
   unshare_dirs
-  remove_chains
+  if $ours; then remove_chains; fi
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
   remove_cgroups
-  remove_host_leftovers
+  if $ours; then remove_host_leftovers; fi
   rm -rf "$RUNDIR"
+  rm -f "$PREFIX/started"
   say "stopped"
 }
 
@@ -906,7 +905,9 @@ case ${1:-start} in
   clean)
     stop
     say "removing $PREFIX"
-    rm -rf "$PREFIX" ;;
+    # Never into a mount stop could not take away (a host directory a pod
+    # had bound there, say).
+    rm -rf --one-file-system "$PREFIX" ;;
   status)
     if [ -f "$ADMIN_KUBECONFIG" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
       kubectl get nodes -o wide

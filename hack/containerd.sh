@@ -44,7 +44,7 @@ SHIMS=${CONTAINERD_SHIM_DIR:-/run/sandbox-controller/shim}
 
 # The daemon finds its shim on PATH: ours must win over any other one
 # (Debian's containerd ships a v1.6 shim in /usr/bin).
-export PATH=$BIN:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH=$BIN:$PATH:/usr/local/go/bin:/usr/local/sbin:/usr/sbin:/sbin
 export GOWORK=off GOFLAGS=-mod=mod
 
 say() { printf 'containerd.sh: %s\n' "$*" >&2; }
@@ -66,14 +66,7 @@ running_pid() {
 
 install_runc() {
   command -v runc >/dev/null && return 0
-  say "installing Debian's runc"
-  # Another apt may hold the lock for a while.
-  local try
-  for try in 1 2 3 4 5; do
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc >/dev/null && return 0
-    say "apt-get failed (attempt $try), retrying in 10s"; sleep 10
-  done
-  die "could not install runc"
+  "$ROOT/hack/install-deps.sh" runc || die "could not install runc"
 }
 
 build() {

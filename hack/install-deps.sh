@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# Installs the host tools the controller and its tests use, when missing:
-# bubblewrap (the default backend) and git. Debian/Ubuntu with apt-get; on
-# other systems it says what to install. Safe to run again.
+# Installs Debian packages the project needs, when missing, with apt-get
+# and the machine's own apt sources; on other systems it says what to
+# install. Safe to run again. Every script that needs a package goes
+# through here, so each install waits for another apt's lock and retries.
+#
+#   hack/install-deps.sh              bubblewrap and git (the default
+#                                     backend and worktrees), when their
+#                                     commands are missing
+#   hack/install-deps.sh PACKAGE...   those packages, when dpkg does not
+#                                     have them installed
 set -euo pipefail
 
 say() { printf '[install-deps] %s\n' "$*" >&2; }
 
 need=()
-command -v bwrap >/dev/null || need+=(bubblewrap)
-command -v git >/dev/null || need+=(git)
+if [ $# -eq 0 ]; then
+  command -v bwrap >/dev/null || need+=(bubblewrap)
+  command -v git >/dev/null || need+=(git)
+else
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+  done
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null; then
@@ -28,4 +41,5 @@ for try in 1 2 3 4 5; do
   say "apt-get failed (try $try of 5); retrying in 10s"
   sleep 10
 done
+say "could not install ${need[*]}"
 exit 1

@@ -39,15 +39,7 @@ REVISION=3
 
 tar_path() { image_name "$1" >/dev/null && echo "$DIR/$1-r$REVISION-oci.tar"; }
 
-apt_install() {
-  local missing=() p
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  say "installing ${missing[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
+apt_install() { "$ROOT/hack/install-deps.sh" "$@"; }
 
 # The directories the sandbox binds its areas onto; runc would create them,
 # but an image that has them works with a read-only root too. /var/tmp is
