@@ -142,7 +142,10 @@ func kc(args ...string) string {
 }
 
 func runMake(timeout time.Duration, args ...string) string {
-	all := append([]string{"--no-print-directory", "-C", repo, "KUBECTL=" + kubectl, "VERSION=" + version}, args...)
+	// Named on the command line, so a developer's exported IMG or
+	// BACKENDS cannot deploy something else.
+	all := append([]string{"--no-print-directory", "-C", repo, "KUBECTL=" + kubectl, "VERSION=" + version,
+		"IMAGE_NAME=sandbox-controller", "IMG=sandbox-controller:" + version, "BACKENDS="}, args...)
 	out, err := run(timeout, "make", all...)
 	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "make %s: %s", strings.Join(args, " "), out)
 	return out
