@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
@@ -237,7 +238,7 @@ func (v nodeView) choose(sb *v1alpha1.Sandbox, except string) (string, string) {
 			no = "lost: " + n.lostWhy
 		case !slices.Contains(n.backends, string(sb.Spec.BackendOrDefault())):
 			no = fmt.Sprintf("backend %s not enabled (enables %s)", sb.Spec.BackendOrDefault(), strings.Join(n.backends, ", "))
-		case !matches(sb.Spec.NodeSelector, n.labels):
+		case !labels.SelectorFromSet(sb.Spec.NodeSelector).Matches(labels.Set(n.labels)):
 			no = "does not match nodeSelector"
 		case n.capacity > 0 && n.placed >= n.capacity:
 			no = fmt.Sprintf("full (%d of %d)", n.placed, n.capacity)
@@ -260,15 +261,6 @@ func (v nodeView) choose(sb *v1alpha1.Sandbox, except string) (string, string) {
 		why = append(why[:8], fmt.Sprintf("and %d more", len(why)-8))
 	}
 	return "", strings.Join(why, "; ")
-}
-
-func matches(selector, labels map[string]string) bool {
-	for k, want := range selector {
-		if got, ok := labels[k]; !ok || got != want {
-			return false
-		}
-	}
-	return true
 }
 
 // nodeHeartbeat renews this node's Lease.
