@@ -238,13 +238,16 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 	wt := worktree.For(cr.repo, worktreeName(c))
 	var dirty bool
 	if st.CheckedOut {
-		out, stderr, err := r.git(ctx, cr, "-C", st.Path, "status", "--porcelain", "--untracked-files=normal")
+		out, stderr, err := r.git(ctx, cr, "-C", st.Path, "status", "--porcelain=v2", "--branch", "--untracked-files=normal")
 		if err != nil {
 			logGitOutput(ctx, "status inside the sandbox failed", st.Path, err, stderr)
 			keep(fmt.Sprintf("git status inside the sandbox failed: %v; the controller log has git's output", err))
 			return
 		}
-		dirty = strings.TrimSpace(out) != ""
+		if dirty, err = statusDirty(out); err != nil {
+			keep(err.Error())
+			return
+		}
 	} else {
 		// Never checked out: only files someone put there can be work.
 		untouched, err := worktree.Untouched(cr.repo, wt)
@@ -263,6 +266,28 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 	default:
 		log.FromContext(ctx).Info("removed clean worktree", "path", st.HostPath, "branch", st.Branch)
 	}
+}
+
+// statusDirty reads the output of git status --porcelain=v2 --branch:
+// header lines begin "# ", every other line is a change. git always prints
+// the branch.oid header first, so output without it is no answer (cut
+// short on its way out of the sandbox, say), never a clean worktree: the
+// files are removed only on git's positive word.
+func statusDirty(out string) (bool, error) {
+	header := false
+	for line := range strings.SplitSeq(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "# branch.oid "):
+			header = true
+		case line == "" || strings.HasPrefix(line, "# "):
+		default:
+			return true, nil
+		}
+	}
+	if !header {
+		return false, errors.New("git status inside the sandbox answered without its branch header, so its answer is incomplete and the changes could not be read")
+	}
+	return false, nil
 }
 
 // git runs git inside the claim's sandbox and returns stdout and stderr.

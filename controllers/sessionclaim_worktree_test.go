@@ -2,10 +2,13 @@ package controllers_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,10 +21,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 )
 
 // sandboxRun runs argv in the Sandbox's instance through the runtime.
@@ -295,5 +300,69 @@ var _ = Describe("Overlay mounts", func() {
 		Expect(code).To(Equal(0), stderr)
 		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
 		deleteAndWait(sb)
+	})
+})
+
+// quietRuntime is a real driver whose Exec, while lose is set, loses the
+// command's output on its way out and still reports its exit status, as a
+// transport that drops a stream does.
+type quietRuntime struct {
+	runtimes.Runtime
+	lose atomic.Bool
+}
+
+func (q *quietRuntime) Exec(ctx context.Context, name string, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
+	if q.lose.Load() {
+		req.Stdout, req.Stderr = io.Discard, io.Discard
+	}
+	return q.Runtime.Exec(ctx, name, req)
+}
+
+// The claim's deletion removes a worktree only on git's word that it is
+// clean: an answer lost on the way out of the sandbox is no such word.
+var _ = Describe("A worktree whose git status answer is lost on its way out of the sandbox", func() {
+	It("is kept with its uncommitted work when the claim goes, not removed as clean", func() {
+		testenv.Binary(GinkgoT(), "git", "install git (hack/install-deps.sh)")
+		// A manager of its own with its own node name, so the suite's
+		// leaves this Sandbox to it.
+		const node, agent = "quiet-node", "quiet"
+		state := filepath.Join(env.Dir, "state-quiet")
+		drv, err := bwrap.New(bwrap.Config{StateDir: state})
+		Expect(err).NotTo(HaveOccurred())
+		quiet := &quietRuntime{Runtime: drv}
+		m := env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: quiet}, controllers.Options{NodeName: node, HealthInterval: time.Second})
+		DeferCleanup(func() {
+			m.Stop()
+			Expect(bwrap.DetachTrees(state)).To(Succeed())
+		})
+
+		ns := newNamespace()
+		mountDir := filepath.Join(env.Dir, ns, "projects")
+		newRepo(filepath.Join(mountDir, "app"))
+		sb := newSandbox(ns, "quiet", agent, time.Minute)
+		sb.Spec.NodeName = node
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"git", "sh"}
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: mountDir, Target: "project", Mode: v1alpha1.MountReadWrite}}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		DeferCleanup(func() { deleteAndWait(sb) })
+		Expect(k8s.Create(ctx, newClaim(ns, "holder", "quiet"))).To(Succeed())
+		giveToAgent(mountDir, agent)
+		Expect(k8s.Create(ctx, claimWithWorktree(ns, "draft", "quiet", "project/app"))).To(Succeed())
+		Eventually(claimStatus(ns, "draft"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
+
+		var errb bytes.Buffer
+		st, err := drv.Exec(ctx, v1alpha1.InstanceName(agent), runtimes.ExecRequest{
+			Argv: []string{"sh", "-c", "echo unsaved > /workspace/project/app/.worktrees/draft/draft.txt"}, Stderr: &errb})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Code).To(Equal(0), errb.String())
+
+		quiet.lose.Store(true)
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "draft"}, &c)).To(Succeed())
+		deleteAndWait(&c)
+		Expect(os.ReadFile(filepath.Join(c.Status.Worktree.HostPath, "draft.txt"))).To(Equal([]byte("unsaved\n")),
+			"git status printed nothing the controller saw: the worktree is kept")
+		quiet.lose.Store(false)
 	})
 })

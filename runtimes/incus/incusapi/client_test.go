@@ -425,8 +425,12 @@ func (d *execDaemon) serve() {
 		stdin.Write(data)
 	}
 	code := d.run(stdin.Bytes(), got["s1"], got["s2"], got["sc"])
-	_ = got["s1"].Close(websocket.StatusNormalClosure, "")
-	_ = got["s2"].Close(websocket.StatusNormalClosure, "")
+	// As incusd ends an output stream: its barrier, an empty text
+	// message, and then the connection goes.
+	for _, fd := range []string{"s1", "s2"} {
+		_ = got[fd].Write(context.Background(), websocket.MessageText, nil)
+		_ = got[fd].CloseNow()
+	}
 	d.finished <- code
 }
 

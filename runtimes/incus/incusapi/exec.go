@@ -232,7 +232,14 @@ func (c *Client) dialOperation(ctx context.Context, opPath, secret string) (*web
 	u := "ws://incus" + trimAPI(opPath) + "/websocket?" + url.Values{"secret": {secret}}.Encode()
 	dctx, cancel := context.WithTimeout(ctx, min(c.opts.RequestTimeout, streamDialTimeout))
 	defer cancel()
-	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: c.http, CompressionMode: websocket.CompressionDisabled})
+	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{
+		HTTPClient: c.http, CompressionMode: websocket.CompressionDisabled,
+		// incusd pings every stream from the moment it is connected and
+		// never asks for the pong. Answering would write on a stream the
+		// daemon may have closed already, and a pong that fails to send
+		// ends the read: the output queued behind the ping was lost.
+		OnPingReceived: func(context.Context, []byte) bool { return false },
+	})
 	if resp != nil && resp.Body != nil && err != nil {
 		_ = resp.Body.Close()
 	}
@@ -277,24 +284,38 @@ func feed(ctx context.Context, ws *websocket.Conn, r io.Reader) {
 	_ = ws.Close(websocket.StatusNormalClosure, "")
 }
 
-// drain copies every message of a stream to w until the stream ends. A
-// writer that fails is dropped and its error returned; the stream is
-// still read so the command never blocks on a full pipe. The daemon ends a
-// stream with a close frame or, once the command is gone, by dropping the
-// connection: both are the end of the output, and a daemon that went away
-// mid-command is reported by the operation's wait instead.
+// drain copies every message of a stream to w until incusd's end of the
+// stream: an empty text message, its barrier, sent once the command's
+// output is all written. A writer that fails is dropped and its error
+// returned; the stream is still read so the command never blocks on a full
+// pipe. A stream that ends without the barrier (the daemon went away, or
+// Exec stopped waiting for it) lost output, and says so: a caller that
+// decides by what a command printed must never take a cut stream for a
+// quiet one.
 func drain(ws *websocket.Conn, w io.Writer) error {
 	out := &failOnce{w: w}
 	for {
-		_, r, err := ws.Reader(context.Background())
+		typ, r, err := ws.Reader(context.Background())
 		if err != nil {
+			if out.err != nil {
+				return out.err
+			}
+			return fmt.Errorf("%w: %w", errOutputCut, err)
+		}
+		if typ == websocket.MessageText {
 			return out.err
 		}
 		if _, err := io.Copy(out, r); err != nil {
-			return out.err
+			if out.err != nil {
+				return out.err
+			}
+			return fmt.Errorf("%w: %w", errOutputCut, err)
 		}
 	}
 }
+
+// errOutputCut is a stream that ended before incusd marked its end.
+var errOutputCut = errors.New("the output stream ended before the daemon marked its end, so some of the command's output may be missing")
 
 // failOnce writes to w until a write fails, and then discards, keeping
 // the error: a read error of the stream is never mistaken for it.
