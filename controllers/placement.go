@@ -130,17 +130,20 @@ func (v nodeView) coordinator() string {
 	return ""
 }
 
-// buildView reads the Leases and Nodes as of now. A Lease not renewed for
-// its own duration makes its node lost, and so does a Node whose Ready
-// condition has not been True for lostAfter.
-func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, now time.Time, lostAfter time.Duration) nodeView {
+// buildView reads the Leases and Nodes as of now. A Lease this process has
+// not seen renewed for the lease's duration makes its node lost (clock
+// says since when), and so does a Node whose Ready condition has not been
+// True for lostAfter.
+func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, clock *leaseClock, now time.Time, lostAfter time.Duration) nodeView {
 	var v nodeView
+	listed := make(map[string]bool, len(leases))
 	for i := range leases {
 		l := &leases[i]
 		name, ok := strings.CutPrefix(l.Name, nodeLeasePrefix)
 		if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != name {
 			continue
 		}
+		listed[l.Name] = true
 		n := &nodeInfo{name: name}
 		n.capacity, _ = strconv.Atoi(l.Annotations[AnnotationCapacity])
 		if b := l.Annotations[AnnotationBackends]; b != "" {
@@ -150,15 +153,16 @@ func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, now time.Time
 		if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
 			d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 		}
-		switch {
-		case l.Spec.RenewTime == nil:
-			n.lostSince, n.lostWhy = l.CreationTimestamp.Time, "its controller never renewed its Lease"
-		case now.Sub(l.Spec.RenewTime.Time) > d:
-			n.lostSince = l.Spec.RenewTime.Add(d)
-			n.lostWhy = fmt.Sprintf("its controller last renewed its Lease at %s", l.Spec.RenewTime.UTC().Format(time.RFC3339))
+		if seen := clock.lastChange(l.Name, l.Spec.RenewTime, now); now.Sub(seen) > d {
+			n.lostSince = seen.Add(d)
+			n.lostWhy = fmt.Sprintf("its controller has not renewed its Lease since %s", seen.UTC().Format(time.RFC3339))
+			if l.Spec.RenewTime == nil {
+				n.lostWhy = "its controller never renewed its Lease"
+			}
 		}
 		v.nodes = append(v.nodes, n)
 	}
+	clock.forgetAllBut(listed)
 	slices.SortFunc(v.nodes, func(a, b *nodeInfo) int { return strings.Compare(a.name, b.name) })
 	for i := range nodes {
 		n := v.get(nodes[i].Name)
@@ -172,6 +176,116 @@ func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, now time.Time
 		}
 	}
 	return v
+}
+
+// addLeaseless adds the nodes that Sandboxes were placed on and that have
+// no Lease any more (deleted, or its namespace was), once this process has
+// missed the Lease for lostAfter: the placer put them there while the node
+// had one, so no controller is left to run them. A node a Sandbox only
+// names in spec.nodeName may never have had a controller and is left out.
+// Only lost nodes are added: a live one without a Lease would be a
+// candidate for new Sandboxes, or the coordinator.
+func (v *nodeView) addLeaseless(sandboxes []v1alpha1.Sandbox, clock *leaseClock, now time.Time, lostAfter time.Duration) {
+	named := map[string]bool{}
+	for i := range sandboxes {
+		sb := &sandboxes[i]
+		node := sb.Status.NodeName
+		if sb.Spec.NodeName != "" || node == "" || v.get(node) != nil {
+			continue
+		}
+		named[node] = true
+	}
+	for _, name := range clock.missing(named, now) {
+		if since := clock.missingSince(name); now.Sub(since) > lostAfter {
+			v.nodes = append(v.nodes, &nodeInfo{name: name, lostSince: since.Add(lostAfter),
+				lostWhy: fmt.Sprintf("its controller's Lease is gone (missed since %s)", since.UTC().Format(time.RFC3339))})
+		}
+	}
+	slices.SortFunc(v.nodes, func(a, b *nodeInfo) int { return strings.Compare(a.name, b.name) })
+}
+
+// leaseClock remembers, for each node's Lease, the renewTime last read and
+// when this process first read it. A node is lost when its Lease has not
+// changed for the lease's duration by this process's clock: renewTime is
+// written by the renewing node's clock, which may be off either way, and
+// comparing it with this one would count lost a node that renews on time,
+// or miss one that stopped. (The node lifecycle controller keeps its own
+// probe times for the same reason.) A Lease first read now counts as
+// renewed now, so a coordinator that just started waits a lease duration
+// before it counts any node lost.
+type leaseClock struct {
+	mu   sync.Mutex
+	seen map[string]leaseSeen
+	// gone is when this process first missed the Lease of a node that
+	// Sandboxes were placed on.
+	gone map[string]time.Time
+}
+
+type leaseSeen struct {
+	renew time.Time
+	at    time.Time
+}
+
+// lastChange is when this process first read the Lease name with this
+// renewTime (nil: never renewed).
+func (c *leaseClock) lastChange(name string, renew *metav1.MicroTime, now time.Time) time.Time {
+	var r time.Time
+	if renew != nil {
+		r = renew.Time
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen = map[string]leaseSeen{}
+	}
+	s, ok := c.seen[name]
+	if !ok || !s.renew.Equal(r) {
+		s = leaseSeen{renew: r, at: now}
+		c.seen[name] = s
+	}
+	return s.at
+}
+
+// missing records the nodes in named without a Lease as missed from now
+// on unless already missed, forgets the others, and returns named's nodes
+// sorted.
+func (c *leaseClock) missing(named map[string]bool, now time.Time) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gone == nil {
+		c.gone = map[string]time.Time{}
+	}
+	for name := range c.gone {
+		if !named[name] {
+			delete(c.gone, name)
+		}
+	}
+	out := make([]string, 0, len(named))
+	for name := range named {
+		if _, ok := c.gone[name]; !ok {
+			c.gone[name] = now
+		}
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (c *leaseClock) missingSince(name string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gone[name]
+}
+
+// forgetAllBut drops the Leases no longer listed.
+func (c *leaseClock) forgetAllBut(listed map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name := range c.seen {
+		if !listed[name] {
+			delete(c.seen, name)
+		}
+	}
 }
 
 // count sets how many of sandboxes each node holds; nodeOf says where a
@@ -190,7 +304,7 @@ func (v nodeView) count(sandboxes []v1alpha1.Sandbox, nodeOf func(*v1alpha1.Sand
 // readView is the nodes as of now, and whether this node coordinates.
 // Only the coordinator goes on to read the Sandboxes, straight from the
 // cache without copies (the caller must not change them), and count them.
-func readView(ctx context.Context, r client.Reader, opts Options, now time.Time, nodeOf func(*v1alpha1.Sandbox) string) (nodeView, []v1alpha1.Sandbox, bool, error) {
+func readView(ctx context.Context, r client.Reader, opts Options, clock *leaseClock, now time.Time, nodeOf func(*v1alpha1.Sandbox) string) (nodeView, []v1alpha1.Sandbox, bool, error) {
 	var leases coordinationv1.LeaseList
 	if err := r.List(ctx, &leases, client.InNamespace(opts.systemNamespace()), client.MatchingLabels{LabelNodeLease: "true"}); err != nil {
 		return nodeView{}, nil, false, err
@@ -199,7 +313,7 @@ func readView(ctx context.Context, r client.Reader, opts Options, now time.Time,
 	if err := r.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return nodeView{}, nil, false, err
 	}
-	v := buildView(leases.Items, nodes.Items, now, opts.nodeLostAfter())
+	v := buildView(leases.Items, nodes.Items, clock, now, opts.nodeLostAfter())
 	if v.coordinator() != opts.NodeName {
 		return v, nil, false, nil
 	}
@@ -208,6 +322,7 @@ func readView(ctx context.Context, r client.Reader, opts Options, now time.Time,
 		return nodeView{}, nil, false, err
 	}
 	v.count(list.Items, nodeOf)
+	v.addLeaseless(list.Items, clock, now, opts.nodeLostAfter())
 	return v, list.Items, true, nil
 }
 
@@ -336,6 +451,9 @@ type placer struct {
 	client.Client
 	opts     Options
 	recorder record.EventRecorder
+	// clock is when this process saw each node's Lease renewed; the
+	// ticker shares it.
+	clock *leaseClock
 	// recent are placements this process made that the cache may not show
 	// yet, so a burst of new Sandboxes is spread, not piled on one node.
 	mu     sync.Mutex
@@ -349,7 +467,7 @@ type recentPlacement struct {
 
 func (p *placer) setup(mgr ctrl.Manager) error {
 	wake := make(chan event.GenericEvent)
-	if err := mgr.Add(&placementTicker{reader: mgr.GetClient(), opts: p.opts, out: wake}); err != nil {
+	if err := mgr.Add(&placementTicker{reader: mgr.GetClient(), opts: p.opts, clock: p.clock, out: wake}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -370,6 +488,7 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 type placementTicker struct {
 	reader client.Reader
 	opts   Options
+	clock  *leaseClock
 	out    chan<- event.GenericEvent
 }
 
@@ -384,7 +503,7 @@ func (t *placementTicker) Start(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		v, sandboxes, coordinating, err := readView(ctx, t.reader, t.opts, t.opts.Now(), nil)
+		v, sandboxes, coordinating, err := readView(ctx, t.reader, t.opts, t.clock, t.opts.Now(), nil)
 		if err != nil || !coordinating {
 			continue
 		}
@@ -412,7 +531,7 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{}, nil
 	}
 	now := p.opts.Now()
-	v, _, coordinating, err := readView(ctx, p.Client, p.opts, now, p.nodeOf(now))
+	v, _, coordinating, err := readView(ctx, p.Client, p.opts, p.clock, now, p.nodeOf(now))
 	if err != nil || !coordinating {
 		return ctrl.Result{}, err
 	}

@@ -148,7 +148,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		if err := mgr.Add(&nodeHeartbeat{client: mgr.GetClient(), reader: mgr.GetAPIReader(), opts: opts}); err != nil {
 			return fmt.Errorf("adding the node Lease: %w", err)
 		}
-		p := &placer{Client: mgr.GetClient(), opts: opts, recorder: mgr.GetEventRecorderFor("sandbox-placement")} //nolint:staticcheck // as above
+		p := &placer{Client: mgr.GetClient(), opts: opts, clock: &leaseClock{}, recorder: mgr.GetEventRecorderFor("sandbox-placement")} //nolint:staticcheck // as above
 		if err := p.setup(mgr); err != nil {
 			return fmt.Errorf("setting up placement: %w", err)
 		}

@@ -15,6 +15,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -292,5 +293,43 @@ var _ = Describe("Placement", Ordered, func() {
 		}, testharness.Timeout).Should(BeFalse(), "the instance the mover left on node-b is removed")
 		Expect(filepath.Join(nodeB.dir, "areas", ns+"-mover", "workspace")).To(BeADirectory(), "areas on the lost node stay")
 		Expect(nodeOf(ns, "mover")()).To(Equal("node-a"))
+	})
+
+	It("counts a node whose Lease is deleted lost, and moves off it a Sandbox that may move", func() {
+		// Room on node-a (3 of 3) for the one that moves.
+		env.DeleteAndWait(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mover"}})
+		sandbox(ns, "leaseless", func(sb *v1alpha1.Sandbox) {
+			sb.Spec.OnNodeLost = v1alpha1.NodeLostMove
+			sb.Spec.NodeSelector = map[string]string{"zone": "b"}
+		})
+		Eventually(nodeOf(ns, "leaseless"), testharness.Timeout).Should(Equal("node-b"))
+		// Placed: the selector may go now, the Sandbox stays where it is.
+		Eventually(func() error {
+			var sb v1alpha1.Sandbox
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "leaseless"}, &sb); err != nil {
+				return err
+			}
+			sb.Spec.NodeSelector = nil
+			return k8s.Update(ctx, &sb)
+		}, testharness.Timeout).Should(Succeed())
+
+		// node-b's controller goes and its Lease with it, before the
+		// Lease could count as not renewed.
+		nodeB.stop()
+		DeferCleanup(nodeB.start)
+		Expect(k8s.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: leaseNS, Name: controllers.NodeLeaseName("node-b")}})).To(Succeed())
+		Eventually(nodeOf(ns, "leaseless"), testharness.Timeout).Should(Equal("node-a"))
+		Eventually(func() (string, error) {
+			var events corev1.EventList
+			if err := k8s.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": "leaseless"}); err != nil {
+				return "", err
+			}
+			for _, e := range events.Items {
+				if e.Reason == v1alpha1.ReasonNodeLost {
+					return e.Message, nil
+				}
+			}
+			return "", nil
+		}, testharness.Timeout).Should(ContainSubstring("node node-b lost since"), "a NodeLost event says why it moved")
 	})
 })
