@@ -24,6 +24,8 @@ package realcluster_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -233,6 +235,25 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")
 		kc("-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=2m")
 		Expect(kc("-n", namespace, "get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}")).To(Equal(node))
+
+		By("metrics and probes answer on the node's loopback and nowhere else of its network")
+		ip := net.ParseIP(strings.TrimSpace(kc("get", "node", node, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`)))
+		Expect(ip).NotTo(BeNil(), "node %s has no InternalIP", node)
+		Expect(ip.IsLoopback()).To(BeFalse(), "the node's address must not be loopback for this check to mean anything")
+		for _, port := range []string{"8080", "8081"} {
+			conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip.String(), port), 5*time.Second)
+			if err == nil {
+				_ = conn.Close()
+			}
+			Expect(err).To(HaveOccurred(), "port %s of the controller answers on the node's address %s", port, ip)
+		}
+		client := &http.Client{Timeout: 10 * time.Second}
+		for _, url := range []string{"http://127.0.0.1:8080/metrics", "http://127.0.0.1:8081/readyz"} {
+			resp, err := client.Get(url)
+			Expect(err).NotTo(HaveOccurred())
+			_ = resp.Body.Close()
+			Expect(resp.StatusCode).To(Equal(http.StatusOK), url)
+		}
 	})
 
 	It("serves the exec API through the API server (the APIService is Available)", func() {
