@@ -237,6 +237,17 @@ Ctrl-C stops the controller and the control plane.
 			if err := mgr.Add(certs); err != nil {
 				return err
 			}
+			if f.apiService != "" {
+				// Straight to the API server, as the certificate's client.
+				c, err := client.New(cfg, client.Options{Scheme: scheme})
+				if err != nil {
+					return err
+				}
+				if err := mgr.Add(&servingcert.APIServicePublisher{Client: c, Name: execapi.APIServiceName, CA: certs.CAPEM,
+					Log: ctrl.Log.WithName("servingcert")}); err != nil {
+					return err
+				}
+			}
 		}
 		kube, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
@@ -365,16 +376,6 @@ func clusterCertificate(ctx context.Context, cfg *rest.Config, scheme *runtime.S
 	defer cancel()
 	if err := src.Load(loadCtx); err != nil {
 		return nil, fmt.Errorf("exec API serving certificate: %w", err)
-	}
-	if f.apiService != "" {
-		switch found, err := servingcert.PublishAPIService(loadCtx, c, execapi.APIServiceName, src.CAPEM()); {
-		case err != nil:
-			// The node's own endpoint works without it; say why the
-			// aggregated one does not.
-			ctrl.Log.WithName("servingcert").Error(err, "the API server cannot verify the exec API until the APIService has the CA", "apiService", execapi.APIServiceName)
-		case !found:
-			ctrl.Log.WithName("servingcert").Info("no APIService for the aggregated exec API; it is reached on the nodes only", "apiService", execapi.APIServiceName)
-		}
 	}
 	return src, nil
 }

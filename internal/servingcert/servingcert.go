@@ -384,13 +384,15 @@ func (s *Source) CAPEM() []byte {
 	return nil
 }
 
+var apiServiceKind = schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"}
+
 // PublishAPIService puts the CA's certificate in the caBundle of the
 // APIService name, with which the API server verifies the nodes' exec
 // APIs when it proxies the aggregated API to them. found is false when
 // there is no such APIService (the aggregated API is not installed).
 func PublishAPIService(ctx context.Context, c client.Client, name string, caPEM []byte) (found bool, err error) {
 	svc := &unstructured.Unstructured{}
-	svc.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
+	svc.SetGroupVersionKind(apiServiceKind)
 	svc.SetName(name)
 	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"caBundle": base64.StdEncoding.EncodeToString(caPEM)}})
 	if err != nil {
@@ -403,4 +405,81 @@ func PublishAPIService(ctx context.Context, c client.Client, name string, caPEM 
 		return false, fmt.Errorf("setting the caBundle of APIService %s: %w", name, err)
 	}
 	return true, nil
+}
+
+// APIServicePublisher keeps the caBundle of the aggregated API's
+// APIService equal to the CA: at start, again after a failure (backing off
+// up to Interval), and every Interval. So an APIService applied after the
+// controller started, one whose caBundle was cleared, or a first try the
+// API server refused all end with an APIService the API server can verify
+// the nodes with, without a restart.
+type APIServicePublisher struct {
+	Client client.Client
+	Name   string
+	CA     func() []byte
+	// Interval is how often the caBundle is checked (default 5 minutes); an
+	// APIService that is not there is looked for every 30 seconds or
+	// Interval, whichever is shorter.
+	Interval time.Duration
+	Log      logr.Logger
+}
+
+// NeedLeaderElection is false: every node's controller keeps it up.
+func (p *APIServicePublisher) NeedLeaderElection() bool { return false }
+
+// Start checks and mends the caBundle until ctx ends.
+func (p *APIServicePublisher) Start(ctx context.Context) error {
+	interval := p.Interval
+	if interval <= 0 {
+		interval = 5 * time.Minute
+	}
+	backoff, said := time.Second, ""
+	for {
+		wait := interval
+		found, changed, err := p.publish(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			if said != "failed" {
+				p.Log.Error(err, "the API server cannot verify the exec API until the APIService has the CA; trying again", "apiService", p.Name)
+			}
+			said, wait, backoff = "failed", min(backoff, interval), min(backoff*2, interval)
+		case !found:
+			if said != "absent" {
+				p.Log.Info("no APIService for the aggregated exec API; it is reached on the nodes only until one is installed", "apiService", p.Name)
+			}
+			said, wait, backoff = "absent", min(30*time.Second, interval), time.Second
+		default:
+			if changed || said != "" {
+				p.Log.Info("the APIService's caBundle is the exec API's CA", "apiService", p.Name)
+			}
+			said, backoff = "", time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// publish reads the APIService and sets its caBundle when it differs.
+func (p *APIServicePublisher) publish(ctx context.Context) (found, changed bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	caPEM := p.CA()
+	svc := &unstructured.Unstructured{}
+	svc.SetGroupVersionKind(apiServiceKind)
+	switch err := p.Client.Get(ctx, client.ObjectKey{Name: p.Name}, svc); {
+	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		return false, false, nil
+	case err != nil:
+		return false, false, fmt.Errorf("reading APIService %s: %w", p.Name, err)
+	}
+	if cur, _, _ := unstructured.NestedString(svc.Object, "spec", "caBundle"); cur == base64.StdEncoding.EncodeToString(caPEM) {
+		return true, false, nil
+	}
+	found, err = PublishAPIService(ctx, p.Client, p.Name, caPEM)
+	return found, found && err == nil, err
 }

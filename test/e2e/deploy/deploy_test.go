@@ -17,6 +17,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"io"
 	"os"
@@ -39,6 +40,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -419,6 +422,32 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		found, err = servingcert.PublishAPIService(ctx, controller, execapi.APIServiceName, src.CAPEM())
 		Expect(err).NotTo(HaveOccurred())
 		Expect(found).To(BeTrue(), "make deploy installs the APIService")
+
+		By("keeping the caBundle: one cleared later is set again without a restart, with the controller's rights")
+		pubCtx, stopPub := context.WithCancel(ctx)
+		DeferCleanup(stopPub)
+		go func() {
+			defer GinkgoRecover()
+			pub := &servingcert.APIServicePublisher{Client: controller, Name: execapi.APIServiceName, CA: src.CAPEM, Interval: 500 * time.Millisecond, Log: GinkgoLogr}
+			Expect(pub.Start(pubCtx)).To(Succeed())
+		}()
+		caBundle := func() (string, error) {
+			svc := &unstructured.Unstructured{}
+			svc.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
+			if err := k8s.Get(ctx, client.ObjectKey{Name: execapi.APIServiceName}, svc); err != nil {
+				return "", err
+			}
+			b, _, err := unstructured.NestedString(svc.Object, "spec", "caBundle")
+			return b, err
+		}
+		want := base64.StdEncoding.EncodeToString(src.CAPEM())
+		Expect(caBundle()).To(Equal(want))
+		cleared := &unstructured.Unstructured{}
+		cleared.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
+		cleared.SetName(execapi.APIServiceName)
+		Expect(k8s.Patch(ctx, cleared, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"caBundle":null}}`)))).To(Succeed())
+		Eventually(caBundle, 30*time.Second).Should(Equal(want))
+		stopPub()
 		sa := rest.CopyConfig(adminCfg)
 		sa.Impersonate = rest.ImpersonationConfig{UserName: controllerSA}
 		saKube, err := kubernetes.NewForConfig(sa)
