@@ -100,6 +100,12 @@ type nodeInfo struct {
 	labels   map[string]string
 	// lostSince is zero for a live node, else since when it counts as lost.
 	lostSince time.Time
+	// renewing says this process has seen the node renew its Lease, or is
+	// that node, or the Lease's renewTime is recent: only then does it take
+	// new Sandboxes. A Lease first read counts as renewed when read (for
+	// loss), so a node that died just before this process started would
+	// otherwise take them until it counts as lost.
+	renewing bool
 	lostWhy   string
 	placed    int
 }
@@ -134,7 +140,7 @@ func (v nodeView) coordinator() string {
 // not seen renewed for the lease's duration makes its node lost (clock
 // says since when), and so does a Node whose Ready condition has not been
 // True for lostAfter.
-func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, clock *leaseClock, now time.Time, lostAfter time.Duration) nodeView {
+func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, clock *leaseClock, self string, now time.Time, lostAfter time.Duration) nodeView {
 	var v nodeView
 	listed := make(map[string]bool, len(leases))
 	for i := range leases {
@@ -153,7 +159,12 @@ func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, clock *leaseC
 		if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
 			d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 		}
-		if seen := clock.lastChange(l.Name, l.Spec.RenewTime, now); now.Sub(seen) > d {
+		seen, renewing := clock.lastChange(l.Name, l.Spec.RenewTime, now)
+		// Seen renewing, this node itself, or a renewTime recent by the
+		// node's own clock: a node that stopped before this process
+		// started has an old one.
+		n.renewing = renewing || name == self || (l.Spec.RenewTime != nil && now.Sub(l.Spec.RenewTime.Time) <= d)
+		if now.Sub(seen) > d {
 			n.lostSince = seen.Add(d)
 			n.lostWhy = fmt.Sprintf("its controller has not renewed its Lease since %s", seen.UTC().Format(time.RFC3339))
 			if l.Spec.RenewTime == nil {
@@ -222,13 +233,15 @@ type leaseClock struct {
 }
 
 type leaseSeen struct {
-	renew time.Time
-	at    time.Time
+	renew   time.Time
+	at      time.Time
+	renewed bool
 }
 
 // lastChange is when this process first read the Lease name with this
-// renewTime (nil: never renewed).
-func (c *leaseClock) lastChange(name string, renew *metav1.MicroTime, now time.Time) time.Time {
+// renewTime (nil: never renewed), and whether it has seen the Lease
+// renewed (read it with another renewTime before).
+func (c *leaseClock) lastChange(name string, renew *metav1.MicroTime, now time.Time) (time.Time, bool) {
 	var r time.Time
 	if renew != nil {
 		r = renew.Time
@@ -240,10 +253,10 @@ func (c *leaseClock) lastChange(name string, renew *metav1.MicroTime, now time.T
 	}
 	s, ok := c.seen[name]
 	if !ok || !s.renew.Equal(r) {
-		s = leaseSeen{renew: r, at: now}
+		s = leaseSeen{renew: r, at: now, renewed: ok}
 		c.seen[name] = s
 	}
-	return s.at
+	return s.at, s.renewed
 }
 
 // missing records the nodes in named without a Lease as missed from now
@@ -313,7 +326,7 @@ func readView(ctx context.Context, r client.Reader, opts Options, clock *leaseCl
 	if err := r.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return nodeView{}, nil, false, err
 	}
-	v := buildView(leases.Items, nodes.Items, clock, now, opts.nodeLostAfter())
+	v := buildView(leases.Items, nodes.Items, clock, opts.NodeName, now, opts.nodeLostAfter())
 	if v.coordinator() != opts.NodeName {
 		return v, nil, false, nil
 	}
@@ -351,6 +364,8 @@ func (v nodeView) choose(sb *v1alpha1.Sandbox, except string) (string, string) {
 			no = "lost"
 		case !n.live():
 			no = "lost: " + n.lostWhy
+		case !n.renewing:
+			no = "not seen renewing its Lease yet"
 		case !slices.Contains(n.backends, string(sb.Spec.BackendOrDefault())):
 			no = fmt.Sprintf("backend %s not enabled (enables %s)", sb.Spec.BackendOrDefault(), strings.Join(n.backends, ", "))
 		case !labels.SelectorFromSet(sb.Spec.NodeSelector).Matches(labels.Set(n.labels)):

@@ -30,6 +30,8 @@ func lease(node string, renewed time.Duration, capacity, backends string) coordi
 func seenWhenRenewed(leases []coordinationv1.Lease) *leaseClock {
 	c := &leaseClock{}
 	for _, l := range leases {
+		// Renewed once before, so the nodes take Sandboxes.
+		c.lastChange(l.Name, &metav1.MicroTime{Time: l.Spec.RenewTime.Add(-10 * time.Second)}, l.Spec.RenewTime.Add(-10*time.Second))
 		c.lastChange(l.Name, l.Spec.RenewTime, l.Spec.RenewTime.Time)
 	}
 	return c
@@ -58,7 +60,7 @@ func TestPlacementSpreadsOverLiveEligibleNodes(t *testing.T) {
 			{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", LastTransitionTime: metav1.NewTime(t0.Add(-5 * time.Minute))}}}},
 	}
 	sandboxes := append(placed("a", 1), placed("b", 3)...)
-	v := buildView(leases, nodes, seenWhenRenewed(leases), t0, 40*time.Second)
+	v := buildView(leases, nodes, seenWhenRenewed(leases), "", t0, 40*time.Second)
 	v.count(sandboxes, nil)
 
 	if got := v.coordinator(); got != "a" {
@@ -115,13 +117,13 @@ func TestPlacementCountsWhatItPlacedBeforeTheCacheShowsIt(t *testing.T) {
 	p := &placer{}
 	p.recent = map[types.UID]recentPlacement{"1": {node: "a", at: t0}}
 	clock := seenWhenRenewed(leases)
-	v := buildView(leases, nil, clock, t0, 40*time.Second)
+	v := buildView(leases, nil, clock, "", t0, 40*time.Second)
 	v.count(fresh, p.nodeOf(t0))
 	if got, _ := v.choose(&fresh[1], ""); got != "b" {
 		t.Errorf("second of a burst placed on %q, want b: a has the first, which the cache does not show yet", got)
 	}
 	// A placement the cache never showed is forgotten after a minute.
-	v = buildView(leases, nil, clock, t0.Add(2*time.Minute), 40*time.Second)
+	v = buildView(leases, nil, clock, "", t0.Add(2*time.Minute), 40*time.Second)
 	v.count(fresh, p.nodeOf(t0.Add(2*time.Minute)))
 	if v.get("a").placed != 0 {
 		t.Errorf("a minute-old placement still counted")
@@ -152,7 +154,7 @@ func TestNodeLossIsCountedByThisProcessClock(t *testing.T) {
 		behind.Spec.RenewTime = &metav1.MicroTime{Time: t0.Add(-10*time.Minute + behindRenewed)}
 		ahead := lease("ahead", 0, "0", "bwrap")
 		ahead.Spec.RenewTime = &metav1.MicroTime{Time: t0.Add(10*time.Minute + aheadRenewed)}
-		return buildView([]coordinationv1.Lease{behind, ahead}, nil, clock, t0.Add(at), d)
+		return buildView([]coordinationv1.Lease{behind, ahead}, nil, clock, "", t0.Add(at), d)
 	}
 	// Both renew every 10s for half a minute; then ahead stops.
 	for s := time.Duration(0); s <= 30*time.Second; s += 10 * time.Second {
@@ -186,13 +188,13 @@ func TestNodeLossIsCountedByThisProcessClock(t *testing.T) {
 func TestNodeLossAfterAStartWaitsALeaseDuration(t *testing.T) {
 	clock := &leaseClock{}
 	silent := []coordinationv1.Lease{lease("a", time.Hour, "0", "bwrap")}
-	if v := buildView(silent, nil, clock, t0, 40*time.Second); !v.get("a").live() {
+	if v := buildView(silent, nil, clock, "", t0, 40*time.Second); !v.get("a").live() {
 		t.Fatalf("lost at the first read: %s", v.get("a").lostWhy)
 	}
-	if v := buildView(silent, nil, clock, t0.Add(41*time.Second), 40*time.Second); v.get("a").live() {
+	if v := buildView(silent, nil, clock, "", t0.Add(41*time.Second), 40*time.Second); v.get("a").live() {
 		t.Fatal("still live a lease duration after the first read, not renewed since")
 	}
-	buildView(nil, nil, clock, t0.Add(42*time.Second), 40*time.Second)
+	buildView(nil, nil, clock, "", t0.Add(42*time.Second), 40*time.Second)
 	if len(clock.seen) != 0 {
 		t.Fatalf("%d Leases remembered after none was listed", len(clock.seen))
 	}
@@ -211,7 +213,7 @@ func TestNodeWhoseLeaseIsGoneIsLost(t *testing.T) {
 		for i := range leases {
 			leases[i].Spec.RenewTime = &metav1.MicroTime{Time: t0.Add(at)} // renewing
 		}
-		v := buildView(leases, nil, clock, t0.Add(at), d)
+		v := buildView(leases, nil, clock, "a", t0.Add(at), d)
 		v.addLeaseless(sandboxes, clock, t0.Add(at), d)
 		return v
 	}
@@ -237,5 +239,38 @@ func TestNodeWhoseLeaseIsGoneIsLost(t *testing.T) {
 	}
 	if len(clock.gone) != 0 {
 		t.Errorf("%d missed Leases remembered after the Lease came back", len(clock.gone))
+	}
+}
+
+// A coordinator that just started cannot tell by its own clock a node that
+// renews from one that died just before: it places new Sandboxes only on
+// itself, on nodes it has seen renew their Lease, and on nodes whose last
+// renewTime is recent.
+func TestAStartedCoordinatorPlacesNothingOnANodeThatStoppedBefore(t *testing.T) {
+	clock := &leaseClock{}
+	leases := func(at time.Duration) []coordinationv1.Lease {
+		alive, self := lease("alive", 0, "0", "bwrap"), lease("self", 0, "0", "bwrap")
+		alive.Spec.RenewTime = &metav1.MicroTime{Time: t0.Add(at)}
+		self.Spec.RenewTime = &metav1.MicroTime{Time: t0.Add(at)}
+		return []coordinationv1.Lease{alive, lease("dead", time.Minute, "0", "bwrap"), self}
+	}
+	v := buildView(leases(0), nil, clock, "self", t0, 40*time.Second)
+	if !v.get("dead").live() {
+		t.Fatal("dead is lost at the first read: it has a lease duration first")
+	}
+	v.get("alive").placed, v.get("self").placed = 1, 1
+	if got, _ := v.choose(&v1alpha1.Sandbox{}, ""); got != "alive" {
+		t.Fatalf("placed on %q, want alive (fewest but dead, which renewed a minute ago)", got)
+	}
+	v.get("alive").placed = 2
+	if got, _ := v.choose(&v1alpha1.Sandbox{}, ""); got != "self" {
+		t.Fatalf("placed on %q, want self", got)
+	}
+	if got, why := v.choose(&v1alpha1.Sandbox{Spec: v1alpha1.SandboxSpec{NodeSelector: map[string]string{"none": "x"}}}, ""); got != "" || !strings.Contains(why, "dead: not seen renewing its Lease yet") {
+		t.Fatalf("why not dead: %q", why)
+	}
+	v = buildView(leases(41*time.Second), nil, clock, "self", t0.Add(41*time.Second), 40*time.Second)
+	if v.get("dead").live() || !v.get("alive").live() {
+		t.Fatalf("a lease duration later: dead live %v, alive live %v", v.get("dead").live(), v.get("alive").live())
 	}
 }
