@@ -100,14 +100,14 @@ type nodeInfo struct {
 	labels   map[string]string
 	// lostSince is zero for a live node, else since when it counts as lost.
 	lostSince time.Time
+	lostWhy   string
+	placed    int
 	// renewing says this process has seen the node renew its Lease, or is
 	// that node, or the Lease's renewTime is recent: only then does it take
 	// new Sandboxes. A Lease first read counts as renewed when read (for
 	// loss), so a node that died just before this process started would
 	// otherwise take them until it counts as lost.
 	renewing bool
-	lostWhy   string
-	placed    int
 }
 
 func (n *nodeInfo) live() bool { return n.lostSince.IsZero() }
