@@ -437,9 +437,11 @@ func (p *APIServicePublisher) Start(ctx context.Context) error {
 	for {
 		wait := interval
 		found, changed, err := p.publish(ctx)
+		if ctx.Err() != nil {
+			// Stopping: a request cut short by that is no failure.
+			return nil //nolint:nilerr // as above
+		}
 		switch {
-		case ctx.Err() != nil:
-			return nil
 		case err != nil:
 			if said != "failed" {
 				p.Log.Error(err, "the API server cannot verify the exec API until the APIService has the CA; trying again", "apiService", p.Name)
