@@ -7,6 +7,8 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -25,11 +27,28 @@ type orphanCollector struct {
 	// node is this controller's node: an instance whose Sandbox moved to
 	// another node (onNodeLost: Move) is an orphan here too.
 	node string
+	// informers, when set with node, wake the collector as soon as a
+	// Sandbox this node ran is placed on another node, rather than at the
+	// next interval: a node counted lost while it was not (cut off from
+	// the API server for a while, say) would otherwise run the Sandbox
+	// beside its new node for up to interval.
+	informers cache.Informers
+	wake      chan struct{}
 }
 
 func (o *orphanCollector) NeedLeaderElection() bool { return false }
 
 func (o *orphanCollector) Start(ctx context.Context) error {
+	o.wake = make(chan struct{}, 1)
+	if o.informers != nil && o.node != "" {
+		inf, err := o.informers.GetInformer(ctx, &v1alpha1.Sandbox{})
+		if err != nil {
+			return fmt.Errorf("watching Sandboxes for those that leave this node: %w", err)
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{UpdateFunc: o.movedAway}); err != nil {
+			return fmt.Errorf("watching Sandboxes for those that leave this node: %w", err)
+		}
+	}
 	t := time.NewTicker(o.interval)
 	defer t.Stop()
 	for {
@@ -38,7 +57,22 @@ func (o *orphanCollector) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-o.wake:
 		}
+	}
+}
+
+// movedAway wakes the collector when a Sandbox on this node is now on
+// another.
+func (o *orphanCollector) movedAway(oldObj, newObj any) {
+	before, ok := oldObj.(*v1alpha1.Sandbox)
+	after, ok2 := newObj.(*v1alpha1.Sandbox)
+	if !ok || !ok2 || before.Node() != o.node || after.Node() == o.node || after.Node() == "" {
+		return
+	}
+	select {
+	case o.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -136,7 +136,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if gcEvery == 0 {
 		gcEvery = 5 * time.Minute
 	}
-	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, interval: gcEvery, node: opts.NodeName}); err != nil {
+	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, interval: gcEvery, node: opts.NodeName, informers: mgr.GetCache()}); err != nil {
 		return fmt.Errorf("adding the orphan collector: %w", err)
 	}
 	if err := mgr.Add(&shutdownStopper{gate: gate, reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {

@@ -53,6 +53,8 @@ type node struct {
 	capacity int
 	dir      string
 	mgr      *testharness.Manager
+	// orphanInterval is the node's --orphan interval; 0: the default.
+	orphanInterval time.Duration
 }
 
 func (n *node) start() {
@@ -64,7 +66,7 @@ func (n *node) start() {
 		Capacity:        n.capacity,
 		SystemNamespace: leaseNS,
 		NodeLostAfter:   lostAfter,
-		OrphanInterval:  time.Second,
+		OrphanInterval:  n.orphanInterval,
 	})
 }
 
@@ -85,7 +87,9 @@ var _ = BeforeSuite(func() {
 	for _, n := range []struct{ name, zone string }{{"node-a", "a"}, {"node-b", "b"}} {
 		Expect(k8s.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{"zone": n.zone}}})).To(Succeed())
 	}
-	nodeA = &node{name: "node-a", capacity: 3, dir: filepath.Join(env.Dir, "node-a")}
+	nodeA = &node{name: "node-a", capacity: 3, dir: filepath.Join(env.Dir, "node-a"), orphanInterval: time.Second}
+	// node-b collects orphans at the default interval (5 minutes): what it
+	// removes within a spec it removes on its own account.
 	nodeB = &node{name: "node-b", capacity: 2, dir: filepath.Join(env.Dir, "node-b")}
 	nodeA.start()
 	nodeB.start()
@@ -331,5 +335,39 @@ var _ = Describe("Placement", Ordered, func() {
 			}
 			return "", nil
 		}, testharness.Timeout).Should(ContainSubstring("node node-b lost since"), "a NodeLost event says why it moved")
+	})
+
+	It("stops running at once a Sandbox moved off a node that was counted lost while it was not", func() {
+		sandbox(ns, "twice", func(sb *v1alpha1.Sandbox) { sb.Spec.NodeSelector = map[string]string{"zone": "b"} })
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "twice-claim", "twice"))).To(Succeed())
+		Eventually(nodeOf(ns, "twice"), testharness.Timeout).Should(Equal("node-b"))
+		Eventually(env.SandboxStatus(ns, "twice"), testharness.Timeout).Should(
+			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		instName := v1alpha1.InstanceName(ns + "-twice")
+		st, err := nodeB.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Running).To(BeTrue())
+
+		// What the coordinator writes when it counts node-b lost and moves
+		// the Sandbox, while node-b's controller is in fact alive.
+		Eventually(func() error {
+			var sb v1alpha1.Sandbox
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "twice"}, &sb); err != nil {
+				return err
+			}
+			sb.Spec.NodeSelector = nil
+			if err := k8s.Update(ctx, &sb); err != nil {
+				return err
+			}
+			sb.Status.NodeName = "node-a"
+			return k8s.Status().Update(ctx, &sb)
+		}, testharness.Timeout).Should(Succeed())
+		Eventually(func() (bool, error) {
+			st, err := nodeB.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)
+			return st.Exists, err
+		}, testharness.Timeout).Should(BeFalse(), "node-b removes its instance as soon as the Sandbox is on another node, not at its next orphan collection")
+		Eventually(env.SandboxStatus(ns, "twice"), testharness.Timeout).Should(
+			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Expect(nodeA.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)).To(HaveField("Running", BeTrue()), "node-a runs it now")
 	})
 })
