@@ -176,11 +176,11 @@ func publishedCA(ctx context.Context, cfg *rest.Config, namespace string) ([]byt
 	case err != nil:
 		return nil, fmt.Errorf("reading the exec API's CA (ConfigMap %s/%s; or give --api-ca-file): %w", namespace, servingcert.ConfigMapName, err)
 	}
-	ca := cm.Data[servingcert.ConfigMapKey]
-	if ca == "" {
-		return nil, fmt.Errorf("the ConfigMap %s/%s has no %s; give --api-ca-file", namespace, servingcert.ConfigMapName, servingcert.ConfigMapKey)
+	ca, err := servingcert.CAOf(cm)
+	if err != nil {
+		return nil, fmt.Errorf("%w; give --api-ca-file", err)
 	}
-	return []byte(ca), nil
+	return ca, nil
 }
 
 // claimEndpoint reads status.endpoint of the SessionClaim.

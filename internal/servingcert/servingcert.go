@@ -271,11 +271,17 @@ func ReadPublished(ctx context.Context, c client.Reader, namespace string) (caPE
 	if err != nil {
 		return nil, false, err
 	}
+	caPEM, err = CAOf(&cm)
+	return caPEM, err == nil, err
+}
+
+// CAOf is the CA certificate a published ConfigMap holds.
+func CAOf(cm *corev1.ConfigMap) ([]byte, error) {
 	v := cm.Data[ConfigMapKey]
 	if v == "" {
-		return nil, false, fmt.Errorf("the ConfigMap %s/%s has no %s", namespace, ConfigMapName, ConfigMapKey)
+		return nil, fmt.Errorf("the ConfigMap %s/%s has no %s", cm.Namespace, cm.Name, ConfigMapKey)
 	}
-	return []byte(v), true, nil
+	return []byte(v), nil
 }
 
 // Source is a node's current serving certificate. Load makes the first;
