@@ -233,7 +233,11 @@ func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool,
 		s.facts.fail(v1alpha1.ReasonInvalidSpec, err.Error())
 		return true, nil
 	}
-	in = instance.WithGitDirs(in, gitDirsToBind(s.claims))
+	var mounted []string
+	if conditionTrue(s.sb.Status.Conditions, v1alpha1.ConditionReady) {
+		mounted = s.sb.Status.MountedGitDirs
+	}
+	in = instance.WithGitDirs(in, gitDirsToBind(s.claims, mounted))
 	s.instance, s.gitDirs = in, instance.GitDirs(in)
 	return false, nil
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,20 +23,25 @@ import (
 //     git, in the instance of that name, as the agent.
 //   - The Sandbox (this file) binds those git directories, each at its host
 //     path and only inside one of its read-write mounts, and publishes
-//     what its running instance mounts (status.mountedGitDirs). It runs
-//     nothing inside the sandbox for a claim. Its GitHealthy summarises
-//     its claims' GitHealthy.
+//     what its running instance mounts (status.mountedGitDirs). A directory
+//     stays bound until the instance stops, after its last claim is gone:
+//     it is a second path to files of a read-write mount the agent has
+//     anyway, and unbinding it while a claim of the same repository read
+//     the older status would have that claim check out with the directory
+//     away. It runs nothing inside the sandbox for a claim. Its GitHealthy
+//     summarises its claims' GitHealthy.
 //
 // Each side is woken only by the other's fact (predicates.go): a claim by
 // mountedGitDirs and Ready, a Sandbox by gitCommonDir, relativePaths and
 // GitHealthy.
 
 // gitDirsToBind are the git directories the claims' worktrees need at
-// their host paths. A relative worktree needs none: its links resolve
-// through the repository's mount, and the sandbox never learns the host
-// path.
-func gitDirsToBind(claims []v1alpha1.SessionClaim) []string {
-	var dirs []string
+// their host paths, and those the running instance mounts already
+// (mounted, from the status of a Ready Sandbox). A relative worktree needs
+// none: its links resolve through the repository's mount, and the sandbox
+// never learns the host path.
+func gitDirsToBind(claims []v1alpha1.SessionClaim, mounted []string) []string {
+	dirs := slices.Clone(mounted)
 	for _, c := range claims {
 		if wt := c.Status.Worktree; wt != nil && wt.GitCommonDir != "" && !wt.RelativePaths {
 			dirs = append(dirs, wt.GitCommonDir)

@@ -130,7 +130,22 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		var s1 v1alpha1.SessionClaim
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &s1)).To(Succeed())
 		deleteAndWait(&s1)
-		Eventually(sandboxStatus(ns, "gitty"), timeout).Should(HaveField("MountedGitDirs", BeEmpty()))
+		// The git directory stays bound while the instance runs: stop it
+		// (idle at once), and it starts again below with what the
+		// relative worktree needs, nothing.
+		Consistently(sandboxStatus(ns, "gitty"), time.Second).Should(HaveField("MountedGitDirs", ConsistOf(filepath.Join(repo, ".git"))),
+			"bound until the instance stops")
+		Eventually(func() error {
+			var sb v1alpha1.Sandbox
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gitty"}, &sb); err != nil {
+				return err
+			}
+			sb.Spec.IdleTimeout = &metav1.Duration{Duration: time.Second}
+			return k8s.Update(ctx, &sb)
+		}, timeout).Should(Succeed())
+		Eventually(sandboxStatus(ns, "gitty"), timeout).Should(And(
+			HaveField("MountedGitDirs", BeEmpty()),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonStopped))))
 
 		// As git 2.48 and later write them with --relative-paths.
 		testharness.HostGit(repo, "worktree", "add", "-q", "--no-checkout", "-b", "rel", ".worktrees/rel")
