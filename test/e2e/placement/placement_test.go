@@ -117,6 +117,20 @@ func sandbox(ns, name string, mutate ...func(*v1alpha1.Sandbox)) *v1alpha1.Sandb
 	return sb
 }
 
+// dropSelector clears a Sandbox's nodeSelector; a placed Sandbox stays
+// where it is.
+func dropSelector(ns, name string) {
+	GinkgoHelper()
+	Eventually(func() error {
+		var sb v1alpha1.Sandbox
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb); err != nil {
+			return err
+		}
+		sb.Spec.NodeSelector = nil
+		return k8s.Update(ctx, &sb)
+	}, testharness.Timeout).Should(Succeed())
+}
+
 func nodeOf(ns, name string) func() (string, error) {
 	return func() (string, error) {
 		st, err := env.SandboxStatus(ns, name)()
@@ -265,14 +279,7 @@ var _ = Describe("Placement", Ordered, func() {
 			return apierrors.IsNotFound(err)
 		}, testharness.Timeout).Should(BeTrue(), "a deleted claim without a worktree waits for the lost node")
 
-		Eventually(func() error {
-			var sb v1alpha1.Sandbox
-			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "mover"}, &sb); err != nil {
-				return err
-			}
-			sb.Spec.NodeSelector = nil
-			return k8s.Update(ctx, &sb)
-		}, testharness.Timeout).Should(Succeed())
+		dropSelector(ns, "mover")
 		Eventually(nodeOf(ns, "mover"), testharness.Timeout).Should(Equal("node-a"))
 		Eventually(readyOf(ns, "mover"), testharness.Timeout).Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", v1alpha1.ReasonRunning)),
@@ -308,14 +315,7 @@ var _ = Describe("Placement", Ordered, func() {
 		})
 		Eventually(nodeOf(ns, "leaseless"), testharness.Timeout).Should(Equal("node-b"))
 		// Placed: the selector may go now, the Sandbox stays where it is.
-		Eventually(func() error {
-			var sb v1alpha1.Sandbox
-			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "leaseless"}, &sb); err != nil {
-				return err
-			}
-			sb.Spec.NodeSelector = nil
-			return k8s.Update(ctx, &sb)
-		}, testharness.Timeout).Should(Succeed())
+		dropSelector(ns, "leaseless")
 
 		// node-b's controller goes and its Lease with it, before the
 		// Lease could count as not renewed.
@@ -350,13 +350,10 @@ var _ = Describe("Placement", Ordered, func() {
 
 		// What the coordinator writes when it counts node-b lost and moves
 		// the Sandbox, while node-b's controller is in fact alive.
+		dropSelector(ns, "twice")
 		Eventually(func() error {
 			var sb v1alpha1.Sandbox
 			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "twice"}, &sb); err != nil {
-				return err
-			}
-			sb.Spec.NodeSelector = nil
-			if err := k8s.Update(ctx, &sb); err != nil {
 				return err
 			}
 			sb.Status.NodeName = "node-a"
