@@ -344,7 +344,8 @@ func putBack(dir, name string, names ...string) {
 func buildExchange() string {
 	GinkgoHelper()
 	out := filepath.Join(GinkgoT().TempDir(), "exchange")
-	cmd := exec.Command("go", "build", "-o", out, "./testdata/exchange")
+	cmd, cancel := testenv.Command(10*time.Minute, "go", "build", "-o", out, "./testdata/exchange")
+	defer cancel()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	b, err := cmd.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "building the exchange helper: %s", b)

@@ -8,7 +8,6 @@ package containerd_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -123,7 +122,8 @@ func repoRoot() string {
 
 // containerdScript runs hack/containerd.sh with extra environment.
 func containerdScript(extraEnv []string, args ...string) {
-	cmd := exec.Command(filepath.Join(repoRoot(), "hack", "containerd.sh"), args...)
+	cmd, cancel := testenv.Command(5*time.Minute, filepath.Join(repoRoot(), "hack", "containerd.sh"), args...)
+	defer cancel()
 	cmd.Env = append(os.Environ(), extraEnv...)
 	out, err := cmd.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "hack/containerd.sh %v:\n%s", args, out)

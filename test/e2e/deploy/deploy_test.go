@@ -25,7 +25,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -145,13 +144,9 @@ var _ = AfterSuite(func() {
 // KUBECONFIG in the environment and the kubectl beside the API server, and
 // returns its output; the whole process group is killed after timeout.
 func runMake(timeout time.Duration, args ...string) (string, error) {
-	c, cancel := context.WithTimeout(ctx, timeout)
+	cmd, cancel := testenv.Command(timeout, "make", append([]string{"--no-print-directory", "-C", repo, "KUBECTL=" + kubectl}, args...)...)
 	defer cancel()
-	cmd := exec.CommandContext(c, "make", append([]string{"--no-print-directory", "-C", repo, "KUBECTL=" + kubectl}, args...)...)
 	cmd.Env = append(environWithout("IMG", "BACKENDS", "UNDEPLOY_TIMEOUT", "VERSION"), "KUBECONFIG="+kubeconfig)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	GinkgoWriter.Printf("$ make %s\n%s\n", strings.Join(args, " "), out)
 	return string(out), err

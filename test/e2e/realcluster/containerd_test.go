@@ -4,10 +4,8 @@ package realcluster_test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -15,6 +13,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
 )
 
@@ -162,13 +161,11 @@ func treeMounts() []string {
 // warns about cgroup v1 on its standard error); it fails the spec when the
 // command does.
 func stdoutOf(timeout time.Duration, name string, args ...string) string {
-	c, cancel := context.WithTimeout(ctx, timeout)
+	cmd, cancel := testenv.Command(timeout, name, args...)
 	defer cancel()
-	cmd := exec.CommandContext(c, name, args...)
 	cmd.Dir = repo
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.Output()
 	GinkgoWriter.Printf("$ %s %s\n%s%s\n", filepath.Base(name), strings.Join(args, " "), out, stderr.String())
 	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "%s %s: %s", filepath.Base(name), strings.Join(args, " "), stderr.String())

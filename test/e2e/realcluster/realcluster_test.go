@@ -22,12 +22,10 @@
 package realcluster_test
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -57,7 +55,6 @@ const (
 )
 
 var (
-	ctx        = context.Background()
 	repo       string
 	kubectl    string
 	ctr        string
@@ -89,7 +86,9 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	kubectl = os.Getenv("KUBECTL")
 	if kubectl == "" {
-		out, err := exec.Command(filepath.Join(repo, "hack", "envtest-assets.sh"), "--print-dir").Output()
+		assets, cancel := testenv.Command(20*time.Minute, filepath.Join(repo, "hack", "envtest-assets.sh"), "--print-dir")
+		out, err := assets.Output()
+		cancel()
 		Expect(err).NotTo(HaveOccurred())
 		kubectl = filepath.Join(strings.TrimSpace(string(out)), "kubectl")
 	}
@@ -108,7 +107,8 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	// The plugin as a user installs it: kubectl-sandbox on PATH.
 	pluginDir = filepath.Join(scratch, "bin")
-	build := exec.Command("go", "build", "-o", filepath.Join(pluginDir, "kubectl-sandbox"), "./cmd/sandboxctl")
+	build, cancelBuild := testenv.Command(10*time.Minute, "go", "build", "-o", filepath.Join(pluginDir, "kubectl-sandbox"), "./cmd/sandboxctl")
+	defer cancelBuild()
 	build.Dir = repo
 	b, err := build.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "building the plugin: %s", b)
@@ -123,14 +123,10 @@ var _ = AfterSuite(func() {
 // run runs a command with PATH starting at the plugin's directory and
 // returns its combined output; its process group is killed after timeout.
 func run(timeout time.Duration, name string, args ...string) (string, error) {
-	c, cancel := context.WithTimeout(ctx, timeout)
+	cmd, cancel := testenv.Command(timeout, name, args...)
 	defer cancel()
-	cmd := exec.CommandContext(c, name, args...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), "PATH="+pluginDir+string(os.PathListSeparator)+os.Getenv("PATH"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
 	t0 := time.Now()
 	out, err := cmd.CombinedOutput()
 	GinkgoWriter.Printf("$ %s %s  (%s)\n%s\n", filepath.Base(name), strings.Join(args, " "), time.Since(t0).Round(time.Millisecond), out)
@@ -310,8 +306,8 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 			{"init", "-q", "-b", "main", demoRepo},
 			{"-C", demoRepo, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "--allow-empty", "-m", "first"},
 		} {
-			out, err := exec.Command("git", args...).CombinedOutput()
-			Expect(err).NotTo(HaveOccurred(), string(out))
+			out, err := run(time.Minute, "git", args...)
+			Expect(err).NotTo(HaveOccurred(), out)
 		}
 		// docs/examples/worktree.yaml with the repository where the
 		// controller's pod sees it and git alone (the image has no sh).
@@ -353,10 +349,10 @@ spec:
 		Expect(sandboxExec(wtClaim, nil, "git", "-C", wtInside, "status")).To(ContainSubstring("On branch " + wtClaim))
 		sandboxExec(wtClaim, nil, "git", "-C", wtInside, "-c", "user.name=bob", "-c", "user.email=bob@example.com",
 			"commit", "-q", "--allow-empty", "-m", "Fix the login")
-		out, err := exec.Command("git", "-c", "safe.directory="+demoRepo, "-C", demoRepo, "log", "--oneline", wtClaim).CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), string(out))
+		out, err := run(time.Minute, "git", "-c", "safe.directory="+demoRepo, "-C", demoRepo, "log", "--oneline", wtClaim)
+		Expect(err).NotTo(HaveOccurred(), out)
 		GinkgoWriter.Printf("$ git log --oneline %s  (on the host)\n%s\n", wtClaim, out)
-		Expect(string(out)).To(ContainSubstring("Fix the login"))
+		Expect(out).To(ContainSubstring("Fix the login"))
 		kc("delete", "sessionclaim", wtClaim, "--timeout=2m")
 		// Clean: the worktree goes, the branch stays.
 		Eventually(func() bool {
@@ -364,9 +360,9 @@ spec:
 			return os.IsNotExist(err)
 		}).
 			WithTimeout(time.Minute).Should(BeTrue())
-		out, err = exec.Command("git", "-c", "safe.directory="+demoRepo, "-C", demoRepo, "branch", "--list", wtClaim).CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), string(out))
-		Expect(string(out)).To(ContainSubstring(wtClaim))
+		out, err = run(time.Minute, "git", "-c", "safe.directory="+demoRepo, "-C", demoRepo, "branch", "--list", wtClaim)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring(wtClaim))
 	})
 
 	It("runs a containerd Sandbox from the DaemonSet on the node's containerd, its mount tree in the node's mount namespace", func() {
