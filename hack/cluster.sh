@@ -246,12 +246,29 @@ cert() {
   rm -f "$PKI/$name.csr" "$ext"
 }
 
+# The client certificates the first start makes besides the CA's.
+BASE_CERTS="admin apiserver-kubelet-client controller-manager scheduler kube-proxy kubelet-client"
+
+# base_complete: the CA, the service account key and every client
+# certificate are there (a start stopped halfway leaves some out).
+base_complete() {
+  local f
+  for f in ca.key ca.crt sa.key sa.pub; do [ -s "$PKI/$f" ] || return 1; done
+  for f in $BASE_CERTS; do [ -s "$PKI/$f.key" ] && [ -s "$PKI/$f.crt" ] || return 1; done
+}
+
 pki() {
   local addr=$1 svc
   svc=$(service_ip)
   mkdir -p "$PKI"
   chmod 700 "$PKI"
-  if [ ! -f "$PKI/ca.crt" ]; then
+  if ! base_complete; then
+    if compgen -G "$PKI/*.key" >/dev/null; then
+      # Certificates of the old CA would not verify against a new one.
+      say "the certificates in $PKI are incomplete (a start stopped while making them): making them all again"
+      running kube-apiserver >/dev/null && die "kube-apiserver runs with them: hack/cluster.sh stop first"
+      rm -f "$PKI"/*.key "$PKI"/*.crt "$PKI"/*.pub "$PKI"/*.srl "$PKI/serving.for"
+    fi
     say "creating the cluster CA and certificates in $PKI"
     openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key" 2>/dev/null
     openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=sandbox-controller-cluster-ca" -days 3650 -sha256 \
@@ -269,7 +286,7 @@ pki() {
   # The front proxy: a CA of its own whose one client, the API server,
   # vouches for the user when it proxies to an aggregated API (the exec API
   # through the API server); a state from before it gets one too.
-  if [ ! -f "$PKI/front-proxy-ca.crt" ]; then
+  if ! [ -s "$PKI/front-proxy-ca.crt" ] || ! [ -s "$PKI/front-proxy-client.crt" ]; then
     openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/front-proxy-ca.key" 2>/dev/null
     openssl req -x509 -new -key "$PKI/front-proxy-ca.key" -subj "/CN=sandbox-controller-cluster-front-proxy-ca" -days 3650 -sha256 \
       -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
@@ -315,18 +332,35 @@ EOF
 
 # running NAME prints the pid of component NAME when its pid file names a
 # live process of the binary that was started (a recycled pid is not
-# mistaken for it).
+# mistaken for it), also when that binary has been rebuilt since it
+# started: the kernel then names it "PATH (deleted)".
 running() {
-  local pid exe
+  local pid exe link
   pid=$(cat "$PIDS/$1.pid" 2>/dev/null) || return 1
   exe=$(cat "$PIDS/$1.exe" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ "$(readlink -f "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] && echo "$pid"
+  [ -n "$pid" ] || return 1
+  link=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [ "$link" = "$exe" ] || [ "$link" = "$exe (deleted)" ] || return 1
+  echo "$pid"
 }
 
-# launch NAME BINARY ARGS...: start a component unless it runs.
+# rebuilt NAME: component NAME runs, from a binary replaced since it
+# started.
+rebuilt() {
+  local pid
+  pid=$(running "$1") || return 1
+  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(cat "$PIDS/$1.exe") (deleted)" ]
+}
+
+# launch NAME BINARY ARGS...: start a component unless it runs; one that
+# runs a binary rebuilt since is started again from the new one.
 launch() {
   local name=$1 bin=$2
   shift 2
+  if rebuilt "$name"; then
+    say "restarting $name: its binary was rebuilt while it ran"
+    halt "$name"
+  fi
   running "$name" >/dev/null && return 0
   mkdir -p "$LOGS" "$PIDS"
   say "starting $name (log $LOGS/$name.log)"
