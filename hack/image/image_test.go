@@ -96,14 +96,17 @@ func TestMissingLibraryNamed(t *testing.T) {
 }
 
 func TestDynamicControllerRefused(t *testing.T) {
-	git, err := exec.LookPath("git")
+	// Any dynamically linked program stands in for a controller built with
+	// cgo: git where the tests' dependencies are installed, the system's
+	// shell everywhere else.
+	dynamic, err := exec.LookPath("git")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no git binary to stand in for a dynamically linked controller; CI installs git (hack/install-deps.sh)")
-		}
-		t.Skip("no git binary to stand in for a dynamically linked controller")
+		dynamic, err = exec.LookPath("sh")
 	}
-	c := config{controller: git, debDir: debDir, packages: defaultPackages, name: "x", version: "x", out: filepath.Join(t.TempDir(), "image.tar"), arch: "amd64"}
+	if err != nil {
+		t.Fatalf("no git and no sh to stand in for a dynamically linked controller: %v", err)
+	}
+	c := config{controller: dynamic, debDir: debDir, packages: defaultPackages, name: "x", version: "x", out: filepath.Join(t.TempDir(), "image.tar"), arch: "amd64"}
 	if _, _, err := build(c); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
 		t.Fatalf("build with a dynamic controller: %v, want a refusal naming CGO_ENABLED=0", err)
 	}
