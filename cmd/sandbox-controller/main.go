@@ -238,12 +238,8 @@ Ctrl-C stops the controller and the control plane.
 				return err
 			}
 			if f.apiService != "" {
-				// Straight to the API server, as the certificate's client.
-				c, err := client.New(cfg, client.Options{Scheme: scheme})
-				if err != nil {
-					return err
-				}
-				if err := mgr.Add(&servingcert.APIServicePublisher{Client: c, Name: execapi.APIServiceName, CA: certs.CAPEM,
+				// With the certificate's own client, straight to the API server.
+				if err := mgr.Add(&servingcert.APIServicePublisher{Client: certs.Client, Name: execapi.APIServiceName, CA: certs.CAPEM,
 					Log: ctrl.Log.WithName("servingcert")}); err != nil {
 					return err
 				}
