@@ -739,5 +739,5 @@ func equalStatus(a, b *v1alpha1.Sandbox) bool {
 	return a.Status.NodeName == b.Status.NodeName &&
 		slices.EqualFunc(a.Status.Conditions, b.Status.Conditions, func(x, y metav1.Condition) bool {
 			return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message
-		}) && len(a.Status.Conditions) == len(b.Status.Conditions)
+		})
 }
