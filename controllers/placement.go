@@ -206,8 +206,8 @@ func (v *nodeView) addLeaseless(sandboxes []v1alpha1.Sandbox, clock *leaseClock,
 		}
 		named[node] = true
 	}
-	for _, name := range clock.missing(named, now) {
-		if since := clock.missingSince(name); now.Sub(since) > lostAfter {
+	for name, since := range clock.missing(named, now) {
+		if now.Sub(since) > lostAfter {
 			v.nodes = append(v.nodes, &nodeInfo{name: name, lostSince: since.Add(lostAfter),
 				lostWhy: fmt.Sprintf("its controller's Lease is gone (missed since %s)", since.UTC().Format(time.RFC3339))})
 		}
@@ -260,9 +260,9 @@ func (c *leaseClock) lastChange(name string, renew *metav1.MicroTime, now time.T
 }
 
 // missing records the nodes in named without a Lease as missed from now
-// on unless already missed, forgets the others, and returns named's nodes
-// sorted.
-func (c *leaseClock) missing(named map[string]bool, now time.Time) []string {
+// on unless already missed, forgets the others, and returns since when
+// each of named's nodes has been missed.
+func (c *leaseClock) missing(named map[string]bool, now time.Time) map[string]time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gone == nil {
@@ -273,21 +273,14 @@ func (c *leaseClock) missing(named map[string]bool, now time.Time) []string {
 			delete(c.gone, name)
 		}
 	}
-	out := make([]string, 0, len(named))
+	out := make(map[string]time.Time, len(named))
 	for name := range named {
 		if _, ok := c.gone[name]; !ok {
 			c.gone[name] = now
 		}
-		out = append(out, name)
+		out[name] = c.gone[name]
 	}
-	slices.Sort(out)
 	return out
-}
-
-func (c *leaseClock) missingSince(name string) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.gone[name]
 }
 
 // forgetAllBut drops the Leases no longer listed.
