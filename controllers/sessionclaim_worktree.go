@@ -75,7 +75,7 @@ func (r *SessionClaimReconciler) resolveRepo(ctx context.Context, c *v1alpha1.Se
 		if m.ReadOnly {
 			return nil, fmt.Errorf("repository %s is inside the read-only mount %s; a worktree needs a rw mount", want, m.Target)
 		}
-		root, err := areas.OpenRoot(m.Target, m.Source, false)
+		root, err := areas.OpenRootAt(m.Target, in.SourceDir(m), false)
 		if err != nil {
 			return nil, fmt.Errorf("opening mount %s (%s): %w", m.Target, m.Source, err)
 		}

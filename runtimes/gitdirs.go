@@ -42,7 +42,7 @@ func (in Instance) OpenGitDir(b Bind) (*os.File, error) {
 		if m.GitDir || m.ReadOnly || !strings.HasPrefix(b.Source, m.Source+"/") {
 			continue
 		}
-		root, err := areas.OpenRoot(m.Target, m.Source, false)
+		root, err := areas.OpenRootAt(m.Target, in.SourceDir(m), false)
 		if err != nil {
 			return nil, fmt.Errorf("git directory %s: %w", b.Source, err)
 		}

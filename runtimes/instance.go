@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
 )
 
 // StandardAreas are the standard areas of an agent, in the order the seed lists them.
@@ -43,6 +45,25 @@ type Bind struct {
 	// claims add and remove these while the sandbox runs, so a driver
 	// applies them live rather than asking for a restart.
 	GitDir bool `json:"gitDir,omitempty"`
+	// Anchor is the directory Source is resolved beneath on every act
+	// (SourceDir): the SandboxClass root that allows it; "" for "/", or
+	// for a source below the agent's directory, the areas root.
+	Anchor string `json:"anchor,omitempty"`
+	// NoLinks refuses every symbolic link between Anchor and Source: an
+	// agent can reach that path (an area, or a source inside another of
+	// the sandbox's read-write mounts).
+	NoLinks bool `json:"noLinks,omitempty"`
+}
+
+// SourceDir is b's source as the held object every act resolves. A source
+// below the agent's directory (an area, an overlay's merged view) is
+// resolved beneath the areas root without following any link; the others
+// as the bind says.
+func (in Instance) SourceDir(b Bind) areas.HostDir {
+	if b.Anchor == "" && in.AgentDir != "" && strings.HasPrefix(b.Source, in.AgentDir+"/") {
+		return areas.HostDir{Anchor: filepath.Dir(in.AgentDir), Path: b.Source, NoLinks: true}
+	}
+	return areas.HostDir{Anchor: b.Anchor, Path: b.Source, NoLinks: b.NoLinks}
 }
 
 // Instance is everything a driver needs to converge one agent's sandbox.
@@ -166,6 +187,9 @@ type Identity struct {
 	GID uint32 `json:"gid"`
 }
 
+// Areas is id as the identity file access acts as.
+func (id Identity) Areas() areas.Identity { return areas.Identity{UID: id.UID, GID: id.GID} }
+
 // Hash identifies the configuration of in, everything but its owner and
 // its ConfigHash; the describer sets ConfigHash to it.
 func (in Instance) Hash() string {
@@ -192,6 +216,26 @@ func (in *Instance) AddBinds(binds ...Bind) {
 	in.ConfigHash = in.Hash()
 }
 
+// Workspace is the area mounted at /workspace, false when in has none.
+func (in Instance) Workspace() (Bind, bool) {
+	for _, a := range in.Areas {
+		if a.Target == StandardAreas[0].Target {
+			return a, true
+		}
+	}
+	return Bind{}, false
+}
+
+// DotEnv reads workspace/.env as the agent (policy.ReadDotEnv); nil when
+// in has no workspace or the file is missing.
+func (in Instance) DotEnv() ([]byte, error) {
+	ws, ok := in.Workspace()
+	if !ok {
+		return nil, nil
+	}
+	return policy.ReadDotEnv(in.SourceDir(ws), in.Identity.Areas())
+}
+
 // LayoutAreas creates the agent's directory and its standard areas when
 // missing; it never removes or replaces anything.
 func (in Instance) LayoutAreas() error {
@@ -204,14 +248,14 @@ func (in Instance) LayoutAreas() error {
 
 // FileView lays out the areas and opens the contained view of the areas and
 // custom mounts, as the sandbox sees them, for the controller's own file
-// access.
+// access: every access acts as the agent's identity.
 func (in Instance) FileView() (*areas.View, error) {
 	if err := in.LayoutAreas(); err != nil {
 		return nil, err
 	}
 	binds := make([]areas.Binding, 0, len(in.Areas)+len(in.Mounts))
 	for _, b := range append(slices.Clone(in.Areas), in.Mounts...) {
-		binds = append(binds, areas.Binding{Target: b.Target, Source: b.Source, ReadOnly: b.ReadOnly})
+		binds = append(binds, areas.Binding{Target: b.Target, Dir: in.SourceDir(b), ReadOnly: b.ReadOnly})
 	}
-	return areas.OpenView(binds)
+	return areas.OpenView(binds, in.Identity.Areas())
 }

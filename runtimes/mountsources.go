@@ -8,11 +8,14 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 )
 
 // CheckMountSources checks that the host source of every custom mount (the
 // lower layer of an overlay mount) is a directory a sandbox can bind: it
-// exists, it is a directory, and resolving it ends (no symbolic-link loop).
+// exists, it is a directory, and resolving it beneath its anchor ends there
+// (no link out, no magic link, no symbolic-link loop, not /proc or /sys).
 // Every backend binds by path when the instance starts or a command runs,
 // so a missing source would otherwise leave an instance that reports
 // running while every command fails. The error, when not nil, is an *Error
@@ -28,12 +31,12 @@ func CheckMountSources(in Instance) error {
 		if b.GitDir {
 			continue
 		}
-		src := b.Source
+		src := in.SourceDir(b)
 		if b.Overlay != nil {
-			src = b.Overlay.Lower
+			src = b.Overlay.LowerDir()
 		}
 		if p := sourceProblem(src); p != "" {
-			problems = append(problems, fmt.Sprintf("mount %s: source %s %s", b.Target, src, p))
+			problems = append(problems, fmt.Sprintf("mount %s: source %s %s", b.Target, src.Path, p))
 		}
 	}
 	if len(problems) == 0 {
@@ -42,26 +45,30 @@ func CheckMountSources(in Instance) error {
 	return Errorf(ReasonMountSourceMissing, "checking mount sources of", in.Name, "%s", strings.Join(problems, "; "))
 }
 
-// sourceProblem says what keeps path from being bound as a directory, or ""
-// when nothing does. It follows links as the bind will.
-func sourceProblem(path string) string {
-	fi, err := os.Stat(path)
-	switch {
-	case err == nil && fi.IsDir():
+// sourceProblem says what keeps d from being bound as a directory, or ""
+// when nothing does. It resolves d as every bind does (areas.HostDir).
+func sourceProblem(d areas.HostDir) string {
+	f, err := d.Open()
+	if err == nil {
+		f.Close()
 		return ""
-	case err == nil:
-		return fmt.Sprintf("is not a directory (it is a %s)", kindOf(fi.Mode()))
+	}
+	var pe *fs.PathError
+	switch {
+	case errors.Is(err, areas.ErrEscape), errors.Is(err, areas.ErrPseudoFS), errors.Is(err, areas.ErrOutsideAnchor):
+		return fmt.Sprintf("is refused: %v", err)
 	case errors.Is(err, unix.ELOOP):
-		return "is a symbolic link loop (too many levels of symbolic links)"
+		return fmt.Sprintf("cannot be resolved: %v", err)
 	case errors.Is(err, unix.ENOTDIR):
-		return "does not exist (a parent of it is not a directory)"
+		if fi, serr := os.Lstat(d.Path); serr == nil && !fi.IsDir() && fi.Mode()&fs.ModeSymlink == 0 {
+			return fmt.Sprintf("is not a directory (it is a %s)", kindOf(fi.Mode()))
+		}
+		return "is not a directory, or a parent of it is not one"
 	case errors.Is(err, fs.ErrNotExist):
 		return "does not exist"
+	case errors.As(err, &pe):
+		return fmt.Sprintf("cannot be checked: %v", pe.Err)
 	default:
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		}
 		return fmt.Sprintf("cannot be checked: %v", err)
 	}
 }

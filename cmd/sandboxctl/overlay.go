@@ -66,7 +66,7 @@ func overlayCommand(name string, args []string, stdout, stderr io.Writer) int {
 		changes, err = l.Diff()
 	} else {
 		var lower *areas.Root
-		if lower, err = areas.OpenRoot("/workspace/"+fs.Arg(0), l.Lower, false); err == nil {
+		if lower, err = areas.OpenRootAt("/workspace/"+fs.Arg(0), l.LowerDir(), false); err == nil {
 			changes, err = l.Apply(lower, digest)
 		}
 	}

@@ -93,12 +93,15 @@ func (v *View) Remove(sandboxPath string, recursive bool) error {
 	if err != nil {
 		return err
 	}
-	if points := v.mountPoints(); len(points) > 0 {
-		if err := root.checkNoMountPoint(rel, points, path.Clean(sandboxPath)); err != nil {
-			return err
+	points := v.mountPoints()
+	return root.act(func() error {
+		if len(points) > 0 {
+			if err := root.checkNoMountPoint(rel, points, path.Clean(sandboxPath)); err != nil {
+				return err
+			}
 		}
-	}
-	return root.Remove(rel, recursive)
+		return root.remove(rel, recursive)
+	})
 }
 
 // maxMountPointScan bounds the walk that looks for mount points below a

@@ -9,13 +9,16 @@ import (
 
 // Root is one registered directory (an area or a mount source) that files
 // are accessed beneath. It holds no descriptor between calls: each access
-// reopens the host path and checks it is still the same directory, so a
-// root that is moved away and replaced is noticed instead of silently
-// followed. A Root is safe for concurrent use.
+// resolves the directory again from its anchor (HostDir) and checks it is
+// still the directory registered, so a root that is moved away and
+// replaced is noticed instead of silently followed. A Root is safe for
+// concurrent use.
 type Root struct {
 	name     string
-	hostPath string
+	dir      HostDir
 	readOnly bool
+	// as, when set, is the agent every access below the root acts as.
+	as *Identity
 	// dev and ino identify the directory registered by OpenRoot.
 	dev, ino uint64
 	sys      sysCalls
@@ -25,7 +28,7 @@ type Root struct {
 func (r *Root) Name() string { return r.name }
 
 // HostPath is the registered host directory.
-func (r *Root) HostPath() string { return r.hostPath }
+func (r *Root) HostPath() string { return r.dir.Path }
 
 // ReadOnly reports whether writes, mkdir and remove are refused.
 func (r *Root) ReadOnly() bool { return r.readOnly }

@@ -37,29 +37,35 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS
 // not a failure.
 const maxRetries = 64
 
-// OpenRoot registers hostPath as a root. hostPath must be an absolute path
-// whose last component is a directory, not a symbolic link; the directory's
-// device and inode are recorded so later accesses can tell if the path now
-// leads elsewhere. It also fails with ErrUnsupportedPlatform when the
-// kernel lacks openat2, so that a missing syscall shows at registration.
+// OpenRoot registers hostPath as a root resolved beneath "/": links on the
+// way are followed as the host follows them, magic links never. Use
+// OpenRootAt for a directory a tenant or an agent can reach.
 func OpenRoot(name, hostPath string, readOnly bool) (*Root, error) {
 	if !filepath.IsAbs(hostPath) {
 		return nil, fmt.Errorf("opening root %q: host path %q is not absolute", name, hostPath)
 	}
-	hostPath = filepath.Clean(hostPath)
-	fd, err := unix.Open(hostPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	return OpenRootAt(name, HostDir{Path: filepath.Clean(hostPath)}, readOnly)
+}
+
+// OpenRootAt registers dir as a root. The directory it resolves to now is
+// recorded (device and inode), and every later access resolves dir again
+// from its anchor and refuses to go on unless it finds that directory. It
+// also fails with ErrUnsupportedPlatform when the kernel lacks openat2, so
+// that a missing syscall shows at registration.
+func OpenRootAt(name string, dir HostDir, readOnly bool) (*Root, error) {
+	fd, err := dir.open()
 	if err != nil {
-		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("opening root %q: host path %s is not a directory (a symbolic link there is not followed): %w", name, hostPath, err)
+		if errors.Is(err, unix.ENOTDIR) {
+			return nil, fmt.Errorf("opening root %q: %w (it is not a directory)", name, err)
 		}
-		return nil, fmt.Errorf("opening root %q at %s: %w", name, hostPath, err)
+		return nil, fmt.Errorf("opening root %q: %w", name, err)
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("opening root %q: stat %s: %w", name, hostPath, err)
+		return nil, fmt.Errorf("opening root %q: stat %s: %w", name, dir.Path, err)
 	}
-	r := &Root{name: name, hostPath: hostPath, readOnly: readOnly, dev: st.Dev, ino: st.Ino, sys: defaultSys}
+	r := &Root{name: name, dir: dir, readOnly: readOnly, dev: st.Dev, ino: st.Ino, sys: defaultSys}
 	probe, err := r.sys.openat2(fd, ".", &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveFlags})
 	switch {
 	case errors.Is(err, unix.ENOSYS):
@@ -69,20 +75,25 @@ func OpenRoot(name, hostPath string, readOnly bool) (*Root, error) {
 		// EPERM here means a seccomp filter blocks the syscall.
 		return nil, fmt.Errorf("opening root %q: openat2 is blocked (EPERM, likely a seccomp profile): %w", name, ErrUnsupportedPlatform)
 	case err != nil:
-		return nil, fmt.Errorf("opening root %q: checking openat2 on %s: %w", name, hostPath, err)
+		return nil, fmt.Errorf("opening root %q: checking openat2 on %s: %w", name, dir.Path, err)
 	}
 	unix.Close(probe)
 	return r, nil
 }
 
-// openRoot reopens the root and checks it is still the registered
-// directory. O_NOFOLLOW matters: a root renamed away and replaced by a link
-// to elsewhere must not be followed, and the inode check catches a
-// replacement by another directory or a swapped parent component.
+// openRoot resolves the root again from its anchor, as the controller
+// (the agent may not be able to reach its own root's parents), and checks
+// it is still the registered directory: the inode check catches a root
+// removed and replaced, or reached through a component swapped since.
 func (r *Root) openRoot(op, rel string) (int, error) {
-	fd, err := unix.Open(r.hostPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd := -1
+	err := asController(func() error {
+		var err error
+		fd, err = r.dir.open()
+		return err
+	})
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) || errors.Is(err, ErrEscape) {
 			return -1, r.wrap(op, rel, fmt.Errorf("%w (reopening it: %w)", ErrRootReplaced, err))
 		}
 		return -1, r.wrap(op, rel, fmt.Errorf("reopening the root: %w", err))
@@ -122,7 +133,7 @@ func (r *Root) beneath(dirfd int, op, shown, rel string, flags int) (int, error)
 	case err == nil:
 		return fd, nil
 	case errors.Is(err, unix.EXDEV):
-		return -1, &EscapeError{Op: op, Path: shown, Root: r.name, RootPath: r.hostPath, Err: err}
+		return -1, &EscapeError{Op: op, Path: shown, Root: r.name, RootPath: r.dir.Path, Err: err}
 	case errors.Is(err, unix.ENOSYS):
 		return -1, r.wrap(op, shown, fmt.Errorf("the kernel has no openat2 (ENOSYS): %w", ErrUnsupportedPlatform))
 	case errors.Is(err, unix.EAGAIN):
@@ -160,7 +171,7 @@ func (r *Root) refuseReadOnly(op, rel string) error {
 // they stay inside the root. Anything but a regular file is refused: a FIFO
 // would block the caller and a device node has no business in an area.
 func (r *Root) Open(rel string) (*os.File, error) {
-	return r.open("opening", rel)
+	return actV(r, func() (*os.File, error) { return r.open("opening", rel) })
 }
 
 func (r *Root) open(op, rel string) (*os.File, error) {
@@ -190,6 +201,11 @@ func (r *Root) open(op, rel string) (*os.File, error) {
 // root, so a symbolic link swapped in afterwards cannot redirect the bind.
 // rel "" is the root itself.
 func (r *Root) OpenDir(rel string) (*os.File, error) {
+	return actV(r, func() (*os.File, error) { return r.openDir(rel) })
+}
+
+// openDir is the body of OpenDir, which runs it as the root's identity (act).
+func (r *Root) openDir(rel string) (*os.File, error) {
 	const op = "opening directory"
 	if rel == "" {
 		fd, err := r.openRoot(op, rel)
@@ -214,6 +230,11 @@ var ErrTooLarge = errors.New("the file is larger than a whole read takes")
 // Read returns the contents of a regular file, at most MaxRead bytes (an
 // agent's sparse file never becomes an allocation of its size); see Open.
 func (r *Root) Read(rel string) ([]byte, error) {
+	return actV(r, func() ([]byte, error) { return r.read(rel) })
+}
+
+// read is the body of Read, which runs it as the root's identity (act).
+func (r *Root) read(rel string) ([]byte, error) {
 	f, err := r.open("reading", rel)
 	if err != nil {
 		return nil, err
@@ -232,13 +253,13 @@ func (r *Root) Read(rel string) ([]byte, error) {
 // Stat describes the file rel leads to, following symbolic links while they
 // stay inside the root.
 func (r *Root) Stat(rel string) (Entry, error) {
-	return r.stat("stat", rel, unix.O_PATH)
+	return actV(r, func() (Entry, error) { return r.stat("stat", rel, unix.O_PATH) })
 }
 
 // Lstat is Stat without following a final symbolic link; the directories on
 // the way are still followed while they stay inside the root.
 func (r *Root) Lstat(rel string) (Entry, error) {
-	return r.stat("lstat", rel, unix.O_PATH|unix.O_NOFOLLOW)
+	return actV(r, func() (Entry, error) { return r.stat("lstat", rel, unix.O_PATH|unix.O_NOFOLLOW) })
 }
 
 func (r *Root) stat(op, rel string, flags int) (Entry, error) {
@@ -263,6 +284,11 @@ func (r *Root) stat(op, rel string, flags int) (Entry, error) {
 // List describes the entries of a directory, sorted by name. Entries are
 // not followed: a symbolic link is listed as a link.
 func (r *Root) List(rel string) ([]Entry, error) {
+	return actV(r, func() ([]Entry, error) { return r.list(rel) })
+}
+
+// list is the body of List, which runs it as the root's identity (act).
+func (r *Root) list(rel string) ([]Entry, error) {
 	const op = "listing"
 	fd, err := r.at(op, rel, rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
@@ -299,6 +325,11 @@ func (r *Root) List(rel string) ([]Entry, error) {
 // written through. perm is applied exactly (only its permission bits),
 // whatever the process umask.
 func (r *Root) Write(rel string, data []byte, perm os.FileMode) error {
+	return r.act(func() error { return r.write(rel, data, perm) })
+}
+
+// write is the body of Write, which runs it as the root's identity (act).
+func (r *Root) write(rel string, data []byte, perm os.FileMode) error {
 	const op = "writing"
 	if err := r.refuseReadOnly(op, rel); err != nil {
 		return err
@@ -377,6 +408,11 @@ const dirMode = 0o755
 // level is resolved beneath the root again and created inside the
 // descriptor of the level above.
 func (r *Root) Mkdir(rel string, parents bool) error {
+	return r.act(func() error { return r.mkdir(rel, parents) })
+}
+
+// mkdir is the body of Mkdir, which runs it as the root's identity (act).
+func (r *Root) mkdir(rel string, parents bool) error {
 	const op = "making directory"
 	if err := r.refuseReadOnly(op, rel); err != nil {
 		return err
@@ -433,6 +469,11 @@ func (r *Root) Mkdir(rel string, parents bool) error {
 // the walk acts on directory descriptors, opens each subdirectory with
 // O_NOFOLLOW and unlinks links as links, so it never leaves the tree.
 func (r *Root) Remove(rel string, recursive bool) error {
+	return r.act(func() error { return r.remove(rel, recursive) })
+}
+
+// remove is the body of Remove, which runs it as the root's identity (act).
+func (r *Root) remove(rel string, recursive bool) error {
 	const op = "removing"
 	if err := r.refuseReadOnly(op, rel); err != nil {
 		return err
@@ -544,4 +585,15 @@ func fileMode(mode uint32) fs.FileMode {
 		m |= fs.ModeSticky
 	}
 	return m
+}
+
+// actV is act for a function with a result.
+func actV[T any](r *Root, fn func() (T, error)) (T, error) {
+	var v T
+	err := r.act(func() error {
+		var err error
+		v, err = fn()
+		return err
+	})
+	return v, err
 }

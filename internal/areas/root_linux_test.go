@@ -273,7 +273,7 @@ func TestOpenRootRefuses(t *testing.T) {
 	tt := newTree(t)
 	cases := []struct{ name, path, want string }{
 		{"relative host path", "agent/workspace", "not absolute"},
-		{"symbolic link", filepath.Join(tt.root, "dirlink"), "not a directory"},
+
 		{"regular file", filepath.Join(tt.root, "file0"), "not a directory"},
 		{"missing", filepath.Join(tt.root, "nope"), "no such file"},
 	}
@@ -284,6 +284,16 @@ func TestOpenRootRefuses(t *testing.T) {
 				t.Fatalf("want an error containing %q, got %v", c.want, err)
 			}
 		})
+	}
+}
+
+// A root an agent can reach from above is opened with NoLinks: a link at
+// its place is refused, not followed.
+func TestOpenRootAtWithoutLinksRefusesALinkedRoot(t *testing.T) {
+	tt := newTree(t)
+	_, err := OpenRootAt("x", HostDir{Anchor: filepath.Dir(tt.root), Path: filepath.Join(tt.root, "dirlink"), NoLinks: true}, false)
+	if err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Fatalf("want a refusal naming the symbolic link, got %v", err)
 	}
 }
 

@@ -16,6 +16,19 @@ func OpenRoot(name, hostPath string, readOnly bool) (*Root, error) {
 	return nil, fmt.Errorf("opening root %q: %w", name, ErrUnsupportedPlatform)
 }
 
+// OpenRootAt always fails off Linux, as OpenRoot does.
+func OpenRootAt(name string, dir HostDir, readOnly bool) (*Root, error) {
+	return nil, fmt.Errorf("opening root %q: %w", name, ErrUnsupportedPlatform)
+}
+
+// As returns r: off Linux no Root is ever opened.
+func (r *Root) As(Identity) *Root { return r }
+
+// Open always fails off Linux.
+func (d HostDir) Open() (*os.File, error) {
+	return nil, fmt.Errorf("host directory %s: %w", d.Path, ErrUnsupportedPlatform)
+}
+
 func (r *Root) unsupported(op, rel string) error {
 	return r.wrap(op, rel, ErrUnsupportedPlatform)
 }
@@ -52,3 +65,6 @@ func (v *View) Remove(sandboxPath string, recursive bool) error {
 	}
 	return root.Remove(rel, recursive)
 }
+
+// RealPath always fails off Linux.
+func RealPath(path string) (string, error) { return "", ErrUnsupportedPlatform }

@@ -44,6 +44,11 @@ type Staged struct {
 // directory behind. A symbolic link at rel is replaced on Commit, never
 // written through.
 func (r *Root) Stage(rel string, perm fs.FileMode, parents bool) (*Staged, error) {
+	return actV(r, func() (*Staged, error) { return r.stage(rel, perm, parents) })
+}
+
+// stage is the body of Stage, which runs it as the root's identity (act).
+func (r *Root) stage(rel string, perm fs.FileMode, parents bool) (*Staged, error) {
 	const op = "staging"
 	if err := r.refuseReadOnly(op, rel); err != nil {
 		return nil, err
@@ -135,6 +140,10 @@ func (s *Staged) Chown(uid, gid int) error {
 // next is made inside it) and renames the temporary file over the name.
 // After Commit, Abort does nothing.
 func (s *Staged) Commit() error {
+	return s.r.act(s.commit)
+}
+
+func (s *Staged) commit() error {
 	const op = "writing"
 	if s.done {
 		return s.r.wrap(op, s.rel, errors.New("the staged file was already committed or aborted"))
@@ -206,6 +215,6 @@ func (s *Staged) Abort() {
 	}
 	s.done = true
 	s.f.Close()
-	_ = unix.Unlinkat(s.dirfd, s.tmp, 0)
+	_ = s.r.act(func() error { return unix.Unlinkat(s.dirfd, s.tmp, 0) })
 	unix.Close(s.dirfd)
 }

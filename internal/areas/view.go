@@ -15,8 +15,9 @@ import (
 type Binding struct {
 	// Target is the absolute mount point inside the sandbox.
 	Target string
-	// Source is the absolute host directory.
-	Source   string
+	// Dir is the host directory, resolved beneath its anchor on every
+	// access.
+	Dir      HostDir
 	ReadOnly bool
 }
 
@@ -34,15 +35,16 @@ type viewMount struct {
 	root  *Root
 }
 
-// OpenView opens one Root per binding, named by its target, and returns the
-// view of them all.
-func OpenView(bindings []Binding) (*View, error) {
+// OpenView opens one Root per binding, named by its target, acting as id
+// (Root.As), and returns the view of them all.
+func OpenView(bindings []Binding, id Identity) (*View, error) {
 	v := &View{}
 	for _, b := range bindings {
-		r, err := OpenRoot(b.Target, b.Source, b.ReadOnly)
+		r, err := OpenRootAt(b.Target, b.Dir, b.ReadOnly)
 		if err != nil {
 			return nil, err
 		}
+		r = r.As(id)
 		if err := v.Add(b.Target, r); err != nil {
 			return nil, err
 		}

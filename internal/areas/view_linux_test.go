@@ -23,16 +23,16 @@ func agentView(t *testing.T) (*View, string) {
 		ro   bool
 	}{{"workspace", false}, {"memories", false}, {"blocks", true}, {"skills", false}, {"tasks", false}} {
 		must(t, os.MkdirAll(filepath.Join(agent, a.name), 0o755))
-		bs = append(bs, Binding{Target: "/" + a.name, Source: filepath.Join(agent, a.name), ReadOnly: a.ro})
+		bs = append(bs, Binding{Target: "/" + a.name, Dir: HostDir{Path: filepath.Join(agent, a.name)}, ReadOnly: a.ro})
 	}
 	for _, m := range []string{"project", "ref"} {
 		must(t, os.MkdirAll(filepath.Join(tmp, "src", m), 0o755))
 	}
 	bs = append(bs,
-		Binding{Target: "/workspace/project", Source: filepath.Join(tmp, "src", "project")},
-		Binding{Target: "/workspace/docs/ref", Source: filepath.Join(tmp, "src", "ref"), ReadOnly: true},
+		Binding{Target: "/workspace/project", Dir: HostDir{Path: filepath.Join(tmp, "src", "project")}},
+		Binding{Target: "/workspace/docs/ref", Dir: HostDir{Path: filepath.Join(tmp, "src", "ref")}, ReadOnly: true},
 	)
-	v, err := OpenView(bs)
+	v, err := OpenView(bs, Identity{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,11 @@ type Host struct {
 	// id when it is not root, else ids of areas.DefaultIDRange allocated
 	// in AreasRoot.
 	Identities *areas.Identities
+	// MountRoots, when not empty, are the directories the mount sources
+	// must be resolved beneath (a SandboxClass's allowed roots, as written
+	// and as the node resolves them): each source is anchored at the
+	// longest that holds it. Empty: every source is resolved beneath "/".
+	MountRoots []string
 }
 
 // Owner is what an instance records as the Sandbox that owns it.
@@ -130,18 +135,26 @@ func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Ins
 			}
 			src = filepath.Join(host.Home, src[2:])
 		}
+		dir, ok := areas.AnchorFor(src, host.MountRoots)
+		if !ok {
+			return runtimes.Instance{}, fmt.Errorf("mount %q: source %s lies below none of the allowed roots [%s]", m.Target, filepath.Clean(src), strings.Join(host.MountRoots, ", "))
+		}
+		dir.NoLinks = reachableByAgent(dir.Path, host, spec)
 		b := runtimes.Bind{
-			Source:   filepath.Clean(src),
+			Source:   dir.Path,
+			Anchor:   dir.Anchor,
+			NoLinks:  dir.NoLinks,
 			Target:   "/workspace/" + m.Target,
 			ReadOnly: m.Mode != v1alpha1.MountReadWrite && m.Mode != v1alpha1.MountOverlay,
 		}
 		if m.Mode == v1alpha1.MountOverlay {
 			l := overlay.For(agentDir, b.Source, m.Target)
 			l.Owner = id.UID
+			l.LowerAnchor, l.LowerNoLinks = b.Anchor, b.NoLinks
 			if m.SizeLimit != nil {
 				l.SizeLimit = m.SizeLimit.Value()
 			}
-			b.Source, b.Overlay = l.Merged, &l
+			b = runtimes.Bind{Source: l.Merged, Target: b.Target, Overlay: &l}
 		}
 		in.Mounts = append(in.Mounts, b)
 	}
@@ -165,6 +178,30 @@ func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Ins
 	}
 	in.ConfigHash = in.Hash()
 	return in, nil
+}
+
+// reachableByAgent says whether an agent can write a directory on the way
+// to source, a mount source of spec: source lies inside the areas root, or strictly inside another
+// read-write mount's source of spec. No link is followed there (the seed:
+// a mount source reachable through another mount cannot be moved and
+// replaced with a symbolic link under the runtime).
+func reachableByAgent(source string, host Host, spec *v1alpha1.SandboxSpec) bool {
+	if strings.HasPrefix(source, filepath.Clean(host.AreasRoot)+"/") {
+		return true
+	}
+	for _, m := range spec.Mounts {
+		if m.Mode != v1alpha1.MountReadWrite {
+			continue
+		}
+		other := m.Source
+		if rest, ok := strings.CutPrefix(other, "~/"); ok {
+			other = filepath.Join(host.Home, rest)
+		}
+		if strings.HasPrefix(source, filepath.Clean(other)+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 func containerdConfig(c *v1alpha1.ContainerdSpec) *runtimes.ContainerdConfig {

@@ -72,7 +72,7 @@ var ErrDigestMismatch = errors.New("the overlay's changes differ from the review
 // through a root on the upper layer (internal/areas) and hashed as it
 // streams, so a huge or sparse file costs time, never memory.
 func (l Layers) Diff() ([]Change, error) {
-	lower, err := areas.OpenRoot("lower layer", l.Lower, true)
+	lower, err := areas.OpenRootAt("lower layer", l.LowerDir(), true)
 	if err != nil {
 		return nil, fmt.Errorf("listing the changes of overlay %s: %w", l.Upper, err)
 	}
@@ -90,10 +90,12 @@ func (l Layers) Diff() ([]Change, error) {
 // takes the mode from that descriptor and lets content read it and return
 // its hash.
 func (l Layers) scan(lower *areas.Root, content func(c *Change, f *os.File) (string, error)) ([]Change, error) {
-	upper, err := areas.OpenRoot("upper layer", l.Upper, true)
+	upper, err := areas.OpenRootAt("upper layer", l.UpperDir(), true)
 	if err != nil {
 		return nil, fmt.Errorf("listing the changes of overlay %s: %w", l.Upper, err)
 	}
+	// The upper layer is the agent's writing: it is read as the agent.
+	upper = upper.As(areas.Identity{UID: l.Owner, GID: l.Owner})
 	var out []Change
 	var walk func(dir string) error
 	walk = func(dir string) error {

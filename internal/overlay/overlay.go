@@ -16,9 +16,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
+	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 )
 
 // Layers are one overlay mount's directories on the host.
@@ -37,7 +39,27 @@ type Layers struct {
 	// which the merged view's root shows, belongs to it so the agent can
 	// create files there.
 	Owner uint32 `json:"owner,omitempty"`
+	// LowerAnchor and LowerNoLinks say how Lower is resolved on every
+	// act (areas.HostDir): beneath the SandboxClass root that allows it,
+	// "" for "/".
+	LowerAnchor  string `json:"lowerAnchor,omitempty"`
+	LowerNoLinks bool   `json:"lowerNoLinks,omitempty"`
 }
+
+// LowerDir is the lower layer as the held object every act resolves.
+func (l Layers) LowerDir() areas.HostDir {
+	return areas.HostDir{Anchor: l.LowerAnchor, Path: l.Lower, NoLinks: l.LowerNoLinks}
+}
+
+// layerDir is one of the directories For placed below the agent's
+// directory, resolved beneath the areas root without following any link.
+func (l Layers) layerDir(path string) areas.HostDir {
+	areasRoot := filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(l.Upper))))
+	return areas.HostDir{Anchor: areasRoot, Path: path, NoLinks: true}
+}
+
+// UpperDir is the upper layer as a held object.
+func (l Layers) UpperDir() areas.HostDir { return l.layerDir(l.Upper) }
 
 // Same says whether two Layers are the same overlay: the same directories,
 // whatever their size limits.
@@ -91,31 +113,49 @@ func (l Layers) Mounted() (bool, error) {
 }
 
 // Mount creates the upper, work and merged directories when missing and
-// mounts the overlay unless it is mounted already.
+// mounts the overlay unless it is mounted already. Every layer is resolved
+// once, as a held directory (the lower one beneath its anchor, the others
+// beneath the areas root without links), and the kernel is given those
+// descriptors (/proc/self/fd/N), never a path it would walk again.
 func (l Layers) Mount() error {
-	fi, err := os.Stat(l.Lower)
-	if err != nil || !fi.IsDir() {
-		return fmt.Errorf("mounting overlay of %s: the source must be an existing directory: %w", l.Lower, err)
-	}
 	if ok, err := l.Mounted(); err != nil || ok {
 		return err
 	}
+	lower, err := l.LowerDir().Open()
+	if err != nil {
+		return fmt.Errorf("mounting overlay of %s: the source must be an existing directory: %w", l.Lower, err)
+	}
+	defer lower.Close()
 	for _, d := range []string{l.Upper, l.Work, l.Merged} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("mounting overlay of %s: %w", l.Lower, err)
 		}
 	}
+	var held [3]*os.File
+	for i, d := range []string{l.Upper, l.Work, l.Merged} {
+		f, err := l.layerDir(d).Open()
+		if err != nil {
+			return fmt.Errorf("mounting overlay of %s: %w", l.Lower, err)
+		}
+		defer f.Close()
+		held[i] = f
+	}
+	upper, work, merged := held[0], held[1], held[2]
 	if l.Owner != 0 {
-		if err := os.Lchown(l.Upper, int(l.Owner), int(l.Owner)); err != nil {
+		if err := unix.Fchownat(int(upper.Fd()), "", int(l.Owner), int(l.Owner), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("mounting overlay of %s: giving its upper layer to the agent: %w", l.Lower, err)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", escape(l.Lower), escape(l.Upper), escape(l.Work))
-	if err := unix.Mount("overlay", l.Merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", fdPath(lower), fdPath(upper), fdPath(work))
+	if err := unix.Mount("overlay", fdPath(merged), "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mounting overlay of %s at %s: %w", l.Lower, l.Merged, err)
 	}
 	return nil
 }
+
+// fdPath names a held directory for a system call that takes only paths:
+// the kernel follows the descriptor's link to the object itself.
+func fdPath(f *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(f.Fd())) }
 
 // Unmount unmounts the merged view; the upper layer (the changes) stays.
 func (l Layers) Unmount() error {
@@ -127,11 +167,6 @@ func (l Layers) Unmount() error {
 		return fmt.Errorf("unmounting overlay %s: %w", l.Merged, err)
 	}
 	return nil
-}
-
-// escape protects the characters overlayfs's option parser gives meaning to.
-func escape(p string) string {
-	return strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`).Replace(p)
 }
 
 // Size is the bytes the upper layer holds, for the size limit of OverlayHealthy.

@@ -253,15 +253,16 @@ const MaxDotEnvSize = 64 << 10
 // ErrDotEnvTooLarge is returned (wrapped) for a .env over MaxDotEnvSize.
 var ErrDotEnvTooLarge = fmt.Errorf("%s is larger than %d KiB", DotEnvFile, MaxDotEnvSize>>10)
 
-// ReadDotEnv reads workspace/.env through the contained file access, so a
-// symbolic link planted by a command cannot make the runtime read a file
-// outside the workspace, and reads at most MaxDotEnvSize bytes of it. A
+// ReadDotEnv reads workspace/.env through the contained file access, as
+// the agent (as), so a symbolic link planted by a command cannot make the
+// runtime read a file outside the workspace or one the agent cannot read, and reads at most MaxDotEnvSize bytes of it. A
 // missing file is no file: nil, nil.
-func ReadDotEnv(workspaceDir string) ([]byte, error) {
-	root, err := areas.OpenRoot("workspace", workspaceDir, true)
+func ReadDotEnv(workspace areas.HostDir, as areas.Identity) ([]byte, error) {
+	root, err := areas.OpenRootAt("workspace", workspace, true)
 	if err != nil {
 		return nil, fmt.Errorf("reading workspace/%s: %w", DotEnvFile, err)
 	}
+	root = root.As(as)
 	f, err := root.Open(DotEnvFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -26,7 +27,7 @@ func TestReadDotEnvIsBounded(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	_, err = ReadDotEnv(ws)
+	_, err = ReadDotEnv(areas.HostDir{Path: ws}, areas.Identity{})
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, ErrDotEnvTooLarge) || !strings.Contains(err.Error(), "64 KiB") {
 		t.Fatalf("want ErrDotEnvTooLarge naming the limit, got %v", err)
@@ -43,17 +44,17 @@ func TestReadDotEnvAtTheLimit(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ws, DotEnvFile), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err := ReadDotEnv(ws)
+	b, err := ReadDotEnv(areas.HostDir{Path: ws}, areas.Identity{})
 	if err != nil || len(b) != len(content) {
 		t.Fatalf("a .env within the limit: %d bytes, %v", len(b), err)
 	}
 	if err := os.WriteFile(filepath.Join(ws, DotEnvFile), []byte(content+strings.Repeat("y", MaxDotEnvSize)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadDotEnv(ws); !errors.Is(err, ErrDotEnvTooLarge) {
+	if _, err := ReadDotEnv(areas.HostDir{Path: ws}, areas.Identity{}); !errors.Is(err, ErrDotEnvTooLarge) {
 		t.Fatalf("a .env over the limit: %v", err)
 	}
-	if b, err := ReadDotEnv(t.TempDir()); b != nil || err != nil {
+	if b, err := ReadDotEnv(areas.HostDir{Path: t.TempDir()}, areas.Identity{}); b != nil || err != nil {
 		t.Fatalf("no .env: %q, %v", b, err)
 	}
 }

@@ -272,7 +272,7 @@ func TestReadDotEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("missing file is no values", func(t *testing.T) {
-		b, err := ReadDotEnv(ws)
+		b, err := ReadDotEnv(areas.HostDir{Path: ws}, areas.Identity{})
 		if err != nil || b != nil {
 			t.Fatalf("ReadDotEnv = %q, %v; want nil, nil", b, err)
 		}
@@ -281,7 +281,7 @@ func TestReadDotEnv(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(ws, ".env"), []byte("A=1\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		b, err := ReadDotEnv(ws)
+		b, err := ReadDotEnv(areas.HostDir{Path: ws}, areas.Identity{})
 		if err != nil || string(b) != "A=1\n" {
 			t.Fatalf("ReadDotEnv = %q, %v", b, err)
 		}
@@ -294,7 +294,7 @@ func TestReadDotEnv(t *testing.T) {
 		if err := os.Symlink("real.env", filepath.Join(ws, ".env")); err != nil {
 			t.Fatal(err)
 		}
-		b, err := ReadDotEnv(ws)
+		b, err := ReadDotEnv(areas.HostDir{Path: ws}, areas.Identity{})
 		if err != nil || string(b) != "B=2\n" {
 			t.Fatalf("ReadDotEnv = %q, %v", b, err)
 		}
@@ -309,7 +309,7 @@ func TestReadDotEnv(t *testing.T) {
 			if err := os.Symlink(target, filepath.Join(ws, ".env")); err != nil {
 				t.Fatal(err)
 			}
-			b, err := ReadDotEnv(ws)
+			b, err := ReadDotEnv(areas.HostDir{Path: ws}, areas.Identity{})
 			if !errors.Is(err, areas.ErrEscape) {
 				t.Fatalf("ReadDotEnv through a link to %s = %q, %v; want an escape refusal", target, b, err)
 			}

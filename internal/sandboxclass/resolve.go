@@ -46,6 +46,8 @@ func Resolve(ctx context.Context, c client.Reader, spec *v1alpha1.SandboxSpec, h
 	if len(v) > 0 {
 		return Resolved{}, v, nil
 	}
+	// Every later act resolves each source beneath the root that allowed it.
+	host.MountRoots = MountRoots(class)
 	if class.Spec.AgentIDs == "" {
 		return Resolved{Class: class, Spec: out, Host: host}, nil, nil
 	}

@@ -3,13 +3,16 @@
 // asks it on every reconcile, so a Sandbox admitted without the admission
 // policy, or under a class that changed since, is still held to its class.
 //
-// Mount sources are checked as the node sees them: ~/ expanded, then every
-// symbolic link resolved (links in the roots too), so a link below an
-// allowed root that points out of it is refused. The spec Effective returns
-// carries the resolved sources, so the drivers bind what was checked.
+// Mount sources are checked as every later act resolves them: ~/
+// expanded, then opened beneath the allowed root that holds them with
+// openat2 (areas.HostDir: links only while they stay beneath the root, no
+// magic links, not /proc or /sys). The instance description anchors each
+// source at that root (instance.Host.MountRoots), so every bind and file
+// access resolves the same object again, beneath the same root, and a
+// component an agent swaps between two acts cannot lead out of it.
 //
 // This package never writes a Sandbox and never creates anything on the
-// host; it only reads (resolves links).
+// host; it only reads.
 package sandboxclass
 
 import (
@@ -75,9 +78,6 @@ func IsDefault(c *v1alpha1.SandboxClass) bool {
 type Node struct {
 	// Home expands mount sources that begin with ~/.
 	Home string
-	// Resolve resolves the symbolic links of an absolute, clean path as
-	// the node sees it. Nil: ResolveLinks.
-	Resolve func(string) (string, error)
 }
 
 // Effective checks spec against class and returns the spec the instance
@@ -86,10 +86,6 @@ type Node struct {
 // rule the spec breaks, each naming the field and the rule; when it is not
 // empty, the returned spec must not be used. spec is not changed.
 func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node Node) (*v1alpha1.SandboxSpec, []string) {
-	resolve := node.Resolve
-	if resolve == nil {
-		resolve = ResolveLinks
-	}
 	out := spec.DeepCopy()
 	cs := &class.Spec
 	name := class.Name
@@ -103,7 +99,7 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 	if cs.MaxMounts != nil && len(spec.Mounts) > int(*cs.MaxMounts) {
 		v = append(v, fmt.Sprintf("spec.mounts: SandboxClass %q allows at most %d mounts, the Sandbox has %d", name, *cs.MaxMounts, len(spec.Mounts)))
 	}
-	roots := resolvedRoots(cs.AllowedMountSourceRoots, resolve)
+	roots := MountRoots(class)
 	for i, m := range spec.Mounts {
 		field := fmt.Sprintf("spec.mounts[%d].source", i)
 		src := m.Source
@@ -115,20 +111,11 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 			src = filepath.Join(node.Home, src[2:])
 		}
 		src = filepath.Clean(src)
-		real, err := resolve(src)
-		if err != nil {
-			v = append(v, fmt.Sprintf("%s: %q cannot be resolved on the node to check it against SandboxClass %q: %v", field, m.Source, name, err))
+		if msg := checkSource(src, roots); msg != "" {
+			v = append(v, fmt.Sprintf("%s: %q %s SandboxClass %q allows [%s]", field, m.Source, msg, name, strings.Join(cs.AllowedMountSourceRoots, ", ")))
 			continue
 		}
-		if !under(real, roots) {
-			seen := fmt.Sprintf("%q", m.Source)
-			if real != m.Source {
-				seen = fmt.Sprintf("%q (on the node: %q)", m.Source, real)
-			}
-			v = append(v, fmt.Sprintf("%s: %s lies outside the mount source roots SandboxClass %q allows [%s]", field, seen, name, strings.Join(cs.AllowedMountSourceRoots, ", ")))
-			continue
-		}
-		out.Mounts[i].Source = real
+		out.Mounts[i].Source = src
 	}
 
 	if spec.Devices.USB && !cs.Devices.USB {
@@ -191,52 +178,47 @@ func CheckAgentID(class *v1alpha1.SandboxClass, ids areas.IDRange, agent string,
 		agent, id, ids, class.Name)
 }
 
-// ResolveLinks resolves every symbolic link of path, an absolute clean
-// path. Where path does not exist, its longest existing parent is
-// resolved and the rest appended: the directory it names, once created,
-// lies there.
-func ResolveLinks(path string) (string, error) {
-	rest := ""
-	dir := path
-	for {
-		real, err := filepath.EvalSymlinks(dir)
-		if err == nil {
-			return filepath.Join(real, rest), nil
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return "", err
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", err
-		}
-		rest = filepath.Join(filepath.Base(dir), rest)
-		dir = parent
-	}
-}
-
-// resolvedRoots are the roots with their own links resolved; a root that
-// cannot be resolved is kept as written.
-func resolvedRoots(roots []string, resolve func(string) (string, error)) []string {
-	out := make([]string, 0, len(roots))
-	for _, r := range roots {
+// MountRoots are the directories class allows mount sources below, each
+// as written and, where the node resolves it elsewhere, as resolved: a
+// source written either way is anchored at it (instance.Host.MountRoots).
+func MountRoots(class *v1alpha1.SandboxClass) []string {
+	var out []string
+	for _, r := range class.Spec.AllowedMountSourceRoots {
 		r = filepath.Clean(r)
-		if real, err := resolve(r); err == nil {
-			r = real
-		}
 		out = append(out, r)
+		if real, err := areas.RealPath(r); err == nil && real != r {
+			out = append(out, real)
+		}
 	}
 	return out
 }
 
-// under reports whether path is one of roots or lies beneath one.
-func under(path string, roots []string) bool {
-	for _, r := range roots {
-		if r == "/" || path == r || strings.HasPrefix(path, r+"/") {
-			return true
-		}
+// checkSource says why src may not be a mount source below roots, or ""
+// when it may. The verdict is about the object every later act resolves:
+// src is opened beneath the root that holds it, as each bind and file
+// access will open it again (areas.HostDir), so a link that leads out of
+// the root, a /proc magic link or /proc itself is refused here and there.
+// A source that does not exist yet passes: every act resolves it beneath
+// the same root once it does.
+func checkSource(src string, roots []string) string {
+	d, ok := areas.AnchorFor(src, roots)
+	if !ok || len(roots) == 0 {
+		return "lies outside the mount source roots"
 	}
-	return false
+	f, err := d.Open()
+	switch {
+	case err == nil:
+		f.Close()
+		return ""
+	case errors.Is(err, fs.ErrNotExist):
+		return ""
+	case errors.Is(err, areas.ErrEscape):
+		return "leads, through a symbolic link, outside the mount source roots"
+	case errors.Is(err, areas.ErrPseudoFS):
+		return "is on /proc or /sys, which no mount may use; it is not accepted as within the mount source roots"
+	default:
+		return fmt.Sprintf("cannot be resolved on the node (%v) to check it against the mount source roots", errors.Unwrap(err))
+	}
 }
 
 func imageAllowed(image string, allowed []string) bool {

@@ -25,10 +25,11 @@ func tree(t *testing.T) string {
 		}
 	}
 	for link, target := range map[string]string{
-		"srv/projects/team-a/etc-link": "/etc",
-		"srv/projects/team-a/b-link":   "../team-b",
-		"srv/projects/team-a/self":     "app",
-		"home/alice/projects/link":     "/etc",
+		"srv/projects/team-a/etc-link":  "/etc",
+		"srv/projects/team-a/b-link":    "../team-b",
+		"srv/projects/team-a/self":      "app",
+		"home/alice/projects/link":      "/etc",
+		"srv/projects/team-a/proc-root": "/proc/1/root",
 	} {
 		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
 			t.Fatal(err)
@@ -81,11 +82,13 @@ func TestEffective(t *testing.T) {
 		{"refused: /etc", v1alpha1.SandboxSpec{Mounts: mount("/etc")}, `spec.mounts[0].source: "/etc" lies outside`},
 		{"refused: another team's directory", v1alpha1.SandboxSpec{Mounts: mount(dir + "/srv/projects/team-b")}, "srv/projects/team-b\" lies outside"},
 		{"refused: a sibling sharing the root's prefix", v1alpha1.SandboxSpec{Mounts: mount(a + "-evil")}, "lies outside"},
-		{"refused: a link below the root to /etc", v1alpha1.SandboxSpec{Mounts: mount(a + "/etc-link")}, `(on the node: "/etc") lies outside`},
-		{"refused: a link below the root to another team", v1alpha1.SandboxSpec{Mounts: mount(a + "/b-link")}, "team-b\") lies outside"},
-		{"refused: a missing source below a link to /etc", v1alpha1.SandboxSpec{Mounts: mount(a + "/etc-link/new")}, `(on the node: "/etc/new") lies outside`},
-		{"refused: ~/ expanded into a link to /etc", v1alpha1.SandboxSpec{Mounts: mount("~/projects/link")}, `"~/projects/link" (on the node: "/etc") lies outside`},
-		{"refused: ~/ outside the roots", v1alpha1.SandboxSpec{Mounts: mount("~/.ssh")}, `"~/.ssh" (on the node: "` + dir + `/home/alice/.ssh") lies outside`},
+		{"refused: a link below the root to /etc", v1alpha1.SandboxSpec{Mounts: mount(a + "/etc-link")}, "leads, through a symbolic link, outside the mount source roots"},
+		{"refused: a link below the root to another team", v1alpha1.SandboxSpec{Mounts: mount(a + "/b-link")}, "leads, through a symbolic link, outside"},
+		{"refused: a missing source below a link to /etc", v1alpha1.SandboxSpec{Mounts: mount(a + "/etc-link/new")}, "leads, through a symbolic link, outside"},
+		{"refused: ~/ expanded into a link to /etc", v1alpha1.SandboxSpec{Mounts: mount("~/projects/link")}, `"~/projects/link" leads, through a symbolic link, outside`},
+		{"refused: ~/ outside the roots", v1alpha1.SandboxSpec{Mounts: mount("~/.ssh")}, `"~/.ssh" lies outside`},
+		{"refused: a /proc magic link below the root", v1alpha1.SandboxSpec{Mounts: mount(a + "/proc-root")}, "leads, through a symbolic link, outside"},
+		{"refused: a path through a /proc magic link below the root", v1alpha1.SandboxSpec{Mounts: mount(a + "/proc-root/etc")}, "leads, through a symbolic link, outside"},
 		{"refused: too many mounts", v1alpha1.SandboxSpec{Mounts: []v1alpha1.Mount{{Source: a, Target: "a"}, {Source: a, Target: "b"}, {Source: a, Target: "c"}}}, `spec.mounts: SandboxClass "team-a" allows at most 2 mounts, the Sandbox has 3`},
 		{"refused: devices.all", v1alpha1.SandboxSpec{Devices: v1alpha1.Devices{All: true}}, `spec.devices.all: SandboxClass "team-a" does not allow the host /dev`},
 		{"refused: devices.usb", v1alpha1.SandboxSpec{Devices: v1alpha1.Devices{USB: true}}, `spec.devices.usb: SandboxClass "team-a" does not allow`},
@@ -116,7 +119,7 @@ func TestEffective(t *testing.T) {
 	}
 }
 
-func TestEffectiveBindsTheResolvedSourceAndAppliesLimits(t *testing.T) {
+func TestEffectiveKeepsTheSourceAsWrittenAndAppliesLimits(t *testing.T) {
 	dir := tree(t)
 	a := filepath.Join(dir, "srv/projects/team-a")
 	spec := &v1alpha1.SandboxSpec{Agent: "alice", Backend: v1alpha1.BackendContainerd,
@@ -126,8 +129,10 @@ func TestEffectiveBindsTheResolvedSourceAndAppliesLimits(t *testing.T) {
 	if len(v) > 0 {
 		t.Fatal(v)
 	}
-	if out.Mounts[0].Source != a+"/app" {
-		t.Errorf("source %q, want the resolved %q", out.Mounts[0].Source, a+"/app")
+	// Every act resolves the source again beneath its root (areas.HostDir),
+	// so the spec keeps it as written, not a string resolved once.
+	if out.Mounts[0].Source != a+"/self" {
+		t.Errorf("source %q, want %q as written", out.Mounts[0].Source, a+"/self")
 	}
 	if out.Containerd.MemoryLimit == nil || out.Containerd.MemoryLimit.String() != "512Mi" {
 		t.Errorf("memoryLimit %v, want the class default 512Mi", out.Containerd.MemoryLimit)

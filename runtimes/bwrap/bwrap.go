@@ -460,11 +460,12 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabl
 	if err != nil {
 		return Command{}, err
 	}
-	ws := workspaceDir(in)
-	if ws == "" {
+	wsBind, ok := in.Workspace()
+	if !ok {
 		return Command{}, fmt.Errorf("instance %s has no /workspace area", in.Name)
 	}
-	dotEnv, err := policy.ReadDotEnv(ws)
+	ws := wsBind.Source
+	dotEnv, err := in.DotEnv()
 	if err != nil {
 		return Command{}, err
 	}
@@ -487,15 +488,6 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabl
 		return Command{}, err
 	}
 	return c, nil
-}
-
-func workspaceDir(in runtimes.Instance) string {
-	for _, a := range in.Areas {
-		if a.Target == policy.SandboxHome {
-			return a.Source
-		}
-	}
-	return ""
 }
 
 func (r *Runtime) track(name string, cmd *exec.Cmd) {
@@ -674,22 +666,6 @@ func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, dir+"/")
 }
 
-// tree is the mount tree of in: its areas, with the custom mounts beneath
-// the workspace.
-func (r *Runtime) tree(in runtimes.Instance) mounttree.Tree {
-	t := mounttree.Tree{Workspace: "workspace", Owner: in.Identity.UID}
-	for _, a := range in.Areas {
-		name := strings.TrimPrefix(a.Target, "/")
-		t.Areas = append(t.Areas, mounttree.Area{Name: name, Source: a.Source, ReadOnly: a.ReadOnly})
-	}
-	for _, m := range in.Mounts {
-		if rel, ok := strings.CutPrefix(m.Target, policy.SandboxHome+"/"); ok && !m.GitDir {
-			t.Binds = append(t.Binds, mounttree.Bind{Source: m.Source, Rel: rel, ReadOnly: m.ReadOnly})
-		}
-	}
-	return t
-}
-
 func defaultTrees(stateDir string) string {
 	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
 	return filepath.Join(DefaultTreesDir, hex.EncodeToString(sum[:6]))
@@ -740,7 +716,7 @@ func (r *Runtime) ensureTree(in runtimes.Instance, rebuild bool) (string, error)
 	l.Lock()
 	defer l.Unlock()
 	g := r.generations(in.Name)
-	t := r.tree(in)
+	t := mounttree.For(in)
 	cur, ok := g.Current()
 	t.Dir = cur
 	if ok && !rebuild && t.Verify() == nil {
@@ -791,7 +767,7 @@ func (r *Runtime) treeAreas(in runtimes.Instance, c *Command) error {
 	if err != nil {
 		return err
 	}
-	t := r.tree(in)
+	t := mounttree.For(in)
 	t.Dir = dir
 	for _, a := range t.Areas {
 		c.Areas = append(c.Areas, runtimes.Bind{Source: t.Path(a.Name), Target: "/" + a.Name, ReadOnly: a.ReadOnly})

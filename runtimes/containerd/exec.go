@@ -82,16 +82,10 @@ func (r *Runtime) command(info containers.Container, in runtimes.Instance, argv 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", policy.ErrRefused, err)
 	}
-	ws := ""
-	for _, a := range in.Areas {
-		if a.Target == policy.SandboxHome {
-			ws = a.Source
-		}
-	}
-	if ws == "" {
+	if _, ok := in.Workspace(); !ok {
 		return nil, fmt.Errorf("instance %s has no %s area", in.Name, policy.SandboxHome)
 	}
-	dotEnv, err := policy.ReadDotEnv(ws)
+	dotEnv, err := in.DotEnv()
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
 
 func describe(t *testing.T, mutate func(*v1alpha1.SandboxSpec)) runtimes.Instance {
@@ -148,7 +149,7 @@ func TestMounts(t *testing.T) {
 func TestTreeHoldsTheCustomMountsBeneathTheWorkspace(t *testing.T) {
 	in := describe(t, nil)
 	in.Mounts = append(in.Mounts, runtimes.Bind{Source: "/projects/app/.git", Target: "/workspace/project/.git", GitDir: true})
-	tr := tree(in)
+	tr := mounttree.For(in)
 	if tr.Workspace != "workspace" || len(tr.Areas) != len(in.Areas) {
 		t.Fatalf("tree = %+v, want every area with the workspace named", tr)
 	}

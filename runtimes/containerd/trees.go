@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
@@ -60,22 +59,6 @@ func (r *Runtime) generations(name string) mounttree.Generations {
 	return mounttree.Generations{Dir: filepath.Join(r.instanceTrees(name), "gens")}
 }
 
-// tree is the mount tree of in: its areas, with the custom mounts (overlay
-// merged views included) beneath the workspace. Git directory binds are not
-// in it: they come and go while the task runs (runtimes/mountns).
-func tree(in runtimes.Instance) mounttree.Tree {
-	t := mounttree.Tree{Workspace: strings.TrimPrefix(policy.SandboxHome, "/"), Owner: in.Identity.UID}
-	for _, a := range in.Areas {
-		t.Areas = append(t.Areas, mounttree.Area{Name: strings.TrimPrefix(a.Target, "/"), Source: a.Source, ReadOnly: a.ReadOnly})
-	}
-	for _, m := range in.Mounts {
-		if rel, ok := strings.CutPrefix(m.Target, policy.SandboxHome+"/"); ok && !m.GitDir {
-			t.Binds = append(t.Binds, mounttree.Bind{Source: m.Source, Rel: rel, ReadOnly: m.ReadOnly})
-		}
-	}
-	return t
-}
-
 // buildTree builds a new generation of in's tree and points current at it,
 // before a task starts. A link the agent left on a mount destination's path
 // fails the build (mounttree.ErrLinkInPath), and the task does not start:
@@ -100,7 +83,7 @@ func (r *Runtime) buildTreeHere(in runtimes.Instance) error {
 		}
 		r.treesPrivate = true
 	}
-	dir, err := r.generations(in.Name).Build(tree(in))
+	dir, err := r.generations(in.Name).Build(mounttree.For(in))
 	if err != nil {
 		return fmt.Errorf("building the mount tree of the areas: %w", err)
 	}

@@ -76,13 +76,9 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest) (map[s
 	if err := policy.CheckArgv(in.Binaries, req.Argv); err != nil {
 		return nil, err
 	}
-	var dotEnv []byte
-	if ws := workspaceDir(in); ws != "" {
-		b, err := policy.ReadDotEnv(ws)
-		if err != nil {
-			return nil, err
-		}
-		dotEnv = b
+	dotEnv, err := in.DotEnv()
+	if err != nil {
+		return nil, err
 	}
 	list, err := policy.BuildEnv(policy.EnvSources{Passthrough: in.Env, Lookup: r.cfg.LookupEnv, DotEnv: dotEnv})
 	if err != nil {
@@ -94,13 +90,4 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest) (map[s
 		env[k] = v
 	}
 	return env, nil
-}
-
-func workspaceDir(in runtimes.Instance) string {
-	for _, a := range in.Areas {
-		if a.Target == policy.SandboxHome {
-			return a.Source
-		}
-	}
-	return ""
 }

@@ -27,12 +27,16 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 // Bind is one custom mount: Source on the host, bound at Rel below the
 // tree's root (the workspace).
 type Bind struct {
-	Source   string
+	Source   areas.HostDir
 	Rel      string
 	ReadOnly bool
 }
@@ -40,8 +44,24 @@ type Bind struct {
 // Area is one standard area: Source on the host, bound at Dir/Name.
 type Area struct {
 	Name     string
-	Source   string
+	Source   areas.HostDir
 	ReadOnly bool
+}
+
+// For is the tree of in: its areas, with the custom mounts (overlay merged
+// views included) beneath the area mounted at /workspace. Git directory
+// binds are not in it: they come and go while the sandbox runs.
+func For(in runtimes.Instance) Tree {
+	t := Tree{Workspace: strings.TrimPrefix(policy.SandboxHome, "/"), Owner: in.Identity.UID}
+	for _, a := range in.Areas {
+		t.Areas = append(t.Areas, Area{Name: strings.TrimPrefix(a.Target, "/"), Source: in.SourceDir(a), ReadOnly: a.ReadOnly})
+	}
+	for _, m := range in.Mounts {
+		if rel, ok := strings.CutPrefix(m.Target, policy.SandboxHome+"/"); ok && !m.GitDir {
+			t.Binds = append(t.Binds, Bind{Source: in.SourceDir(m), Rel: rel, ReadOnly: m.ReadOnly})
+		}
+	}
+	return t
 }
 
 // Tree is the mount trees of one sandbox below Dir, a directory only the
@@ -122,15 +142,21 @@ func (t Tree) bind(root int, b Bind) error {
 	return nil
 }
 
-// attach clones the mount at source (with its submounts when recursive),
-// makes it read-only when asked, always nosuid and nodev, and hands the
-// detached clone to place.
-func attach(source string, recursive, readOnly bool, place func(fd int) error) error {
-	flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC)
+// attach resolves source once (areas.HostDir: beneath its anchor, no
+// magic links), clones the mount at that held directory (with its
+// submounts when recursive), makes the clone read-only when asked, always
+// nosuid and nodev, and hands the detached clone to place.
+func attach(source areas.HostDir, recursive, readOnly bool, place func(fd int) error) error {
+	held, err := source.Open()
+	if err != nil {
+		return err
+	}
+	defer held.Close()
+	flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_EMPTY_PATH)
 	if recursive {
 		flags |= unix.AT_RECURSIVE
 	}
-	fd, err := unix.OpenTree(unix.AT_FDCWD, source, flags)
+	fd, err := unix.OpenTree(int(held.Fd()), "", flags)
 	if err != nil {
 		return fmt.Errorf("cloning %s: %w", source, err)
 	}
@@ -364,16 +390,15 @@ func (g Generations) Remove() error {
 	return nil
 }
 
-func sameDir(fd int, path string) error {
-	var got, want unix.Stat_t
-	if err := unix.Fstat(fd, &got); err != nil {
+// sameDir checks that the tree's mount at fd holds source as it resolves
+// now, held (areas.HostDir), never as a path stat would find it.
+func sameDir(fd int, source areas.HostDir) error {
+	same, err := areas.SameDir(fd, source)
+	if err != nil {
 		return err
 	}
-	if err := unix.Stat(path, &want); err != nil {
-		return err
-	}
-	if got.Dev != want.Dev || got.Ino != want.Ino {
-		return fmt.Errorf("does not hold %s", path)
+	if !same {
+		return fmt.Errorf("does not hold %s", source)
 	}
 	return nil
 }
