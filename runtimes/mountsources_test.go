@@ -41,7 +41,7 @@ func TestCheckMountSources(t *testing.T) {
 		{name: "regular file", bind: Bind{Source: file, Target: "/workspace/a"},
 			want: "source " + file + " is not a directory (it is a regular file)"},
 		{name: "symlink loop", bind: Bind{Source: loop, Target: "/workspace/a"},
-			want: "source " + loop + " cannot be resolved: host directory " + loop + ": a symbolic-link loop"},
+			want: "source " + loop + " cannot be resolved: host directory " + loop + ": a symbolic link loop"},
 		{name: "below a file", bind: Bind{Source: filepath.Join(file, "sub"), Target: "/workspace/a"},
 			want: "is not a directory, or a parent of it is not one"},
 		{name: "overlay checks its lower layer", bind: Bind{Source: filepath.Join(dir, "merged-not-made-yet"), Target: "/workspace/a",

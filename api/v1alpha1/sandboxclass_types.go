@@ -84,15 +84,28 @@ type SandboxClassSpec struct {
 	AllowedBackends []Backend `json:"allowedBackends,omitempty"`
 
 	// AllowedMountSourceRoots are the host directories mount sources must
-	// be, or lie beneath. The controller checks a source after expanding
-	// ~/ and resolving its symbolic links on the node, against the roots
-	// with their links resolved too. Empty: no custom mounts.
+	// be, or lie beneath. The controller expands ~/ and then resolves a
+	// source beneath the root that holds it, on every act: symbolic links
+	// are followed only while they stay beneath that root (an absolute
+	// link target is refused), /proc magic links never, and /proc and /sys
+	// are refused. Empty: no custom mounts.
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=4096
 	// +kubebuilder:validation:items:XValidation:rule="self == '/' || (self.startsWith('/') && !self.endsWith('/') && !self.substring(1).split('/').exists(s, s == '' || s == '.' || s == '..'))",message="allowedMountSourceRoots are absolute directories without '.', '..', empty segments or a trailing '/' ('/' alone allows every directory)"
 	// +listType=set
 	// +optional
 	AllowedMountSourceRoots []string `json:"allowedMountSourceRoots,omitempty"`
+
+	// AllowedEnv are the variables of the controller's environment a
+	// Sandbox of this class may pass into its commands
+	// (spec.env.passthrough): exact names, or a prefix followed by '*'
+	// ("LC_*"; "*" alone allows every variable). Empty: none.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=128
+	// +kubebuilder:validation:items:XValidation:rule="self.matches('^([A-Za-z_][A-Za-z0-9_]*[*]?|[*])$')",message="allowedEnv entries are variable names, or a name prefix followed by '*' ('*' alone allows every variable)"
+	// +listType=set
+	// +optional
+	AllowedEnv []string `json:"allowedEnv,omitempty"`
 
 	// MaxMounts bounds the number of spec.mounts; without it the Sandbox's
 	// own bound (64) applies.

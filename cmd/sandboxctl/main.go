@@ -158,8 +158,9 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// runner builds the bwrap driver and a runner over src.
-func (f *sandboxFlags) runner(src sandboxtoml.Source) (*sandboxtoml.Runner, error) {
+// runner builds the bwrap driver and a runner over src; the driver's
+// warnings (the sandbox disabled) go to warnings.
+func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sandboxtoml.Runner, error) {
 	root, err := filepath.Abs(f.areasRoot)
 	if err != nil || f.areasRoot == "" {
 		return nil, fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
@@ -173,7 +174,7 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source) (*sandboxtoml.Runner, erro
 	if state, err = filepath.Abs(state); err != nil {
 		return nil, fmt.Errorf("state directory %q: %w", f.stateDir, err)
 	}
-	rt, err := bwrap.New(bwrap.Config{StateDir: state})
+	rt, err := bwrap.New(bwrap.Config{StateDir: state, Warnings: warnings})
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +200,7 @@ func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
 	}
-	r, err := f.runner(sandboxtoml.Static{Spec: spec})
+	r, err := f.runner(sandboxtoml.Static{Spec: spec}, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
@@ -259,7 +260,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitFailed
 	}
 	defer w.Close()
-	r, err := f.runner(w)
+	r, err := f.runner(w, stderr)
 	if err == nil {
 		defer func() {
 			if err := r.Close(context.Background()); err != nil {

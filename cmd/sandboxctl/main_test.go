@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 )
 
@@ -221,5 +223,31 @@ func TestServeReloads(t *testing.T) {
 	inW.Close()
 	if code := <-done; code != 0 {
 		t.Fatalf("serve exited %d; stderr %q", code, stderr.String())
+	}
+}
+
+// The seed's bypass runs the command on the host, as the runtime: with the
+// default layout (areas below a directory only the runtime may search) the
+// agent's own id could not even reach its workspace, and the warning says
+// whose identity the command has.
+func TestRunWithTheSandboxDisabled(t *testing.T) {
+	needBwrap(t)
+	t.Setenv(policy.DisableSandboxEnv, "i-am-in-a-container")
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	areas := filepath.Join(dir, "areas")
+	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\"]\n")
+	code, out, stderr := sandboxctl(t, "", "run", "--config", cfg, "--agent", "ada", "--areas-root", areas, "--", "sh", "-c", "pwd; echo $(id -u) > uid; cat uid")
+	if code != 0 {
+		t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	want := fmt.Sprintf("%s\n%d\n", filepath.Join(areas, "ada", "workspace"), os.Geteuid())
+	if out != want {
+		t.Fatalf("stdout %q, want the host workspace and the runtime's uid %q", out, want)
+	}
+	if !strings.Contains(stderr, "SANDBOX IS DISABLED") || !strings.Contains(stderr, fmt.Sprintf("uid %d, gid %d", os.Geteuid(), os.Getegid())) {
+		t.Fatalf("the warning does not say whose identity the command has: %q", stderr)
 	}
 }

@@ -67,6 +67,9 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 	if e := s.checkOwner(ns, name, &sb); e != nil {
 		return nil, e
 	}
+	if e := checkAdmitted(ns, name, &sb); e != nil {
+		return nil, e
+	}
 	if ready {
 		if e := notReadySandbox(ns, name, &sb); e != nil {
 			return nil, e
@@ -111,6 +114,20 @@ func (s *Server) checkOwner(ns, claim string, sb *v1alpha1.Sandbox) *apiError {
 		// The error names host paths; the caller gets none.
 		s.log.Error(err, "checking which namespace an agent belongs to", "agent", sb.Spec.Agent, "sandbox", ns+"/"+sb.Name)
 		return &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("checking which namespace agent %q belongs to failed; the controller's log says why", sb.Spec.Agent)}
+	}
+	return nil
+}
+
+// checkAdmitted refuses a claim whose Sandbox is being deleted or whose
+// class forbids it, as its status says; the class itself is checked again
+// below (the status may lag a class that changed). The file endpoints,
+// which do not wait for Ready, depend on it.
+func checkAdmitted(ns, claim string, sb *v1alpha1.Sandbox) *apiError {
+	if sb.DeletionTimestamp != nil {
+		return notReady("Sandbox %s/%s of SessionClaim %s is being deleted", ns, sb.Name, claim)
+	}
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonClassForbids {
+		return notReady("the SandboxClass of Sandbox %s/%s forbids its spec: %s", ns, sb.Name, c.Message)
 	}
 	return nil
 }

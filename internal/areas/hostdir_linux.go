@@ -68,7 +68,7 @@ func (d HostDir) resolveError(err error) error {
 	case errors.Is(err, unix.ELOOP) && d.NoLinks:
 		return fmt.Errorf("a component is a symbolic link, and none is followed here (an agent can reach this path): %w", err)
 	case errors.Is(err, unix.ELOOP):
-		return fmt.Errorf("a symbolic-link loop or a /proc magic link, which is refused: %w", err)
+		return fmt.Errorf("a symbolic link loop or a /proc magic link, which is refused: %w", err)
 	case errors.Is(err, unix.ENOSYS):
 		return fmt.Errorf("the kernel has no openat2 (ENOSYS): %w", ErrUnsupportedPlatform)
 	default:

@@ -28,7 +28,8 @@ func SandboxDisabled(getenv func(string) string) (value string, disabled bool) {
 }
 
 // DisabledWarning is what is printed before each command that runs without
-// the sandbox.
-func DisabledWarning(value string) string {
-	return fmt.Sprintf("WARNING: THE SANDBOX IS DISABLED (%s=%s): this command runs directly on the host with the runtime's privileges; nothing but the allowlist stands between it and the host. Unset the variable to restore the sandbox.\n", DisableSandboxEnv, value)
+// the sandbox: it runs as the runtime's own user and group, uid and gid,
+// not as the agent's.
+func DisabledWarning(value string, uid, gid int) string {
+	return fmt.Sprintf("WARNING: THE SANDBOX IS DISABLED (%s=%s): this command runs directly on the host with the runtime's privileges (uid %d, gid %d; not the agent's own id); nothing but the allowlist stands between it and the host. Unset the variable to restore the sandbox.\n", DisableSandboxEnv, value, uid, gid)
 }

@@ -260,7 +260,7 @@ func TestSandboxDisabled(t *testing.T) {
 			}
 		})
 	}
-	if w := DisabledWarning("i-am-in-a-container"); !strings.Contains(w, "SANDBOX IS DISABLED") || !strings.Contains(w, DisableSandboxEnv) {
+	if w := DisabledWarning("i-am-in-a-container", 0, 0); !strings.Contains(w, "SANDBOX IS DISABLED") || !strings.Contains(w, DisableSandboxEnv) || !strings.Contains(w, "uid 0, gid 0") {
 		t.Fatalf("warning %q is not loud enough", w)
 	}
 }

@@ -118,6 +118,12 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 		out.Mounts[i].Source = src
 	}
 
+	for i, e := range spec.Env.Passthrough {
+		if !envAllowed(string(e), cs.AllowedEnv) {
+			v = append(v, fmt.Sprintf("spec.env.passthrough[%d]: SandboxClass %q does not allow passing the controller's variable %q into commands (allowedEnv: [%s])", i, name, e, strings.Join(cs.AllowedEnv, ", ")))
+		}
+	}
+
 	if spec.Devices.USB && !cs.Devices.USB {
 		v = append(v, fmt.Sprintf("spec.devices.usb: SandboxClass %q does not allow the host's USB devices", name))
 	}
@@ -219,6 +225,17 @@ func checkSource(src string, roots []string) string {
 	default:
 		return fmt.Sprintf("cannot be resolved on the node (%v) to check it against the mount source roots", errors.Unwrap(err))
 	}
+}
+
+// envAllowed reports whether allowed (names, or prefixes ending in '*')
+// holds name.
+func envAllowed(name string, allowed []string) bool {
+	for _, a := range allowed {
+		if p, ok := strings.CutSuffix(a, "*"); ok && strings.HasPrefix(name, p) || a == name {
+			return true
+		}
+	}
+	return false
 }
 
 func imageAllowed(image string, allowed []string) bool {

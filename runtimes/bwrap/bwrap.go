@@ -363,7 +363,7 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		}
 	}()
 	if disabled {
-		fmt.Fprint(r.warnings, policy.DisabledWarning(value))
+		fmt.Fprint(r.warnings, policy.DisabledWarning(value, os.Geteuid(), os.Getegid()))
 		cmd = exec.CommandContext(ctx, c.Path, c.Args...)
 		cmd.Args[0] = req.Argv[0]
 		cmd.Dir = c.Workspace
@@ -391,7 +391,10 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	// bwrap's --die-with-parent ends the sandbox if we die; its own process
 	// group lets Stop end it and anything it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if id := rec.Instance.Identity; id.UID != 0 && uint32(os.Geteuid()) != id.UID {
+	// Without the sandbox the command is the runtime's own, as the seed
+	// says and the warning tells: the agent's id could not even reach its
+	// workspace below the areas root, which only the runtime may search.
+	if id := rec.Instance.Identity; !disabled && id.UID != 0 && uint32(os.Geteuid()) != id.UID {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
 	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

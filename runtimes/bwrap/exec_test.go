@@ -234,6 +234,8 @@ func TestEnvironmentIsRebuiltFromNothing(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(s.agentDir, "workspace", ".env"), []byte("# agent's values\nFROM_DOTENV=dotenv value\nexport QUOTED=\"a b\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The agent's own file: the runtime reads it as the agent.
+	testenv.GiveTo(t, s.in.Identity.UID, filepath.Join(s.agentDir, "workspace", ".env"))
 	code, out, stderr := s.exec(t, "env")
 	if code != 0 {
 		t.Fatalf("env: exit %d stderr %q", code, stderr)
