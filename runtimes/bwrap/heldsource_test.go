@@ -204,7 +204,7 @@ print(done)
 			defer swappers.Done()
 			var out bytes.Buffer
 			_, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{
-				Argv: []string{"python3", "-c", swapper, c.dir, c.name, strconv.Itoa(swaps / len(components)), c.abs, c.rel},
+				Argv:   []string{"python3", "-c", swapper, c.dir, c.name, strconv.Itoa(swaps / len(components)), c.abs, c.rel},
 				Stdout: &out, Stderr: &bytes.Buffer{}})
 			if n, perr := strconv.Atoi(strings.TrimSpace(out.String())); err == nil && perr == nil {
 				swapped.Add(int64(n))
