@@ -297,6 +297,11 @@ func (in *SandboxClassSpec) DeepCopyInto(out *SandboxClassSpec) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.AllowedEnv != nil {
+		in, out := &in.AllowedEnv, &out.AllowedEnv
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.MaxMounts != nil {
 		in, out := &in.MaxMounts, &out.MaxMounts
 		*out = new(int32)
