@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/util/exec"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -95,6 +96,7 @@ type fixture struct {
 	agent   string
 	areas   string
 	roMount string
+	client  client.Client
 }
 
 func condition(typ string, ok bool) metav1.Condition {
@@ -156,7 +158,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.api = s
+	f.api, f.client = s, c
 	f.srv = httptest.NewTLSServer(s.Handler())
 	t.Cleanup(f.srv.Close)
 	return f

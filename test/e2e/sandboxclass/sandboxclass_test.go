@@ -94,13 +94,15 @@ func installAdmission() {
 	}
 }
 
-// teamA allows bwrap with mounts below srv/projects/team-a only, no devices.
+// teamA allows bwrap with mounts below srv/projects/team-a only, TZ and
+// the locale passed through, no devices.
 func teamA(name string) *v1alpha1.SandboxClass {
 	return &v1alpha1.SandboxClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: v1alpha1.SandboxClassSpec{
 			AllowedBackends:         []v1alpha1.Backend{v1alpha1.BackendBwrap},
 			AllowedMountSourceRoots: []string{filepath.Join(srv, "team-a")},
+			AllowedEnv:              []string{"TZ", "LC_*"},
 			MaxMounts:               ptr.To[int32](2),
 		},
 	}
@@ -190,6 +192,18 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		}
 	})
 
+	It("refuses at admission an env.passthrough team-a does not allow, with the controller's words", func() {
+		sb := sandbox(ns, "adm-env", "team-a", nil, v1alpha1.Devices{})
+		sb.Spec.Env.Passthrough = []v1alpha1.EnvVarName{"TZ", "AWS_SECRET_ACCESS_KEY"}
+		err := k8s.Create(ctx, sb)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring(expected(teamA("team-a"), sb)))
+		Expect(err.Error()).To(ContainSubstring(`spec.env.passthrough[1]: SandboxClass "team-a" does not allow passing the controller's variable "AWS_SECRET_ACCESS_KEY"`))
+		allowed := sandbox(ns, "adm-env-ok", "team-a", nil, v1alpha1.Devices{})
+		allowed.Spec.Env.Passthrough = []v1alpha1.EnvVarName{"TZ", "LC_ALL"}
+		Expect(k8s.Create(ctx, allowed)).To(Succeed())
+	})
+
 	It("refuses at admission a default class's rule for a Sandbox naming no class", func() {
 		def := teamA("default-for-test")
 		def.Labels = map[string]string{v1alpha1.DefaultClassLabel: "true"}
@@ -240,7 +254,8 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		in := described(sb)
 		Expect(in.Mounts).To(HaveLen(1))
-		Expect(in.Mounts[0].Source).To(Equal(filepath.Join(srv, "team-a", "app")), "the driver binds the source the class checked")
+		Expect(in.Mounts[0].Source).To(Equal(filepath.Join(srv, "team-a", "app-link")))
+		Expect(in.Mounts[0].Anchor).To(Equal(filepath.Join(srv, "team-a")), "the driver resolves the source beneath the root the class checked it under")
 
 		var cls v1alpha1.SandboxClass
 		Expect(k8s.Get(ctx, client.ObjectKey{Name: "team-a"}, &cls)).To(Succeed())
@@ -252,7 +267,7 @@ var _ = Describe("SandboxClass", Ordered, func() {
 			Expect(k8s.Update(ctx, &cls)).To(Succeed())
 		})
 		Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(testharness.SandboxIs(1, metav1.ConditionFalse, v1alpha1.ReasonClassForbids))
-		Expect(conditionMessage(ns, sb.Name)).To(ContainSubstring(`app-link" (on the node: "` + filepath.Join(srv, "team-a", "app") + `") lies outside the mount source roots SandboxClass "team-a" allows`))
+		Expect(conditionMessage(ns, sb.Name)).To(ContainSubstring(`app-link" lies outside the mount source roots SandboxClass "team-a" allows`))
 		Eventually(func() (bool, error) {
 			st, err := rec.Inspect(ctx, v1alpha1.InstanceName(sb.Spec.Agent))
 			return st.Running, err
