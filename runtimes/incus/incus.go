@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +74,38 @@ func RawIdmap(id runtimes.Identity) string {
 		return fmt.Sprintf("both %d %d", id.UID, id.UID)
 	}
 	return fmt.Sprintf("uid %d %d\ngid %d %d", id.UID, id.UID, id.GID, id.GID)
+}
+
+// Hardening is the configuration every instance gets so that an agent has
+// no more inside an Incus container than inside a containerd one: every
+// process of the container, the agent's commands included, runs with
+// no_new_privs (a setuid binary gains nothing) and an empty capability
+// bounding set (root inside has no capability either), and cannot create
+// user namespaces (in which it would hold every capability again: mount
+// a tmpfs, configure a network namespace). Each instance gets a host id
+// range of its own (security.idmap.isolated), so root of one container
+// is nobody in another, even where two Sandboxes share a mount source.
+// Setting up the mapped account needs none of it: the driver writes the
+// account's files through the daemon's file API.
+var Hardening = map[string]string{
+	"raw.lxc":                 "lxc.no_new_privs = 1\nlxc.cap.keep = none\nlxc.sysctl.user.max_user_namespaces = 0\n",
+	"security.idmap.isolated": "true",
+}
+
+// hardened says which of Hardening config lacks, for RestartRequired;
+// "" when it has all of it.
+func hardened(config map[string]string) string {
+	var missing []string
+	for k, v := range Hardening {
+		if config[k] != v {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	slices.Sort(missing)
+	return "hardening (" + strings.Join(missing, ", ") + ")"
 }
 
 // agentIdentity is the identity an instance's commands run as; host root

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"strings"
 
@@ -66,7 +67,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	}
 	running := inst.Status == incusapi.StatusRunning
 
-	if inst.Config[KeyConfigHash] != in.ConfigHash || !devicesEqual(ownDevices(inst.Devices), want) {
+	if inst.Config[KeyConfigHash] != in.ConfigHash || !devicesEqual(ownDevices(inst.Devices), want) || hardened(inst.Config) != "" {
 		old, err := decodeInstance(inst)
 		if err != nil {
 			// Without the record the image counts as changed: the root is
@@ -74,6 +75,11 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 			old = runtimes.Instance{}
 		}
 		change := Diff(old, in, inst.Config["raw.idmap"], RawIdmap(id))
+		if h := hardened(inst.Config); h != "" {
+			// An instance made before the driver hardened instances takes
+			// it on its next stop and start.
+			change.Restart = append(change.Restart, h)
+		}
 		if running && change.NeedsRestart() {
 			st := stateOf(inst)
 			st.RestartRequired = change.String()
@@ -219,12 +225,14 @@ func (r *Runtime) recorded(in runtimes.Instance) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]string{
+	config := map[string]string{
 		KeyOwner:      in.Owner,
 		KeyConfigHash: in.ConfigHash,
 		KeyInstance:   desc,
 		"raw.idmap":   RawIdmap(in.Identity),
-	}, nil
+	}
+	maps.Copy(config, Hardening)
+	return config, nil
 }
 
 // create makes the instance, stopped: Ensure starts it and sets up the

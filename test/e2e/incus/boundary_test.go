@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -107,3 +109,63 @@ func isMountPoint(p string) bool {
 	}
 	return st.Mnt_id != parent.Mnt_id
 }
+
+var _ = Describe("Incus agents against the host and each other", func() {
+	// An agent inside an Incus container once kept every capability in its
+	// bounding set, could gain privileges (no_new_privs 0) and create user
+	// namespaces holding every capability, and all containers shared one
+	// host id range: root of one container planted a setuid binary in a
+	// mount source two Sandboxes share, and the other's agent ran it as its
+	// container's root.
+	It("gives agent commands no capabilities, no_new_privs and no user namespaces, and each instance ids of its own", func() {
+		ns := env.NewNamespace()
+		shared := filepath.Join(env.Dir, ns+"-shared")
+		Expect(os.MkdirAll(shared, 0o777)).To(Succeed())
+		Expect(os.Chmod(shared, 0o777)).To(Succeed())
+		var names []string
+		var sbs []*v1alpha1.Sandbox
+		for _, n := range []string{"hard-a", "hard-b"} {
+			sb := newSandbox(ns, n)
+			sb.Spec.Binaries = append(sb.Spec.Binaries, "grep", "unshare", "cp", "chmod")
+			sb.Spec.Mounts = []v1alpha1.Mount{{Source: shared, Target: "shared", Mode: v1alpha1.MountReadWrite}}
+			Expect(k8s.Create(ctx, sb)).To(Succeed())
+			DeferCleanup(func() { env.DeleteAndWait(sb) })
+			Expect(k8s.Create(ctx, newClaim(ns, n+"-claim", n))).To(Succeed())
+			sbs = append(sbs, sb)
+			names = append(names, instanceOf(sb))
+		}
+		for _, n := range []string{"hard-a", "hard-b"} {
+			Eventually(sandboxStatus(ns, n), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		}
+
+		By("the agent's commands hold no capability, cannot gain one and make no user namespace")
+		code, out := run(names[0], `grep -E '^(CapPrm|CapEff|CapBnd|NoNewPrivs):' /proc/self/status; unshare -U -r true && echo USERNS-MADE || echo no-userns`)
+		Expect(code).To(Equal(0), out)
+		Expect(out).To(ContainSubstring("CapBnd:\t0000000000000000"))
+		Expect(out).To(ContainSubstring("CapEff:\t0000000000000000"))
+		Expect(out).To(ContainSubstring("NoNewPrivs:\t1"))
+		Expect(out).To(ContainSubstring("no-userns"))
+		Expect(out).NotTo(ContainSubstring("USERNS-MADE"))
+
+		By("each instance maps a host id range of its own")
+		_, mapA := run(names[0], `cat /proc/self/uid_map`)
+		_, mapB := run(names[1], `cat /proc/self/uid_map`)
+		Expect(strings.Fields(mapA)[:3]).NotTo(Equal(strings.Fields(mapB)[:3]), "container root of both instances is the same host id:\n%s\n%s", mapA, mapB)
+
+		By("root of one container plants a setuid binary in the shared source; the other's agent runs it as itself")
+		cmd, cancel := testenv.Command(time.Minute, "incus", "exec", names[0], "--", "sh", "-c", "cp /bin/sh /workspace/shared/suid-sh && chmod 4755 /workspace/shared/suid-sh")
+		defer cancel()
+		plant, err := cmd.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(plant))
+		fi, err := os.Stat(filepath.Join(shared, "suid-sh"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Mode() & os.ModeSetuid).NotTo(BeZero())
+		// The other container does not see the file as its root's: its
+		// owner is no id of that container (and no_new_privs above means
+		// a setuid bit gains nothing there anyway).
+		code, out = run(names[1], `stat -c %u /workspace/shared/suid-sh`)
+		Expect(code).To(Equal(0), out)
+		Expect(strings.TrimSpace(out)).To(Equal("65534"), "the file another container's root planted is owned by this container's root")
+		Expect(agentID(sbs[1]).UID).NotTo(BeZero())
+	})
+})
