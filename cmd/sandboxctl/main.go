@@ -48,6 +48,7 @@ Usage:
   sandboxctl exec    [-n NS] [-i] [--via api-server|node] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
   sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
   sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] --digest D TARGET
+  sandboxctl repair  --config FILE --agent NAME [--areas-root DIR]
 
 run      runs one command in the sandbox and exits with its exit code; its
          stdin, stdout and stderr are the command's. A refused command runs
@@ -81,6 +82,10 @@ diff     lists what the sandbox changed in an overlay mount (mode =
          and SHA-256, relative to the mount, and a digest of the whole set.
 apply    writes those changes to the mount's host source, only if they still
          have the digest given with --digest; otherwise it changes nothing.
+repair   moves aside (renames to NAME.blocked-TIME, deleting nothing) each
+         symbolic link or file the agent left on the way to a custom mount's
+         destination in its workspace: with one there no sandbox can be
+         built, so run refuses every command until it is gone.
 
 The configuration file is optional: a missing file means the bwrap backend
 with no mounts and no allowed binaries. Agent areas live in
@@ -114,6 +119,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return execCommand(args[1:], stdin, stdout, stderr)
 	case "diff", "apply":
 		return overlayCommand(args[0], args[1:], stdout, stderr)
+	case "repair":
+		return repair(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -215,6 +222,7 @@ func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	st, err := r.Exec(ctx, runtimes.ExecRequest{Argv: argv, Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		fmt.Fprint(stderr, repairHint(err, &f))
 		if runtimes.ReasonOf(err) == runtimes.ReasonRefused {
 			return exitRefused
 		}

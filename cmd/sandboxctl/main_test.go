@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -249,5 +250,56 @@ func TestRunWithTheSandboxDisabled(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "SANDBOX IS DISABLED") || !strings.Contains(stderr, fmt.Sprintf("uid %d, gid %d", os.Geteuid(), os.Getegid())) {
 		t.Fatalf("the warning does not say whose identity the command has: %q", stderr)
+	}
+}
+
+// An agent that puts a link on the way to a mount's destination leaves a
+// standalone sandbox that cannot be built: run says so and names the way
+// out, repair moves the link aside (deleting nothing) and the next
+// command runs with the mount in place.
+func TestRepairAfterALinkOnAMountDestination(t *testing.T) {
+	needBwrap(t)
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "marker"), []byte("MOUNT\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	areas := filepath.Join(dir, "areas")
+	cfg := writeConfig(t, dir, fmt.Sprintf("mounts = [{source = %q, target = \"a/b\", mode = \"ro\"}]\n[bwrap]\nbinaries = [\"sh\", \"ln\", \"mv\", \"cat\"]\n", src))
+	flags := []string{"--config", cfg, "--agent", "zed", "--areas-root", areas}
+	runIn := func(script string) (int, string, string) {
+		return sandboxctl(t, "", append(append([]string{"run"}, flags...), "--", "sh", "-c", script)...)
+	}
+	if code, out, stderr := runIn(`mv /workspace/a /workspace/a.moved && ln -s /etc /workspace/a`); code != 0 {
+		t.Fatalf("the agent's link: exit %d %q %q", code, out, stderr)
+	}
+	code, _, stderr := runIn(`cat /workspace/a/b/marker`)
+	if code != exitFailed || !strings.Contains(stderr, "/workspace/a/b") || !strings.Contains(stderr, "sandboxctl repair --config "+cfg+" --agent zed") {
+		t.Fatalf("with the link: exit %d stderr %q; want a failure naming the destination and the repair", code, stderr)
+	}
+	code, out, stderr := sandboxctl(t, "", append([]string{"repair"}, flags...)...)
+	if code != 0 || !strings.Contains(out, "moved /workspace/a aside to a.blocked-") {
+		t.Fatalf("repair: exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	code, out, stderr = runIn(`cat /workspace/a/b/marker`)
+	if code != 0 || out != "MOUNT\n" {
+		t.Fatalf("after the repair: exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	entries, err := os.ReadDir(filepath.Join(areas, "zed", "workspace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, e := range entries {
+		kept = append(kept, e.Name())
+	}
+	if !slices.ContainsFunc(kept, func(n string) bool { return strings.HasPrefix(n, "a.blocked-") }) || !slices.Contains(kept, "a.moved") {
+		t.Fatalf("the workspace holds %v; the link and the agent's directory must both be kept", kept)
 	}
 }

@@ -467,3 +467,67 @@ func MakePrivate(dir string) error {
 	}
 	return nil
 }
+
+// Blocker is a component an agent left on the way to a custom mount's
+// destination (a symbolic link, a file) and Repair moved aside.
+type Blocker struct {
+	// Path is the component's sandbox path, from /workspace.
+	Path string
+	// MovedTo is the name it now has, beside it.
+	MovedTo string
+}
+
+// Repair moves aside, within the workspace, every symbolic link or
+// non-directory an agent left on the way to a custom mount's destination,
+// so that a tree can be built again. Nothing is deleted: each one is
+// renamed beside itself to <name>.blocked-<unix time>. The workspace is
+// held (workspace resolved once, no link followed) and each component is
+// reached and renamed through the descriptor of its parent.
+func (t Tree) Repair(workspace areas.HostDir, now int64) ([]Blocker, error) {
+	ws, err := workspace.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	var out []Blocker
+	for _, b := range t.Binds {
+		moved, err := repairPath(int(ws.Fd()), b.Rel, now)
+		if err != nil {
+			return out, fmt.Errorf("repairing the way to /workspace/%s: %w", b.Rel, err)
+		}
+		out = append(out, moved...)
+	}
+	return out, nil
+}
+
+func repairPath(root int, rel string, now int64) ([]Blocker, error) {
+	cur, err := unix.Dup(root)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { unix.Close(cur) }()
+	var out []Blocker
+	done := "/workspace"
+	for _, c := range strings.Split(filepath.Clean(rel), "/") {
+		next, err := unix.Openat2(cur, c, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveNoLinks})
+		switch {
+		case err == nil:
+			unix.Close(cur)
+			cur, done = next, done+"/"+c
+			continue
+		case errors.Is(err, unix.ENOENT):
+			// The build creates what is missing.
+			return out, nil
+		case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV):
+			aside := fmt.Sprintf("%s.blocked-%d", c, now)
+			if err := unix.Renameat2(cur, c, cur, aside, unix.RENAME_NOREPLACE); err != nil {
+				return out, fmt.Errorf("moving %s/%s aside: %w", done, c, err)
+			}
+			out = append(out, Blocker{Path: done + "/" + c, MovedTo: aside})
+			return out, nil
+		default:
+			return out, fmt.Errorf("opening %s/%s: %w", done, c, err)
+		}
+	}
+	return out, nil
+}
