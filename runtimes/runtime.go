@@ -106,6 +106,9 @@ const (
 	// ReasonHostDisksNotPermitted: the Incus project forbids disk devices
 	// backed by host paths, which the areas and mounts are.
 	ReasonHostDisksNotPermitted
+	// ReasonHardeningNotPermitted: the Incus project forbids the low-level
+	// configuration (raw.lxc) the driver hardens every instance with.
+	ReasonHardeningNotPermitted
 
 	// ReasonHealthy: the writable root and the overlay mounts are present,
 	// mounted and within their limits.

@@ -68,6 +68,10 @@ const (
 	// ReasonHostDisksNotPermitted: the Incus project does not permit the
 	// host directories the areas and mounts need.
 	ReasonHostDisksNotPermitted = "HostDisksNotPermitted"
+	// ReasonHardeningNotPermitted: the Incus project does not permit the
+	// low-level configuration (raw.lxc) every instance is hardened with;
+	// the message names the setting.
+	ReasonHardeningNotPermitted = "HardeningNotPermitted"
 	// ReasonMountSourceMissing: a custom mount's host source does not
 	// exist, is not a directory, or is a symbolic-link loop; the message
 	// names the mount, the path and the problem. Commands could not run, so

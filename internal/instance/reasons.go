@@ -20,6 +20,7 @@ var runtimeReasons = map[runtimes.Reason]string{
 	runtimes.ReasonMountSourceMissing:    v1alpha1.ReasonMountSourceMissing,
 	runtimes.ReasonIdmapNotPermitted:     v1alpha1.ReasonIdmapNotPermitted,
 	runtimes.ReasonHostDisksNotPermitted: v1alpha1.ReasonHostDisksNotPermitted,
+	runtimes.ReasonHardeningNotPermitted: v1alpha1.ReasonHardeningNotPermitted,
 	runtimes.ReasonHealthy:               v1alpha1.ReasonHealthy,
 	runtimes.ReasonSnapshotMissing:       v1alpha1.ReasonSnapshotMissing,
 	runtimes.ReasonNotMounted:            v1alpha1.ReasonNotMounted,

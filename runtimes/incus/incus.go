@@ -138,6 +138,10 @@ type Config struct {
 	LookupEnv func(string) (string, bool)
 	// Client tunes the REST client's timeouts.
 	Client incusapi.Options
+	// HeldDir is where the driver binds each disk device's source from a
+	// held directory (held.go): a directory only the controller writes,
+	// in the daemon's mount namespace. Empty means DefaultHeldDir.
+	HeldDir string
 }
 
 // DefaultSocket is the socket the incus command would use: INCUS_SOCKET,
@@ -185,6 +189,12 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if cfg.LookupEnv == nil {
 		cfg.LookupEnv = os.LookupEnv
+	}
+	if cfg.HeldDir == "" {
+		cfg.HeldDir = DefaultHeldDir
+	}
+	if !filepath.IsAbs(cfg.HeldDir) {
+		return nil, fmt.Errorf("incus driver: held source directory %q must be an absolute path", cfg.HeldDir)
 	}
 	return &Runtime{cfg: cfg, client: incusapi.New(cfg.Socket, cfg.Client), projects: map[string]string{}}, nil
 }
@@ -296,12 +306,17 @@ func (r *Runtime) restricted(op string, in runtimes.Instance, project string, er
 			"Incus project %q is restricted and does not permit raw.idmap for the agent's host UID %d and GID %d; "+
 				"the project must permit the controller's agent id range: incus project set %s restricted.idmap.uid=%d restricted.idmap.gid=%d (daemon said: %v)",
 			project, id.UID, id.GID, project, id.UID, id.GID, err)
+	case strings.Contains(msg, "raw.lxc") && strings.Contains(msg, "forbidden"):
+		return runtimes.Errorf(runtimes.ReasonHardeningNotPermitted, op, in.Name,
+			"Incus project %q is restricted and does not permit the low-level configuration every instance is hardened with "+
+				"(raw.lxc: no_new_privs, no capabilities, no user namespaces); the project must permit it: incus project set %s restricted.containers.lowlevel=allow (daemon said: %v)",
+			project, project, err)
 	case strings.Contains(msg, "disks not backed by a pool is forbidden") ||
 		(strings.Contains(msg, "Disk source path") && strings.Contains(msg, "not allowed")):
 		return runtimes.Errorf(runtimes.ReasonHostDisksNotPermitted, op, in.Name,
-			"Incus project %q is restricted and does not permit disk devices backed by host paths, which the agent's areas and mounts are; "+
-				"the project must permit them: incus project set %s restricted.devices.disk=allow restricted.devices.disk.paths=%s (daemon said: %v)",
-			project, project, strings.Join(hostPaths(in), ","), err)
+			"Incus project %q is restricted and does not permit disk devices backed by host paths, which the agent's areas and mounts are "+
+				"(each bound from a held directory below %s); the project must permit them: incus project set %s restricted.devices.disk=allow restricted.devices.disk.paths=%s (daemon said: %v)",
+			project, r.cfg.HeldDir, project, r.cfg.HeldDir, err)
 	case strings.Contains(msg, "idmap") && (strings.Contains(msg, "not allowed") || strings.Contains(msg, "subuid") || strings.Contains(msg, "subgid")):
 		return notDelegated(op, in, fmt.Sprintf("daemon said: %v", err))
 	}
@@ -337,14 +352,4 @@ func startRefusal(op string, in runtimes.Instance, log string) error {
 		}
 	}
 	return nil
-}
-
-// hostPaths are the host directories an instance's disk devices bind: the
-// agent directory for the areas, and each mount source.
-func hostPaths(in runtimes.Instance) []string {
-	out := []string{in.AgentDir}
-	for _, m := range in.Mounts {
-		out = append(out, m.Source)
-	}
-	return out
 }

@@ -28,7 +28,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonRefused, op, in.Name, "%w", err)
 	}
-	want, err := Devices(in)
+	want, err := r.devices(in)
 	if err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, op, in.Name, "%w", err)
 	}
@@ -44,6 +44,9 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	}
 	if err := runtimes.MountOverlays(nil, in); err != nil {
 		return runtimes.State{}, err
+	}
+	if err := r.holdSources(in); err != nil {
+		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonMountSourceMissing, op, in.Name, "%w", err)
 	}
 	project := r.projectOf(in)
 	cl := r.client.InProject(project)
@@ -355,14 +358,15 @@ func (r *Runtime) Stop(ctx context.Context, name string) error {
 	if inst.Config[KeyOwner] == "" {
 		return runtimes.Errorf(runtimes.ReasonNameConflict, op, name, "the instance was not made by this controller (no %s key); leaving it", KeyOwner)
 	}
-	if inst.Status != incusapi.StatusRunning {
-		unmountOverlays(inst)
-		return nil
-	}
-	if err := r.stop(ctx, cl, name); err != nil {
-		return r.fail(op, name, err)
+	if inst.Status == incusapi.StatusRunning {
+		if err := r.stop(ctx, cl, name); err != nil {
+			return r.fail(op, name, err)
+		}
 	}
 	unmountOverlays(inst)
+	if err := r.releaseSources(name); err != nil {
+		return runtimes.Errorf(runtimes.ReasonFailed, op, name, "%w", err)
+	}
 	return nil
 }
 
@@ -416,6 +420,9 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 		return r.fail(op, name, err)
 	}
 	unmountOverlays(inst)
+	if err := r.releaseSources(name); err != nil {
+		return runtimes.Errorf(runtimes.ReasonFailed, op, name, "%w", err)
+	}
 	r.forget(name)
 	return nil
 }

@@ -531,3 +531,48 @@ func repairPath(root int, rel string, now int64) ([]Blocker, error) {
 	}
 	return out, nil
 }
+
+// BindAt binds source, resolved once and held, at dest, a directory only
+// the controller writes (created when missing): a clone of the held
+// directory's mount with its submounts, nosuid and nodev, read-only when
+// asked. A runtime that binds by path (Incus) is given dest, never a path
+// a tenant named or an agent can change. Whatever was bound at dest before
+// is detached first.
+func BindAt(source areas.HostDir, dest string, readOnly bool) error {
+	if err := detach(dest); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dest, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", dest, err)
+	}
+	return attach(source, true, readOnly, func(fd int) error {
+		return unix.MoveMount(fd, "", unix.AT_FDCWD, dest, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	})
+}
+
+// Holds reports whether dest is a mount of source as it resolves now.
+func Holds(dest string, source areas.HostDir) bool {
+	fd, err := unix.Open(dest, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var self, parent unix.Statx_t
+	if unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &self) != nil ||
+		unix.Statx(unix.AT_FDCWD, filepath.Dir(dest), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &parent) != nil ||
+		self.Mnt_id == parent.Mnt_id {
+		return false
+	}
+	return sameDir(fd, source) == nil
+}
+
+// Unbind detaches whatever is bound at dest and removes the directory.
+func Unbind(dest string) error {
+	if err := detach(dest); err != nil {
+		return err
+	}
+	if err := unix.Rmdir(dest); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("removing %s: %w", dest, err)
+	}
+	return nil
+}

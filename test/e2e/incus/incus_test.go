@@ -24,6 +24,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
 )
@@ -296,7 +297,7 @@ var _ = Describe("Incus failures", func() {
 		env.DeleteAndWait(sb)
 	})
 
-	It("says what a restricted project must permit: raw.idmap for the agent's ids, then host-path disks", func() {
+	It("says what a restricted project must permit: raw.idmap for the agent's ids, then the hardening, then host-path disks", func() {
 		ns := env.NewNamespace()
 		project := "sbx-" + ns
 		createRestrictedProject(project)
@@ -319,14 +320,22 @@ var _ = Describe("Incus failures", func() {
 		})
 		nudge(sb)
 		Eventually(sandboxStatus(ns, "restricted"), timeout).Should(HaveField("Conditions", And(
+			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonHardeningNotPermitted),
+			ContainElement(HaveField("Message", ContainSubstring("restricted.containers.lowlevel=allow"))),
+		)))
+
+		By("permitting the hardening: the next thing the project must permit is named")
+		patchProject(project, map[string]string{"restricted.containers.lowlevel": "allow"})
+		nudge(sb)
+		Eventually(sandboxStatus(ns, "restricted"), timeout).Should(HaveField("Conditions", And(
 			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonHostDisksNotPermitted),
 			ContainElement(HaveField("Message", ContainSubstring("restricted.devices.disk=allow"))),
 		)))
 
-		By("permitting host-path disks below the areas: Ready")
+		By("permitting host-path disks below the driver's held sources: Ready")
 		patchProject(project, map[string]string{
 			"restricted.devices.disk":       "allow",
-			"restricted.devices.disk.paths": env.AreasRoot,
+			"restricted.devices.disk.paths": incus.DefaultHeldDir,
 		})
 		nudge(sb)
 		Eventually(sandboxStatus(ns, "restricted"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
