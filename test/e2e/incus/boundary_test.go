@@ -169,3 +169,57 @@ var _ = Describe("Incus agents against the host and each other", func() {
 		Expect(agentID(sbs[1]).UID).NotTo(BeZero())
 	})
 })
+
+var _ = Describe("Incus mount sources against the agent", func() {
+	// The daemon binds disk devices by path when an instance starts. An
+	// agent that replaces a component of a mount source's path (inside
+	// another of its mounts) with a link once had the daemon bind what the
+	// link named. The driver now resolves each source beneath its anchor
+	// without links where the agent reaches it, and gives the daemon only
+	// its own held binds.
+	It("never binds what a link swapped into a mount source's path names", func() {
+		ns := env.NewNamespace()
+		host := filepath.Join(env.Dir, ns+"-host")
+		team := filepath.Join(host, "team")
+		src := filepath.Join(team, "a", "src")
+		decoy := filepath.Join(host, "decoy")
+		for _, d := range []string{src, filepath.Join(decoy, "src")} {
+			Expect(os.MkdirAll(d, 0o755)).To(Succeed())
+		}
+		Expect(os.WriteFile(filepath.Join(src, "marker"), []byte("MOUNT\n"), 0o644)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(decoy, "src", "marker"), []byte("HOST\n"), 0o644)).To(Succeed())
+		sb := newSandbox(ns, "swapped")
+		sb.Spec.Binaries = append(sb.Spec.Binaries, "mv", "ln")
+		sb.Spec.Mounts = []v1alpha1.Mount{
+			{Source: team, Target: "team", Mode: v1alpha1.MountReadWrite},
+			{Source: src, Target: "src", Mode: v1alpha1.MountReadWrite},
+		}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(sb) })
+		Expect(k8s.Create(ctx, newClaim(ns, "c1", "swapped"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "swapped"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		name := instanceOf(sb)
+		giveTo(sb, team)
+		code, out := run(name, fmt.Sprintf(`mv /workspace/team/a /workspace/team/a.real && ln -s %s /workspace/team/a && cat /workspace/src/marker`, decoy))
+		Expect(code).To(Equal(0), out)
+		Expect(out).To(Equal("MOUNT\n"), "the running instance keeps the source it was started with")
+
+		By("the next start binds nothing the link names, and says why")
+		env.DeleteAndWait(newClaim(ns, "c1", "swapped"))
+		Eventually(sandboxStatus(ns, "swapped"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		Expect(k8s.Create(ctx, newClaim(ns, "c2", "swapped"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "swapped"), timeout).Should(HaveField("Conditions", And(
+			haveCondition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonMountSourceMissing),
+			ContainElement(HaveField("Message", ContainSubstring("symbolic link"))))))
+		Expect(inspect(name).Running).To(BeFalse())
+		Expect(isMountPoint(filepath.Join(decoy, "src"))).To(BeFalse())
+
+		By("put back by the host's owner, the instance starts with the source it was given")
+		Expect(os.Remove(filepath.Join(team, "a"))).To(Succeed())
+		Expect(os.Rename(filepath.Join(team, "a.real"), filepath.Join(team, "a"))).To(Succeed())
+		nudge(sb)
+		Eventually(sandboxStatus(ns, "swapped"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		_, out = run(name, `cat /workspace/src/marker`)
+		Expect(out).To(Equal("MOUNT\n"))
+	})
+})
