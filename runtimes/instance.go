@@ -92,10 +92,30 @@ type Instance struct {
 	// StopOnExit asks the controller to stop the instance when it shuts
 	// down (incus shutdownOnExit, default true).
 	StopOnExit bool `json:"stopOnExit"`
+	// Resources bound the instance's commands together; every driver
+	// enforces them.
+	Resources Resources `json:"resources"`
 	// ConfigHash identifies everything above; a running instance whose hash
 	// differs needs a restart to take the change.
 	ConfigHash string `json:"-"`
 }
+
+// Resources are an instance's requests and limits; zero means none.
+type Resources struct {
+	// CPUMillis is the CPU limit in thousandths of a core.
+	CPUMillis int64 `json:"cpuMillis,omitempty"`
+	// MemoryBytes is the memory limit.
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// Pids is the limit of processes and threads.
+	Pids int64 `json:"pids,omitempty"`
+	// CPURequestMillis and MemoryRequestBytes are what is expected: a
+	// cgroup's CPU weight, a scheduler's reservation.
+	CPURequestMillis   int64 `json:"cpuRequestMillis,omitempty"`
+	MemoryRequestBytes int64 `json:"memoryRequestBytes,omitempty"`
+}
+
+// Any reports whether r limits anything.
+func (r Resources) Any() bool { return r.CPUMillis > 0 || r.MemoryBytes > 0 || r.Pids > 0 }
 
 // Devices are the host devices the sandbox sees.
 type Devices struct {

@@ -70,6 +70,22 @@ type ExecRequest struct {
 	Stderr io.Writer
 }
 
+// Usage is what an instance's commands use now, from its cgroup.
+type Usage struct {
+	MemoryBytes int64
+	Pids        int64
+	CPUSeconds  float64
+	// OOMKills counts processes the memory limit killed, PidsLimited the
+	// forks the pids limit refused, since the instance started.
+	OOMKills    int64
+	PidsLimited int64
+}
+
+// UsageReader is a Runtime that can say what an instance uses.
+type UsageReader interface {
+	Usage(name string) (Usage, error)
+}
+
 // ExitStatus is how a command ended.
 type ExitStatus struct {
 	Code int
@@ -109,6 +125,9 @@ const (
 	// ReasonHardeningNotPermitted: the Incus project forbids the low-level
 	// configuration (raw.lxc) the driver hardens every instance with.
 	ReasonHardeningNotPermitted
+	// ReasonLimitsUnavailable: the instance's resource limits cannot be
+	// enforced (no cgroup can be made).
+	ReasonLimitsUnavailable
 
 	// ReasonHealthy: the writable root and the overlay mounts are present,
 	// mounted and within their limits.

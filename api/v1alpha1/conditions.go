@@ -72,6 +72,10 @@ const (
 	// low-level configuration (raw.lxc) every instance is hardened with;
 	// the message names the setting.
 	ReasonHardeningNotPermitted = "HardeningNotPermitted"
+	// ReasonLimitsUnavailable: the Sandbox's resource limits cannot be
+	// enforced on this node (no cgroup can be made); nothing runs
+	// unlimited unless the controller was told to allow it.
+	ReasonLimitsUnavailable = "LimitsUnavailable"
 	// ReasonMountSourceMissing: a custom mount's host source does not
 	// exist, is not a directory, or is a symbolic-link loop; the message
 	// names the mount, the path and the problem. Commands could not run, so

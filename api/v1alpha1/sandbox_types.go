@@ -107,19 +107,58 @@ type Environment struct {
 	Passthrough []EnvVarName `json:"passthrough,omitempty"`
 }
 
+// ResourceAmounts are amounts of CPU and memory in Kubernetes' units
+// ("500m" or "2" CPUs, "512Mi" of memory).
+type ResourceAmounts struct {
+	// CPU in cores: "250m" is a quarter of one.
+	// +optional
+	CPU *resource.Quantity `json:"cpu,omitempty"`
+	// Memory in bytes: "512Mi". The 64 MiB /tmp is a tmpfs and counts
+	// against a memory limit.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+}
+
+// Resources bound what a Sandbox's commands use together, on every
+// backend: a bwrap Sandbox's commands share a cgroup of their own, a
+// containerd or Incus instance is limited as a whole. Requests are what a
+// scheduler reserves; limits are enforced (CPU by throttling, memory by
+// the kernel's OOM killer, processes by refusing fork).
+type Resources struct {
+	// Requests are what the Sandbox is expected to use.
+	// +optional
+	Requests ResourceAmounts `json:"requests,omitempty"`
+	// Limits are what it may not exceed.
+	// +optional
+	Limits ResourceAmounts `json:"limits,omitempty"`
+	// PidsLimit caps the processes and threads of the Sandbox's commands
+	// together, from 1 to 4194304 (the kernel's largest pid_max). Without
+	// a SandboxClass saying otherwise it is DefaultPidsLimit.
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 4194304",message="pidsLimit must be between 1 and 4194304 (the kernel's largest pid_max)"
+	// +optional
+	PidsLimit *int64 `json:"pidsLimit,omitempty"`
+}
+
+// DefaultPidsLimit is the pids limit of a Sandbox that sets none and whose
+// class (if any) gives none: enough for builds and test runners, far below
+// what it takes to exhaust a node's process table.
+const DefaultPidsLimit = 2048
+
 // ContainerdSpec configures the containerd backend.
 type ContainerdSpec struct {
 	// Image is the image reference the container is created from. It must be
 	// present in the controller's containerd namespace; it is never pulled.
 	// +kubebuilder:validation:MinLength=1
 	Image string `json:"image"`
-	// MemoryLimit caps the container's memory. The 64 MiB /tmp is a tmpfs
-	// and counts against it.
+	// MemoryLimit caps the container's memory. Deprecated: use
+	// spec.resources.limits.memory, which every backend enforces; this
+	// field is read when that one is unset, for one more release.
 	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="memoryLimit must be more than zero (leave it out for no limit)"
 	// +optional
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
 	// PidsLimit caps the number of processes in the container, from 1 to
-	// 4194304 (the kernel's largest pid_max).
+	// 4194304 (the kernel's largest pid_max). Deprecated: use
+	// spec.resources.pidsLimit, read when that one is unset.
 	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 4194304",message="pidsLimit must be between 1 and 4194304 (the kernel's largest pid_max)"
 	// +optional
 	PidsLimit *int64 `json:"pidsLimit,omitempty"`
@@ -247,6 +286,12 @@ type SandboxSpec struct {
 	// +optional
 	Env Environment `json:"env,omitempty"`
 
+	// Resources bound the CPU, memory and processes of the Sandbox's
+	// commands, on every backend; a SandboxClass may give defaults and
+	// maximums.
+	// +optional
+	Resources *Resources `json:"resources,omitempty"`
+
 	// Containerd configures the containerd backend; required with it.
 	// +optional
 	Containerd *ContainerdSpec `json:"containerd,omitempty"`
@@ -368,4 +413,40 @@ func (sb *Sandbox) Node() string {
 		return sb.Spec.NodeName
 	}
 	return sb.Status.NodeName
+}
+
+// ResourcesOrDeprecated is spec.resources, with the deprecated
+// spec.containerd.memoryLimit and pidsLimit taken where it sets no memory
+// limit or pids limit of its own.
+func (s *SandboxSpec) ResourcesOrDeprecated() Resources {
+	var r Resources
+	if s.Resources != nil {
+		r = *s.Resources.DeepCopy()
+	}
+	if c := s.Containerd; c != nil {
+		if r.Limits.Memory == nil && c.MemoryLimit != nil {
+			m := c.MemoryLimit.DeepCopy()
+			r.Limits.Memory = &m
+		}
+		if r.PidsLimit == nil && c.PidsLimit != nil {
+			p := *c.PidsLimit
+			r.PidsLimit = &p
+		}
+	}
+	return r
+}
+
+// UsesDeprecatedLimits names the deprecated fields spec sets, for a
+// warning; nil when none.
+func (s *SandboxSpec) UsesDeprecatedLimits() []string {
+	var out []string
+	if c := s.Containerd; c != nil {
+		if c.MemoryLimit != nil {
+			out = append(out, "spec.containerd.memoryLimit (use spec.resources.limits.memory)")
+		}
+		if c.PidsLimit != nil {
+			out = append(out, "spec.containerd.pidsLimit (use spec.resources.pidsLimit)")
+		}
+	}
+	return out
 }

@@ -54,10 +54,12 @@ type ClassImages struct {
 
 // ClassLimits are resource limits of the containerd and incus backends.
 type ClassLimits struct {
-	// MemoryLimit bounds spec.containerd.memoryLimit.
+	// MemoryLimit bounds the memory limit of every backend where
+	// MaxResources (DefaultResources) gives none. Deprecated: use those.
 	// +optional
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
-	// PidsLimit bounds spec.containerd.pidsLimit.
+	// PidsLimit bounds the pids limit of every backend where MaxResources
+	// (DefaultResources) gives none. Deprecated: use those.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=4194304
 	// +optional
@@ -131,6 +133,17 @@ type SandboxClassSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]{1,10}:[0-9]{1,10}$')",message="agentIDs is FIRST:COUNT, two decimal numbers"
 	// +optional
 	AgentIDs string `json:"agentIDs,omitempty"`
+
+	// DefaultResources apply, field by field, where a Sandbox sets none of
+	// its own (spec.resources), on every backend.
+	// +optional
+	DefaultResources *Resources `json:"defaultResources,omitempty"`
+
+	// MaxResources bound what a Sandbox may set in spec.resources, on every
+	// backend. A Sandbox that sets nothing gets the default, else the
+	// maximum.
+	// +optional
+	MaxResources *Resources `json:"maxResources,omitempty"`
 
 	// DefaultLimits apply where a Sandbox sets no limit of its own. The
 	// controller applies them to the instance it starts; the Sandbox's spec

@@ -26,6 +26,11 @@ const (
 	MsgMemoryPositive    = "memoryLimit must be more than zero (leave it out for no limit)"
 	MsgRootfsPositive    = "rootfsSizeLimit must be more than zero (leave it out for no limit)"
 	MsgRootPositive      = "rootSizeLimit must be more than zero (leave it out for no limit)"
+	// MsgResourcePositive and MsgRequestAboveLimit are Go rules only (as
+	// MsgMountSizePositive): CEL on quantities costs more than the API
+	// server allows.
+	MsgResourcePositive  = "CPU and memory amounts must be more than zero (leave one out for no request or no limit)"
+	MsgRequestAboveLimit = "a request must not be above the limit of the same resource"
 )
 
 // MaxIdleTimeout bounds spec.idleTimeout: an instance left running for
@@ -136,11 +141,35 @@ func validateInput(spec *SandboxSpec, p *field.Path) field.ErrorList {
 	if in := spec.Incus; in != nil {
 		errs = append(errs, positive(p.Child("incus", "rootSizeLimit"), in.RootSizeLimit, MsgRootPositive)...)
 	}
+	if r := spec.Resources; r != nil {
+		errs = append(errs, validateResources(p.Child("resources"), r)...)
+	}
 	switch spec.RestartPolicy {
 	case "", RestartWhenIdle, RestartImmediate:
 	default:
 		errs = append(errs, field.NotSupported(p.Child("restartPolicy"), spec.RestartPolicy,
 			[]string{string(RestartWhenIdle), string(RestartImmediate)}))
+	}
+	return errs
+}
+
+// validateResources applies the rules of spec.resources (and of a class's
+// defaultResources and maxResources).
+func validateResources(p *field.Path, r *Resources) field.ErrorList {
+	var errs field.ErrorList
+	if r.PidsLimit != nil && (*r.PidsLimit < 1 || *r.PidsLimit > MaxPidsLimit) {
+		errs = append(errs, field.Invalid(p.Child("pidsLimit"), *r.PidsLimit, MsgPidsLimit))
+	}
+	for _, a := range []struct {
+		name string
+		req  *resource.Quantity
+		lim  *resource.Quantity
+	}{{"cpu", r.Requests.CPU, r.Limits.CPU}, {"memory", r.Requests.Memory, r.Limits.Memory}} {
+		errs = append(errs, positive(p.Child("requests", a.name), a.req, MsgResourcePositive)...)
+		errs = append(errs, positive(p.Child("limits", a.name), a.lim, MsgResourcePositive)...)
+		if a.req != nil && a.lim != nil && a.req.Cmp(*a.lim) > 0 {
+			errs = append(errs, field.Invalid(p.Child("requests", a.name), a.req.String(), MsgRequestAboveLimit))
+		}
 	}
 	return errs
 }

@@ -167,6 +167,7 @@ func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Ins
 		in.Env = append(in.Env, string(e))
 	}
 	sort.Strings(in.Env)
+	in.Resources = resources(spec)
 	switch spec.BackendOrDefault() {
 	case v1alpha1.BackendContainerd:
 		in.Image = spec.Containerd.Image
@@ -202,6 +203,30 @@ func reachableByAgent(source string, host Host, spec *v1alpha1.SandboxSpec) bool
 		}
 	}
 	return false
+}
+
+// resources are spec's resources (the deprecated containerd limits read
+// where they are unset) as the drivers take them; without a pids limit,
+// v1alpha1.DefaultPidsLimit.
+func resources(spec *v1alpha1.SandboxSpec) runtimes.Resources {
+	r := spec.ResourcesOrDeprecated()
+	out := runtimes.Resources{Pids: v1alpha1.DefaultPidsLimit}
+	if r.PidsLimit != nil {
+		out.Pids = *r.PidsLimit
+	}
+	if q := r.Limits.CPU; q != nil {
+		out.CPUMillis = q.MilliValue()
+	}
+	if q := r.Limits.Memory; q != nil {
+		out.MemoryBytes = q.Value()
+	}
+	if q := r.Requests.CPU; q != nil {
+		out.CPURequestMillis = q.MilliValue()
+	}
+	if q := r.Requests.Memory; q != nil {
+		out.MemoryRequestBytes = q.Value()
+	}
+	return out
 }
 
 func containerdConfig(c *v1alpha1.ContainerdSpec) *runtimes.ContainerdConfig {

@@ -21,6 +21,7 @@ var runtimeReasons = map[runtimes.Reason]string{
 	runtimes.ReasonIdmapNotPermitted:     v1alpha1.ReasonIdmapNotPermitted,
 	runtimes.ReasonHostDisksNotPermitted: v1alpha1.ReasonHostDisksNotPermitted,
 	runtimes.ReasonHardeningNotPermitted: v1alpha1.ReasonHardeningNotPermitted,
+	runtimes.ReasonLimitsUnavailable:     v1alpha1.ReasonLimitsUnavailable,
 	runtimes.ReasonHealthy:               v1alpha1.ReasonHealthy,
 	runtimes.ReasonSnapshotMissing:       v1alpha1.ReasonSnapshotMissing,
 	runtimes.ReasonNotMounted:            v1alpha1.ReasonNotMounted,

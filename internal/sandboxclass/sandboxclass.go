@@ -138,9 +138,7 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 				v = append(v, fmt.Sprintf("spec.containerd.image: SandboxClass %q does not allow the image %q (allowed: [%s])", name, c.Image, strings.Join(cs.AllowedImages.Containerd, ", ")))
 			}
 			oc := out.Containerd
-			v = append(v, quantityLimit(name, "spec.containerd.memoryLimit", &oc.MemoryLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.MemoryLimit })...)
 			v = append(v, quantityLimit(name, "spec.containerd.rootfsSizeLimit", &oc.RootfsSizeLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.RootfsSizeLimit })...)
-			v = append(v, pidsLimit(name, &oc.PidsLimit, cs.DefaultLimits, cs.MaxLimits)...)
 		}
 	case v1alpha1.BackendIncus:
 		if c := spec.Incus; c != nil {
@@ -150,10 +148,86 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 			v = append(v, quantityLimit(name, "spec.incus.rootSizeLimit", &out.Incus.RootSizeLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.RootSizeLimit })...)
 		}
 	}
+	v = append(v, applyResources(class, spec, out)...)
 	if len(v) > 0 {
 		return nil, v
 	}
 	return out, nil
+}
+
+// applyResources checks spec's resources (the deprecated containerd
+// limits included) against the class's maximums, on every backend, and
+// sets out.Resources to them with the class's defaults (else maximums)
+// where spec sets none.
+func applyResources(class *v1alpha1.SandboxClass, spec, out *v1alpha1.SandboxSpec) []string {
+	cs := &class.Spec
+	r := spec.ResourcesOrDeprecated()
+	def, max := classResources(cs.DefaultResources, cs.DefaultLimits), classResources(cs.MaxResources, cs.MaxLimits)
+	memField, pidsField := "spec.resources.limits.memory", "spec.resources.pidsLimit"
+	if spec.Resources == nil || spec.Resources.Limits.Memory == nil {
+		if spec.Containerd != nil && spec.Containerd.MemoryLimit != nil {
+			memField = "spec.containerd.memoryLimit"
+		}
+	}
+	if spec.Resources == nil || spec.Resources.PidsLimit == nil {
+		if spec.Containerd != nil && spec.Containerd.PidsLimit != nil {
+			pidsField = "spec.containerd.pidsLimit"
+		}
+	}
+	var v []string
+	for _, q := range []struct {
+		field    string
+		val      **resource.Quantity
+		def, max *resource.Quantity
+	}{
+		{"spec.resources.requests.cpu", &r.Requests.CPU, def.Requests.CPU, max.Requests.CPU},
+		{"spec.resources.requests.memory", &r.Requests.Memory, def.Requests.Memory, max.Requests.Memory},
+		{"spec.resources.limits.cpu", &r.Limits.CPU, def.Limits.CPU, max.Limits.CPU},
+		{memField, &r.Limits.Memory, def.Limits.Memory, max.Limits.Memory},
+	} {
+		switch {
+		case *q.val != nil && q.max != nil && (*q.val).Cmp(*q.max) > 0:
+			v = append(v, fmt.Sprintf("%s: %s is above the maximum %s of SandboxClass %q", q.field, (*q.val).String(), q.max.String(), class.Name))
+		case *q.val == nil && q.def != nil:
+			c := q.def.DeepCopy()
+			*q.val = &c
+		case *q.val == nil && q.max != nil:
+			c := q.max.DeepCopy()
+			*q.val = &c
+		}
+	}
+	switch {
+	case r.PidsLimit != nil && max.PidsLimit != nil && *r.PidsLimit > *max.PidsLimit:
+		v = append(v, fmt.Sprintf("%s: %d is above the maximum %d of SandboxClass %q", pidsField, *r.PidsLimit, *max.PidsLimit, class.Name))
+	case r.PidsLimit == nil && def.PidsLimit != nil:
+		p := *def.PidsLimit
+		r.PidsLimit = &p
+	case r.PidsLimit == nil && max.PidsLimit != nil:
+		p := *max.PidsLimit
+		r.PidsLimit = &p
+	}
+	out.Resources = &r
+	return v
+}
+
+// classResources is a class's resources, with the deprecated memory and
+// pids limits of its ClassLimits where it gives none.
+func classResources(r *v1alpha1.Resources, old *v1alpha1.ClassLimits) v1alpha1.Resources {
+	var out v1alpha1.Resources
+	if r != nil {
+		out = *r.DeepCopy()
+	}
+	if old != nil {
+		if out.Limits.Memory == nil && old.MemoryLimit != nil {
+			m := old.MemoryLimit.DeepCopy()
+			out.Limits.Memory = &m
+		}
+		if out.PidsLimit == nil && old.PidsLimit != nil {
+			p := *old.PidsLimit
+			out.PidsLimit = &p
+		}
+	}
+	return out
 }
 
 // AgentIDs is the block of host ids the agents of class may have: the
@@ -270,28 +344,6 @@ func quantityLimit(class, field string, q **resource.Quantity, def, max *v1alpha
 	case *q == nil && m != nil:
 		c := m.DeepCopy()
 		*q = &c
-	}
-	return nil
-}
-
-// pidsLimit is quantityLimit for spec.containerd.pidsLimit.
-func pidsLimit(class string, p **int64, def, max *v1alpha1.ClassLimits) []string {
-	var d, m *int64
-	if def != nil {
-		d = def.PidsLimit
-	}
-	if max != nil {
-		m = max.PidsLimit
-	}
-	switch {
-	case *p != nil && m != nil && **p > *m:
-		return []string{fmt.Sprintf("spec.containerd.pidsLimit: %d is above the maximum %d of SandboxClass %q", **p, *m, class)}
-	case *p == nil && d != nil:
-		c := *d
-		*p = &c
-	case *p == nil && m != nil:
-		c := *m
-		*p = &c
 	}
 	return nil
 }

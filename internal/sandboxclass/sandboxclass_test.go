@@ -49,6 +49,7 @@ func class(dir string) *v1alpha1.SandboxClass {
 			AllowedImages:           v1alpha1.ClassImages{Containerd: []string{"docker.io/library/alpine:3.20", "registry.example.com/team-a/*"}},
 			DefaultLimits:           &v1alpha1.ClassLimits{MemoryLimit: ptr.To(resource.MustParse("512Mi"))},
 			MaxLimits:               &v1alpha1.ClassLimits{MemoryLimit: ptr.To(resource.MustParse("1Gi")), PidsLimit: ptr.To[int64](256)},
+			MaxResources:            &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("2"))}},
 		},
 	}
 }
@@ -102,6 +103,10 @@ func TestEffective(t *testing.T) {
 		{"refused: image", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:latest", "", 0)}, `spec.containerd.image: SandboxClass "team-a" does not allow the image "docker.io/library/alpine:latest"`},
 		{"refused: image of another prefix", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("registry.example.com/team-b/tools:1", "", 0)}, "does not allow the image"},
 		{"refused: memory above the maximum", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:3.20", "2Gi", 0)}, `spec.containerd.memoryLimit: 2Gi is above the maximum 1Gi of SandboxClass "team-a"`},
+		{"refused: a bwrap Sandbox's memory above the maximum", v1alpha1.SandboxSpec{Resources: &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("2Gi"))}}}, `spec.resources.limits.memory: 2Gi is above the maximum 1Gi of SandboxClass "team-a"`},
+		{"refused: a bwrap Sandbox's pids above the maximum", v1alpha1.SandboxSpec{Resources: &v1alpha1.Resources{PidsLimit: ptr.To[int64](257)}}, `spec.resources.pidsLimit: 257 is above the maximum 256 of SandboxClass "team-a"`},
+		{"refused: cpu above the maximum", v1alpha1.SandboxSpec{Resources: &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("3"))}}}, `spec.resources.limits.cpu: 3 is above the maximum 2 of SandboxClass "team-a"`},
+		{"allowed: limits within the maximum", v1alpha1.SandboxSpec{Resources: &v1alpha1.Resources{PidsLimit: ptr.To[int64](100), Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("500m")), Memory: ptr.To(resource.MustParse("256Mi"))}}}, ""},
 		{"refused: pids above the maximum", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:3.20", "", 1000)}, `spec.containerd.pidsLimit: 1000 is above the maximum 256`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,11 +143,12 @@ func TestEffectiveKeepsTheSourceAsWrittenAndAppliesLimits(t *testing.T) {
 	if out.Mounts[0].Source != a+"/self" {
 		t.Errorf("source %q, want %q as written", out.Mounts[0].Source, a+"/self")
 	}
-	if out.Containerd.MemoryLimit == nil || out.Containerd.MemoryLimit.String() != "512Mi" {
-		t.Errorf("memoryLimit %v, want the class default 512Mi", out.Containerd.MemoryLimit)
+	// The class's limits apply to every backend, through spec.resources.
+	if out.Resources == nil || out.Resources.Limits.Memory == nil || out.Resources.Limits.Memory.String() != "512Mi" {
+		t.Errorf("resources %+v, want the class default memory limit 512Mi", out.Resources)
 	}
-	if out.Containerd.PidsLimit == nil || *out.Containerd.PidsLimit != 256 {
-		t.Errorf("pidsLimit %v, want the class maximum 256 (no default)", out.Containerd.PidsLimit)
+	if out.Resources == nil || out.Resources.PidsLimit == nil || *out.Resources.PidsLimit != 256 {
+		t.Errorf("resources %+v, want the class maximum pids limit 256 (no default)", out.Resources)
 	}
 	if spec.Containerd.MemoryLimit != nil || spec.Mounts[0].Source != a+"/self" {
 		t.Errorf("the Sandbox's spec was changed: %+v", spec)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
 
@@ -63,6 +64,15 @@ type Config struct {
 	// Host describes the host's file system; zero fields mean the real
 	// host's. Tests point it at synthetic layouts.
 	Host Host
+	// CgroupParent is the cgroup (a path from the root of each hierarchy)
+	// the instances' cgroups are made below; empty means below the
+	// driver's own cgroup. Each instance gets a cgroup with its limits
+	// (Instance.Resources) and every command starts inside it.
+	CgroupParent string
+	// AllowUnlimited lets instances run without a cgroup where none can be
+	// made (no cgroup controllers, no permission), with a warning on every
+	// Ensure. Without it such an instance is refused (LimitsUnavailable).
+	AllowUnlimited bool
 }
 
 // Host is where the driver finds things on the host.
@@ -121,6 +131,12 @@ type Runtime struct {
 	// closures caches the Nix store requisites of a resolved command. Store
 	// paths are immutable, so an entry never goes stale.
 	closures map[string][]string
+
+	// cgroups makes each instance's cgroup; nil when none can be made,
+	// and cgroupErr then says why.
+	cgroups        *cgroup.Manager
+	cgroupErr      error
+	allowUnlimited bool
 }
 
 var _ runtimes.Runtime = (*Runtime)(nil)
@@ -156,6 +172,9 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}
 	}
+	sum := sha256.Sum256([]byte(filepath.Clean(cfg.StateDir)))
+	r.cgroups, r.cgroupErr = cgroup.New("sandbox-controller-bwrap-"+hex.EncodeToString(sum[:6]), cfg.CgroupParent)
+	r.allowUnlimited = cfg.AllowUnlimited
 	if r.bwrap == "" {
 		r.bwrap = "bwrap"
 	}
@@ -264,6 +283,9 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	if rec.Running && rec.ConfigHash == in.ConfigHash {
 		return rec.state(), nil
 	}
+	if err := r.ensureCgroup(in); err != nil {
+		return runtimes.State{}, err
+	}
 	rec.Instance, rec.ConfigHash, rec.Running = in, in.ConfigHash, true
 	if err := r.save(rec); err != nil {
 		return runtimes.State{}, err
@@ -279,6 +301,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 	}
 	r.killAll(name)
 	r.removeTree(name)
+	r.removeCgroup(name)
 	runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	if !rec.Running {
 		return nil
@@ -291,6 +314,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 func (r *Runtime) Delete(_ context.Context, name string) error {
 	r.killAll(name)
 	r.removeTree(name)
+	r.removeCgroup(name)
 	if rec, err := r.load(name); err == nil && rec != nil {
 		runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	}
@@ -405,7 +429,9 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 
 	r.track(name, cmd)
 	defer r.untrack(name, cmd)
-	err = cmd.Run()
+	if err = r.startInCgroup(name, cmd); err == nil {
+		err = cmd.Wait()
+	}
 	var exitErr *exec.ExitError
 	switch {
 	case err == nil:

@@ -1,0 +1,111 @@
+package bwrap_test
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+)
+
+// limited is a sandbox whose commands may have 64 processes and 128 MiB.
+func limited(t *testing.T) *sandbox {
+	t.Helper()
+	testenv.Binary(t, "python3", "install python3")
+	return newSandbox(t, v1alpha1.SandboxSpec{
+		Binaries: []v1alpha1.BinaryName{"sh", "python3", "cat", "sleep"},
+		Resources: &v1alpha1.Resources{
+			PidsLimit: ptr.To[int64](64),
+			Limits:    v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("128Mi")), CPU: ptr.To(resource.MustParse("500m"))},
+		},
+	}, nil, bwrap.Host{})
+}
+
+func usage(t *testing.T, s *sandbox) runtimes.Usage {
+	t.Helper()
+	u, err := s.rt.Usage(s.in.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// A fork bomb stops at the pids limit, and the instance says it hit it.
+func TestForkBombStopsAtThePidsLimit(t *testing.T) {
+	s := limited(t)
+	const bomb = `
+import os, time
+made = 0
+for i in range(1500):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        made += 1
+    except OSError:
+        break
+print(made, flush=True)
+os.killpg(0, 9)
+`
+	var out, errb bytes.Buffer
+	_, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{Argv: []string{"python3", "-c", bomb}, Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	made, perr := strconv.Atoi(strings.TrimSpace(out.String()))
+	if perr != nil || made >= 64 {
+		t.Fatalf("the command made %q processes (stderr %q); want fewer than the pids limit of 64", out.String(), errb.String())
+	}
+	if u := usage(t, s); u.PidsLimited == 0 {
+		t.Fatalf("usage %+v: the refused forks are not counted", u)
+	}
+}
+
+// A memory hog is killed at the memory limit, and the instance says so;
+// the next command runs.
+func TestMemoryHogIsKilledAtTheMemoryLimit(t *testing.T) {
+	s := limited(t)
+	code, out, stderr := s.exec(t, "python3", "-c", `
+b = bytearray()
+for i in range(1024):
+    b += b"x" * (1 << 20)
+print("touched", len(b) >> 20, "MiB")
+`)
+	if code == 0 || strings.Contains(out, "touched 1024") {
+		t.Fatalf("a 1 GiB allocation under a 128 MiB limit: exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	if u := usage(t, s); u.OOMKills == 0 {
+		t.Fatalf("usage %+v: the OOM kill is not counted (exit %d)", u, code)
+	}
+	if code, out, _ := s.exec(t, "sh", "-c", "echo alive"); code != 0 || out != "alive\n" {
+		t.Fatalf("after the kill: exit %d %q", code, out)
+	}
+}
+
+// Every process of a command is in the instance's cgroup from its start:
+// the usage counts a command's processes while it runs.
+func TestCommandsRunInTheInstanceCgroup(t *testing.T) {
+	s := limited(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _, _ = s.exec(t, "sh", "-c", "sleep 3 & sleep 3 & sleep 3 & wait")
+	}()
+	var seen int64
+	for deadline := time.Now().Add(3 * time.Second); seen < 4 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		seen = max(seen, usage(t, s).Pids)
+	}
+	<-done
+	if seen < 4 {
+		t.Fatalf("the instance's cgroup counted at most %d processes of a command running four", seen)
+	}
+}

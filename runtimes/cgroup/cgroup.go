@@ -1,0 +1,376 @@
+//go:build linux
+
+// Package cgroup gives each sandbox instance a cgroup of its own, below a
+// parent the controller owns, with its CPU, memory and pids limits, and
+// starts commands inside it with no moment outside: on cgroup v2 the
+// child is cloned straight into the cgroup (CLONE_INTO_CGROUP); on cgroup
+// v1 the thread that forks the child is moved into the instance's cgroups
+// first (v1 membership is per thread, and a child is born where its
+// parent thread is) and moved back once the child exists.
+//
+// It never writes outside the cgroups below its parent, and never moves a
+// process other than the thread that starts a command.
+package cgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mount is where the cgroup file systems are mounted.
+const Mount = "/sys/fs/cgroup"
+
+// Limits are what one instance's commands may use together; zero is no
+// limit.
+type Limits struct {
+	CPUMillis   int64
+	MemoryBytes int64
+	Pids        int64
+	// CPURequestMillis sets the CPU weight (shares) relative to others.
+	CPURequestMillis int64
+}
+
+// ErrUnavailable is wrapped when the host offers no cgroup the controller
+// can use for limits (no controllers, no permission).
+var ErrUnavailable = errors.New("no usable cgroup for resource limits")
+
+// v1Controllers are the hierarchies a v1 host must offer.
+var v1Controllers = []string{"pids", "memory", "cpu", "cpuacct"}
+
+// Manager creates and removes instance cgroups below one parent.
+type Manager struct {
+	// V2 says the host runs the unified hierarchy.
+	V2 bool
+	// dirs are the parent's directories: one per v1 controller, or the
+	// one v2 directory under "".
+	dirs map[string]string
+	// own are this process's own cgroups (v1: per controller), where a
+	// starting thread returns.
+	own map[string]string
+}
+
+// New prepares the parent named name: below this process's own cgroup
+// (each hierarchy's, on v1), or below parent when it is not empty (a path
+// from the root of the hierarchy, as --cgroup-parent gives it).
+func New(name, parent string) (*Manager, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(Mount, &st); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, Mount, err)
+	}
+	own, err := ownCgroups()
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{V2: st.Type == unix.CGROUP2_SUPER_MAGIC, dirs: map[string]string{}, own: map[string]string{}}
+	if m.V2 {
+		return m, m.newV2(name, parent, own[""])
+	}
+	for _, c := range v1Controllers {
+		base := own[c]
+		if parent != "" {
+			base = parent
+		}
+		if _, err := os.Stat(filepath.Join(Mount, c, "tasks")); err != nil {
+			return nil, fmt.Errorf("%w: the %s controller is not mounted at %s: %w", ErrUnavailable, c, filepath.Join(Mount, c), err)
+		}
+		dir := filepath.Join(Mount, c, base, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, dir, err)
+		}
+		m.dirs[c] = dir
+		m.own[c] = filepath.Join(Mount, c, own[c])
+	}
+	return m, nil
+}
+
+func (m *Manager) newV2(name, parent, own string) error {
+	base := own
+	if parent != "" {
+		base = parent
+	}
+	dir := filepath.Join(Mount, base, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("%w: creating %s: %w", ErrUnavailable, dir, err)
+	}
+	// Controllers are given down from the root of the hierarchy; a cgroup
+	// with processes of its own cannot pass them on, so this process's
+	// own cgroup (the default base) must be a leaf of its own: the
+	// controller moves itself into one first.
+	if parent == "" {
+		leaf := filepath.Join(Mount, own, "sandbox-controller")
+		if err := enable(filepath.Join(Mount, own)); err != nil && errors.Is(err, unix.EBUSY) {
+			if err := os.MkdirAll(leaf, 0o755); err != nil {
+				return fmt.Errorf("%w: creating %s: %w", ErrUnavailable, leaf, err)
+			}
+			if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+				return fmt.Errorf("%w: moving the controller into %s: %w", ErrUnavailable, leaf, err)
+			}
+		}
+	}
+	for d := filepath.Join(Mount, base); ; d = filepath.Dir(d) {
+		if err := enable(d); err != nil {
+			return fmt.Errorf("%w: giving the cpu, memory and pids controllers to %s: %w", ErrUnavailable, d, err)
+		}
+		if d == Mount || d == "/" {
+			break
+		}
+	}
+	if err := enable(dir); err != nil {
+		return fmt.Errorf("%w: giving the cpu, memory and pids controllers to %s: %w", ErrUnavailable, dir, err)
+	}
+	m.dirs[""] = dir
+	return nil
+}
+
+// enable passes the cpu, memory and pids controllers on to dir's children.
+func enable(dir string) error {
+	return os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0)
+}
+
+// ownCgroups reads this process's cgroups: per v1 controller, and the v2
+// one under "".
+func ownCgroups() (map[string]string, error) {
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	defer f.Close()
+	out := map[string]string{}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		parts := strings.SplitN(s.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[1] == "" {
+			out[""] = parts[2]
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out, s.Err()
+}
+
+// Dir is instance name's cgroup directory of controller c ("" on v2).
+func (m *Manager) Dir(c, name string) string {
+	if m.V2 {
+		c = ""
+	}
+	return filepath.Join(m.dirs[c], name)
+}
+
+// Ensure creates instance name's cgroup when missing and sets its limits.
+func (m *Manager) Ensure(name string, l Limits) error {
+	for c := range m.dirs {
+		if err := os.MkdirAll(filepath.Join(m.dirs[c], name), 0o755); err != nil {
+			return fmt.Errorf("creating the cgroup of %s: %w", name, err)
+		}
+	}
+	for file, value := range m.settings(l) {
+		c, base, _ := strings.Cut(file, "/")
+		if err := os.WriteFile(filepath.Join(m.Dir(c, name), base), []byte(value), 0); err != nil {
+			return fmt.Errorf("setting %s of %s to %s: %w", base, name, value, err)
+		}
+	}
+	return nil
+}
+
+// settings are the files ("controller/file") and values that set l.
+func (m *Manager) settings(l Limits) map[string]string {
+	pids, mem := "max", "max"
+	if l.Pids > 0 {
+		pids = strconv.FormatInt(l.Pids, 10)
+	}
+	if l.MemoryBytes > 0 {
+		mem = strconv.FormatInt(l.MemoryBytes, 10)
+	}
+	const period = 100000
+	quota := "max"
+	if l.CPUMillis > 0 {
+		quota = strconv.FormatInt(max(l.CPUMillis*period/1000, 1000), 10)
+	}
+	if m.V2 {
+		out := map[string]string{"/pids.max": pids, "/memory.max": mem, "/cpu.max": quota + " " + strconv.Itoa(period)}
+		if l.CPURequestMillis > 0 {
+			// cgroup v2 weight 1..10000, 100 for one core as Kubernetes maps it.
+			out["/cpu.weight"] = strconv.FormatInt(min(max(l.CPURequestMillis/10, 1), 10000), 10)
+		}
+		return out
+	}
+	if mem == "max" {
+		mem = "-1"
+	}
+	if quota == "max" {
+		quota = "-1"
+	}
+	out := map[string]string{
+		"pids/pids.max":                pids,
+		"memory/memory.limit_in_bytes": mem,
+		"cpu/cpu.cfs_period_us":        strconv.Itoa(period),
+		"cpu/cpu.cfs_quota_us":         quota,
+	}
+	if l.CPURequestMillis > 0 {
+		out["cpu/cpu.shares"] = strconv.FormatInt(max(l.CPURequestMillis*1024/1000, 2), 10)
+	}
+	return out
+}
+
+// Start starts cmd inside instance name's cgroup: the command and every
+// process it makes are in it from their first instruction.
+func (m *Manager) Start(name string, cmd *exec.Cmd) error {
+	if m.V2 {
+		fd, err := unix.Open(m.Dir("", name), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opening the cgroup of %s: %w", name, err)
+		}
+		defer unix.Close(fd)
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+		return cmd.Start()
+	}
+	runtime.LockOSThread()
+	tid := []byte(strconv.Itoa(unix.Gettid()))
+	back := func() error {
+		for _, c := range v1Controllers {
+			if err := os.WriteFile(filepath.Join(m.own[c], "tasks"), tid, 0); err != nil {
+				return fmt.Errorf("returning the starting thread to %s: %w", m.own[c], err)
+			}
+		}
+		return nil
+	}
+	for _, c := range v1Controllers {
+		if err := os.WriteFile(filepath.Join(m.Dir(c, name), "tasks"), tid, 0); err != nil {
+			if back() == nil {
+				runtime.UnlockOSThread()
+			}
+			return fmt.Errorf("entering the %s cgroup of %s: %w", c, name, err)
+		}
+	}
+	err := cmd.Start()
+	if berr := back(); berr != nil {
+		// The thread stays locked and ends with its goroutine: it never
+		// runs anything else while counted in the instance's cgroups.
+		if err == nil {
+			return berr
+		}
+		return errors.Join(err, berr)
+	}
+	runtime.UnlockOSThread()
+	return err
+}
+
+// Usage is what an instance's cgroup has used.
+type Usage struct {
+	MemoryBytes int64
+	Pids        int64
+	// CPUSeconds is CPU time used since the cgroup was made.
+	CPUSeconds float64
+	// OOMKills counts processes the memory limit killed; PidsMax counts
+	// forks the pids limit refused.
+	OOMKills int64
+	PidsMax  int64
+}
+
+// Usage reads instance name's usage.
+func (m *Manager) Usage(name string) (Usage, error) {
+	var u Usage
+	var err error
+	read := func(c, file string) int64 {
+		if err != nil {
+			return 0
+		}
+		var b []byte
+		b, err = os.ReadFile(filepath.Join(m.Dir(c, name), file))
+		if err != nil {
+			return 0
+		}
+		n, perr := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if perr != nil {
+			err = fmt.Errorf("reading %s of %s: %w", file, name, perr)
+		}
+		return n
+	}
+	field := func(c, file, key string) int64 {
+		if err != nil {
+			return 0
+		}
+		var b []byte
+		b, err = os.ReadFile(filepath.Join(m.Dir(c, name), file))
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, " "); ok && k == key {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	if m.V2 {
+		u.MemoryBytes = read("", "memory.current")
+		u.Pids = read("", "pids.current")
+		u.CPUSeconds = float64(field("", "cpu.stat", "usage_usec")) / 1e6
+		u.OOMKills = field("", "memory.events", "oom_kill")
+		u.PidsMax = field("", "pids.events", "max")
+		return u, err
+	}
+	u.MemoryBytes = read("memory", "memory.usage_in_bytes")
+	u.Pids = read("pids", "pids.current")
+	u.OOMKills = field("memory", "memory.oom_control", "oom_kill")
+	u.PidsMax = field("pids", "pids.events", "max")
+	u.CPUSeconds = float64(read("cpuacct", "cpuacct.usage")) / 1e9
+	return u, err
+}
+
+// Remove kills what is left in instance name's cgroup and removes it.
+func (m *Manager) Remove(name string) error {
+	var errs []error
+	for c := range m.dirs {
+		dir := filepath.Join(m.dirs[c], name)
+		killAll(dir)
+		if err := rmdirRetry(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// killAll sends SIGKILL to every process listed in dir.
+func killAll(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+}
+
+func rmdirRetry(dir string) error {
+	var err error
+	for range 50 {
+		err = unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		killAll(dir)
+		_ = unix.Nanosleep(&unix.Timespec{Nsec: 20_000_000}, nil)
+	}
+	return fmt.Errorf("removing cgroup %s: %w", dir, err)
+}
