@@ -108,6 +108,9 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 	if l := pidsLimit(in); l > 0 {
 		opts = append(opts, oci.WithPidsLimit(l))
 	}
+	if q := cpuQuota(in); q > 0 {
+		opts = append(opts, oci.WithCPUCFS(q, cpuPeriod))
+	}
 	switch {
 	case in.Devices.All:
 		opts = append(opts, oci.WithHostDevices, oci.WithAllDevicesAllowed)
@@ -166,18 +169,21 @@ func Mounts(in runtimes.Instance, areaSource func(target string) string) []specs
 	return out
 }
 
-func memoryLimit(in runtimes.Instance) int64 {
-	if in.Containerd == nil {
-		return 0
-	}
-	return in.Containerd.MemoryLimit.BytesOf()
-}
+// The limits are the instance's resources (spec.resources, the class's,
+// the deprecated containerd fields folded in by the describer).
+func memoryLimit(in runtimes.Instance) int64 { return in.Resources.MemoryBytes }
 
-func pidsLimit(in runtimes.Instance) int64 {
-	if in.Containerd == nil {
+func pidsLimit(in runtimes.Instance) int64 { return in.Resources.Pids }
+
+// cpuPeriod is the CFS period a CPU limit is a quota of.
+const cpuPeriod = 100000
+
+// cpuQuota is the CFS quota of the instance's CPU limit; 0 for none.
+func cpuQuota(in runtimes.Instance) int64 {
+	if in.Resources.CPUMillis <= 0 {
 		return 0
 	}
-	return in.Containerd.PidsLimit
+	return max(in.Resources.CPUMillis*cpuPeriod/1000, 1000)
 }
 
 func rootfsLimit(in runtimes.Instance) int64 {
@@ -197,7 +203,12 @@ func liveResources(in runtimes.Instance) *specs.LinuxResources {
 	if l := pidsLimit(in); l > 0 {
 		pids = l
 	}
-	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &mem}, Pids: &specs.LinuxPids{Limit: &pids}}
+	quota, period := int64(-1), uint64(cpuPeriod)
+	if q := cpuQuota(in); q > 0 {
+		quota = q
+	}
+	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &mem}, Pids: &specs.LinuxPids{Limit: &pids},
+		CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}}
 }
 
 // Change is what differs between the configuration a container was
@@ -244,7 +255,7 @@ func Diff(old, new runtimes.Instance) Change {
 	if old.Identity != new.Identity {
 		c.Restart = append(c.Restart, fmt.Sprintf("identity %d:%d → %d:%d", old.Identity.UID, old.Identity.GID, new.Identity.UID, new.Identity.GID))
 	}
-	c.Limits = memoryLimit(old) != memoryLimit(new) || pidsLimit(old) != pidsLimit(new)
+	c.Limits = memoryLimit(old) != memoryLimit(new) || pidsLimit(old) != pidsLimit(new) || cpuQuota(old) != cpuQuota(new)
 	return c
 }
 

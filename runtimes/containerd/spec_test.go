@@ -160,8 +160,8 @@ func TestTreeHoldsTheCustomMountsBeneathTheWorkspace(t *testing.T) {
 
 func TestLiveResourcesLiftUnsetLimits(t *testing.T) {
 	res := liveResources(describe(t, nil))
-	if *res.Memory.Limit != -1 || *res.Pids.Limit != -1 {
-		t.Errorf("unset limits = memory %d pids %d, want -1 (unlimited)", *res.Memory.Limit, *res.Pids.Limit)
+	if *res.Memory.Limit != -1 || *res.CPU.Quota != -1 || *res.Pids.Limit != v1alpha1.DefaultPidsLimit {
+		t.Errorf("unset limits = memory %d cpu quota %d pids %d, want -1 (unlimited) and the default pids limit %d", *res.Memory.Limit, *res.CPU.Quota, *res.Pids.Limit, v1alpha1.DefaultPidsLimit)
 	}
 	res = liveResources(describe(t, func(s *v1alpha1.SandboxSpec) {
 		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("128Mi"))
@@ -169,6 +169,14 @@ func TestLiveResourcesLiftUnsetLimits(t *testing.T) {
 	}))
 	if *res.Memory.Limit != 128<<20 || *res.Pids.Limit != 32 {
 		t.Errorf("limits = memory %d pids %d, want %d and 32", *res.Memory.Limit, *res.Pids.Limit, 128<<20)
+	}
+	res = liveResources(describe(t, func(s *v1alpha1.SandboxSpec) {
+		s.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](16),
+			Limits: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("64Mi")), CPU: ptr.To(resource.MustParse("250m"))}}
+		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("128Mi"))
+	}))
+	if *res.Memory.Limit != 64<<20 || *res.Pids.Limit != 16 || *res.CPU.Quota != 25000 || *res.CPU.Period != 100000 {
+		t.Errorf("spec.resources over the deprecated fields: memory %d pids %d cpu %d/%d, want %d, 16, 25000/100000", *res.Memory.Limit, *res.Pids.Limit, *res.CPU.Quota, *res.CPU.Period, 64<<20)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -90,6 +91,23 @@ func RawIdmap(id runtimes.Identity) string {
 var Hardening = map[string]string{
 	"raw.lxc":                 "lxc.no_new_privs = 1\nlxc.cap.keep = none\nlxc.sysctl.user.max_user_namespaces = 0\n",
 	"security.idmap.isolated": "true",
+}
+
+// limitsConfig is the instance configuration of r; an unset limit is ""
+// (no limit), so that a limit removed from the Sandbox is lifted.
+func limitsConfig(r runtimes.Resources) map[string]string {
+	out := map[string]string{"limits.memory": "", "limits.processes": "", "limits.cpu.allowance": ""}
+	if r.MemoryBytes > 0 {
+		out["limits.memory"] = strconv.FormatInt(r.MemoryBytes, 10)
+	}
+	if r.Pids > 0 {
+		out["limits.processes"] = strconv.FormatInt(r.Pids, 10)
+	}
+	if r.CPUMillis > 0 {
+		// A share of each 100 ms period, as a CFS quota.
+		out["limits.cpu.allowance"] = fmt.Sprintf("%dms/100ms", max(r.CPUMillis/10, 1))
+	}
+	return out
 }
 
 // hardened says which of Hardening config lacks, for RestartRequired;

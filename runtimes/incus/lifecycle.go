@@ -235,6 +235,7 @@ func (r *Runtime) recorded(in runtimes.Instance) (map[string]string, error) {
 		"raw.idmap":   RawIdmap(in.Identity),
 	}
 	maps.Copy(config, Hardening)
+	maps.Copy(config, limitsConfig(in.Resources))
 	return config, nil
 }
 

@@ -4,13 +4,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
@@ -221,5 +224,51 @@ var _ = Describe("Incus mount sources against the agent", func() {
 		Eventually(sandboxStatus(ns, "swapped"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		_, out = run(name, `cat /workspace/src/marker`)
 		Expect(out).To(Equal("MOUNT\n"))
+	})
+})
+
+var _ = Describe("Incus resource limits", func() {
+	It("bounds an instance's processes, memory and CPU by spec.resources", func() {
+		ns := env.NewNamespace()
+		sb := newSandbox(ns, "limited")
+		sb.Spec.Binaries = append(sb.Spec.Binaries, "seq", "grep")
+		sb.Spec.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](64),
+			Limits: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("128Mi")), CPU: ptr.To(resource.MustParse("500m"))}}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(sb) })
+		Expect(k8s.Create(ctx, newClaim(ns, "c", "limited"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "limited"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		name := instanceOf(sb)
+
+		By("a fork bomb stops at the pids limit")
+		// Each child counts itself. The exec that runs the bomb may fail
+		// itself (the daemon cannot start its helper while the instance is
+		// at its limit), so the count is read by the next one.
+		_, _ = rt().Exec(ctx, name, runtimes.ExecRequest{Argv: []string{"sh", "-c",
+			`rm -f /tmp/n; for i in $(seq 300); do (echo x >> /tmp/n; exec sleep 2) & done 2>/dev/null; wait`}})
+		var out string
+		Eventually(func() error {
+			var b strings.Builder
+			_, err := rt().Exec(ctx, name, runtimes.ExecRequest{Argv: []string{"grep", "-c", "x", "/tmp/n"}, Stdout: &b})
+			out = b.String()
+			return err
+		}, timeout).Should(Succeed())
+		n, err := strconv.Atoi(strings.TrimSpace(out))
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(n).To(And(BeNumerically(">", 0), BeNumerically("<", 64)), "the instance ran %d processes under a pids limit of 64", n)
+
+		By("the kernel holds the memory and CPU limits (the instance's cgroups, read on the host)")
+		limit := func(v1, v2 string) string {
+			for _, p := range []string{v1, v2} {
+				if b, err := os.ReadFile(p); err == nil {
+					return strings.TrimSpace(string(b))
+				}
+			}
+			return "unreadable: " + v1 + ", " + v2
+		}
+		payload := "lxc.payload." + name
+		Expect(limit("/sys/fs/cgroup/memory/"+payload+"/memory.limit_in_bytes", "/sys/fs/cgroup/"+payload+"/memory.max")).To(Equal(strconv.Itoa(128 << 20)))
+		Expect(limit("/sys/fs/cgroup/cpu/"+payload+"/cpu.cfs_quota_us", "/sys/fs/cgroup/"+payload+"/cpu.max")).To(HavePrefix("50000"))
+		Expect(limit("/sys/fs/cgroup/pids/"+payload+"/pids.max", "/sys/fs/cgroup/"+payload+"/pids.max")).To(Equal("64"))
 	})
 })
