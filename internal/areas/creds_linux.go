@@ -89,8 +89,10 @@ func becomeAgent(id Identity) error {
 	if err := unix.Setgroups(nil); err != nil {
 		return fmt.Errorf("%w: dropping the thread's groups: %w", ErrIdentity, err)
 	}
-	unix.SetfsgidRetGid(int(id.GID))
-	unix.SetfsuidRetUid(int(id.UID))
+	// setfsuid and setfsgid report no error, only the previous id; the
+	// reads below say whether they took.
+	_, _ = unix.SetfsgidRetGid(int(id.GID))
+	_, _ = unix.SetfsuidRetUid(int(id.UID))
 	if uid, _ := unix.SetfsuidRetUid(-1); uid != int(id.UID) {
 		return fmt.Errorf("%w: the file-system uid is %d, not %d", ErrIdentity, uid, id.UID)
 	}
@@ -102,8 +104,8 @@ func becomeAgent(id Identity) error {
 
 // becomeController gives the thread back the process's ids and groups.
 func becomeController(groups []int) error {
-	unix.SetfsuidRetUid(os.Geteuid())
-	unix.SetfsgidRetGid(os.Getegid())
+	_, _ = unix.SetfsuidRetUid(os.Geteuid())
+	_, _ = unix.SetfsgidRetGid(os.Getegid())
 	if err := unix.Setgroups(groups); err != nil {
 		return fmt.Errorf("%w: restoring the thread's groups: %w", ErrIdentity, err)
 	}

@@ -2,12 +2,13 @@ package policy
 
 import (
 	"errors"
-	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 )
 
 // A 1 GiB sparse .env made the controller allocate about 2 GiB on every
