@@ -175,6 +175,51 @@ ln -s / /workspace/src.moved/app/tools`, toolsParent))
 		noEscape()
 	})
 
+	// The review's sequences on this backend: the agent replaces a
+	// component of another mount's source path (inside its rw mount) with
+	// a link to a host directory, or a mount source's path leads through a
+	// /proc magic link. The next start used to build the tree by path,
+	// following both. Now every source is resolved beneath its anchor from
+	// a held directory: the start is refused, naming why, and nothing of
+	// the host directory is bound.
+	It("binds no mount source through a link swapped into its path, nor through a /proc magic link", func() {
+		hostDir := sharedDir()
+		team := filepath.Join(hostDir, "team")
+		src := filepath.Join(team, "a", "src")
+		decoy := filepath.Join(hostDir, "decoy")
+		for _, dir := range []string{src, filepath.Join(decoy, "src")} {
+			Expect(os.MkdirAll(dir, 0o755)).To(Succeed())
+		}
+		Expect(os.WriteFile(filepath.Join(src, "marker"), []byte("MOUNT\n"), 0o644)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(decoy, "src", "marker"), []byte("HOST\n"), 0o644)).To(Succeed())
+		in := instance("bnd-swapsrc",
+			v1alpha1.Mount{Source: team, Target: "team", Mode: v1alpha1.MountReadWrite},
+			v1alpha1.Mount{Source: src, Target: "src", Mode: v1alpha1.MountReadWrite})
+		giveTo(in.Identity.UID, team)
+		ensureRunning(in)
+		code, out := sh(in, fmt.Sprintf(`mv /workspace/team/a /workspace/team/a.real && ln -s %s /workspace/team/a && cat /workspace/src/marker`, decoy))
+		Expect(code).To(Equal(0), out)
+		Expect(out).To(Equal("MOUNT\n"), "the running container keeps the source it was started with")
+
+		Expect(d.Stop(ctx, in.Name)).To(Succeed())
+		_, err := d.Ensure(ctx, in)
+		if err == nil {
+			_, out = sh(in, `cat /workspace/src/marker; echo owned > /workspace/src/planted`)
+			Expect(out).NotTo(ContainSubstring("HOST"))
+		}
+		Expect(err).To(MatchError(ContainSubstring("symbolic link")))
+		Expect(filepath.Join(decoy, "src", "planted")).NotTo(BeAnExistingFile())
+		Expect(isMountPoint(filepath.Join(decoy, "src"))).To(BeFalse())
+
+		By("a source through /proc/<pid>/root is refused, naming the magic link")
+		peek := filepath.Join(hostDir, "peek")
+		Expect(os.Symlink(fmt.Sprintf("/proc/%d/root%s", os.Getpid(), decoy), peek)).To(Succeed())
+		magic := instance("bnd-magic", v1alpha1.Mount{Source: peek, Target: "peek", Mode: v1alpha1.MountReadWrite})
+		_, err = d.Ensure(ctx, magic)
+		Expect(err).To(MatchError(ContainSubstring("magic link")))
+		Expect(runtimes.ReasonOf(err)).To(Equal(runtimes.ReasonMountSourceMissing))
+	})
+
 	// Agent processes swap a mount destination's parent with links (to the
 	// container's / and to a host directory) with renameat2(RENAME_EXCHANGE)
 	// in a loop, inside the container while commands start, and on the host
