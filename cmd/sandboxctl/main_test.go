@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -301,5 +302,53 @@ func TestRepairAfterALinkOnAMountDestination(t *testing.T) {
 	}
 	if !slices.ContainsFunc(kept, func(n string) bool { return strings.HasPrefix(n, "a.blocked-") }) || !slices.Contains(kept, "a.moved") {
 		t.Fatalf("the workspace holds %v; the link and the agent's directory must both be kept", kept)
+	}
+}
+
+// [limits] bounds what a standalone sandbox's commands use: with pids =
+// 256 and memory = "256Mi", a command can neither fork 1,500 processes
+// nor touch 1 GiB; convert carries the table over as spec.resources.
+func TestRunHoldsTheLimitsTable(t *testing.T) {
+	needBwrap(t)
+	testenv.Binary(t, "python3", "install python3")
+	dir := t.TempDir()
+	areas := filepath.Join(dir, "areas")
+	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"python3\"]\n[limits]\npids = 256\nmemory = \"256Mi\"\ncpu = \"1\"\n")
+	base := []string{"run", "--config", cfg, "--agent", "lim", "--areas-root", areas, "--", "python3", "-c"}
+	code, out, stderr := sandboxctl(t, "", append(base, `
+import os, time
+made = 0
+for i in range(1500):
+    try:
+        if os.fork() == 0:
+            time.sleep(20)
+            os._exit(0)
+        made += 1
+    except OSError:
+        break
+print(made, flush=True)
+os.killpg(0, 9)
+`)...)
+	made, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || made >= 256 {
+		t.Fatalf("fork bomb under pids = 256: exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	code, out, stderr = sandboxctl(t, "", append(base, `
+b = bytearray()
+for i in range(1024):
+    b += b"x" * (1 << 20)
+print("touched", len(b) >> 20)
+`)...)
+	if code == 0 || strings.Contains(out, "touched 1024") {
+		t.Fatalf("1 GiB under memory = 256Mi: exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	code, out, stderr = sandboxctl(t, "", "convert", cfg, "--agent", "lim")
+	if code != 0 || !strings.Contains(out, "pidsLimit: 256") || !strings.Contains(out, "memory: 256Mi") || !strings.Contains(out, `cpu: "1"`) {
+		t.Fatalf("convert: exit %d stdout %q stderr %q; want spec.resources with the limits", code, out, stderr)
+	}
+	bad := writeConfig(t, t.TempDir(), "[limits]\nmemory = \"lots\"\n")
+	code, _, stderr = sandboxctl(t, "", "run", "--config", bad, "--agent", "lim", "--areas-root", areas, "--", "python3", "-c", "1")
+	if code != exitFailed || !strings.Contains(stderr, "limits.memory") {
+		t.Fatalf("a bad [limits] memory: exit %d stderr %q; want the key named", code, stderr)
 	}
 }

@@ -39,6 +39,17 @@ type file struct {
 	Env        fileEnv         `toml:"env"`
 	Incus      *fileIncus      `toml:"incus"`
 	Containerd *fileContainerd `toml:"containerd"`
+	// Limits is beyond the seed: the Sandbox's spec.resources limits, in
+	// the same units.
+	Limits *fileLimits `toml:"limits"`
+}
+
+// fileLimits are [limits]: cpu ("500m", "2") and memory ("256Mi") as
+// quantities, pids as a number.
+type fileLimits struct {
+	CPU    string `toml:"cpu"`
+	Memory string `toml:"memory"`
+	Pids   *int64 `toml:"pids"`
 }
 
 type fileMount struct {
@@ -284,6 +295,24 @@ func toSpec(f file, agent string) (*v1alpha1.SandboxSpec, field.ErrorList) {
 	if f.Containerd != nil {
 		spec.Containerd = &v1alpha1.ContainerdSpec{Image: f.Containerd.Image}
 	}
+	if l := f.Limits; l != nil {
+		spec.Resources = &v1alpha1.Resources{PidsLimit: l.Pids}
+		for _, q := range []struct {
+			key, value string
+			into       **resource.Quantity
+		}{{"cpu", l.CPU, &spec.Resources.Limits.CPU}, {"memory", l.Memory, &spec.Resources.Limits.Memory}} {
+			if q.value == "" {
+				continue
+			}
+			v, err := resource.ParseQuantity(q.value)
+			if err != nil {
+				errs = append(errs, field.Invalid(field.NewPath("spec", "resources", "limits", q.key), q.value,
+					"must be a quantity such as 500m or 2 (cpu), 256Mi or 1Gi (memory)"))
+				continue
+			}
+			*q.into = &v
+		}
+	}
 	return spec, errs
 }
 
@@ -319,6 +348,11 @@ func tomlError(name string, fe *field.Error, loc *locator) *Error {
 		if rest != "" {
 			path += "." + rest
 		}
+	}
+	if rest, ok := strings.CutPrefix(path, "resources.limits."); ok {
+		path = "limits." + rest
+	} else if path == "resources.pidsLimit" {
+		path = "limits.pids"
 	}
 	msg := fe.Detail
 	switch fe.Type {
