@@ -18,6 +18,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -104,6 +105,8 @@ func teamA(name string) *v1alpha1.SandboxClass {
 			AllowedMountSourceRoots: []string{filepath.Join(srv, "team-a")},
 			AllowedEnv:              []string{"TZ", "LC_*"},
 			MaxMounts:               ptr.To[int32](2),
+			MaxResources: &v1alpha1.Resources{PidsLimit: ptr.To[int64](512),
+				Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("2")), Memory: ptr.To(resource.MustParse("1Gi"))}},
 		},
 	}
 }
@@ -202,6 +205,23 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		allowed := sandbox(ns, "adm-env-ok", "team-a", nil, v1alpha1.Devices{})
 		allowed.Spec.Env.Passthrough = []v1alpha1.EnvVarName{"TZ", "LC_ALL"}
 		Expect(k8s.Create(ctx, allowed)).To(Succeed())
+	})
+
+	It("refuses at admission resources above team-a's maximum on bwrap, with the controller's words", func() {
+		for _, r := range []v1alpha1.Resources{
+			{PidsLimit: ptr.To[int64](4096)},
+			{Limits: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("2Gi"))}},
+			{Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("4"))}},
+		} {
+			sb := sandbox(ns, "adm-res", "team-a", nil, v1alpha1.Devices{})
+			sb.Spec.Resources = &r
+			err := k8s.Create(ctx, sb)
+			Expect(err).To(HaveOccurred(), "%+v", r)
+			Expect(err.Error()).To(ContainSubstring(expected(teamA("team-a"), sb)))
+		}
+		within := sandbox(ns, "adm-res-ok", "team-a", nil, v1alpha1.Devices{})
+		within.Spec.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](256), Limits: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("512Mi"))}}
+		Expect(k8s.Create(ctx, within)).To(Succeed())
 	})
 
 	It("refuses at admission a default class's rule for a Sandbox naming no class", func() {
