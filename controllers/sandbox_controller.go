@@ -422,13 +422,6 @@ func (r *SandboxReconciler) restartIfRequired(ctx context.Context, s *sandboxSco
 	return nil
 }
 
-func (r *SandboxReconciler) healthInterval() time.Duration {
-	if r.HealthInterval > 0 {
-		return r.HealthInterval
-	}
-	return 30 * time.Second
-}
-
 // ensure starts the instance unless it already runs with this configuration,
 // so a restarted controller adopts a running instance instead of recreating it.
 func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {

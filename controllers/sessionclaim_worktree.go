@@ -324,10 +324,3 @@ func (b *cappedBuffer) Write(p []byte) (int, error) {
 }
 
 func (b *cappedBuffer) String() string { return b.buf.String() }
-
-func (r *SessionClaimReconciler) healthInterval() time.Duration {
-	if r.HealthInterval > 0 {
-		return r.HealthInterval
-	}
-	return 30 * time.Second
-}

@@ -7,12 +7,15 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
@@ -101,6 +104,15 @@ func sandboxReconcileTimeout(d time.Duration) time.Duration {
 	return DefaultSandboxReconcileTimeout
 }
 
+// healthInterval is how often running instances are looked at again
+// (overlay health, worktree health, usage).
+func (o Options) healthInterval() time.Duration {
+	if o.HealthInterval > 0 {
+		return o.HealthInterval
+	}
+	return 30 * time.Second
+}
+
 func workers(n, def int) int {
 	if n > 0 {
 		return n
@@ -151,6 +163,18 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		p := &placer{Client: mgr.GetClient(), opts: opts, clock: &leaseClock{}, recorder: mgr.GetEventRecorderFor("sandbox-placement")} //nolint:staticcheck // as above
 		if err := p.setup(mgr); err != nil {
 			return fmt.Errorf("setting up placement: %w", err)
+		}
+	}
+	usage := &usageWatcher{reader: mgr.GetClient(), runtimes: opts.Runtimes, node: opts.NodeName, interval: opts.healthInterval(),
+		recorder: mgr.GetEventRecorderFor("sandbox-controller"), seen: map[string]runtimes.Usage{}} //nolint:staticcheck // as above
+	if err := mgr.Add(usage); err != nil {
+		return fmt.Errorf("adding the usage watcher: %w", err)
+	}
+	if err := crmetrics.Registry.Register(usage); err != nil {
+		// A second Setup in one process (tests) registers once.
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return fmt.Errorf("registering the usage metrics: %w", err)
 		}
 	}
 	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")} //nolint:staticcheck // as above

@@ -270,3 +270,12 @@ func NewClaim(ns, name, sandbox string) *v1alpha1.SessionClaim {
 		Spec:       v1alpha1.SessionClaimSpec{SandboxName: sandbox, Session: "session-" + name},
 	}
 }
+
+// Usage passes through to the wrapped driver when it reports usage.
+func (r *Recorder) Usage(name string) (runtimes.Usage, error) {
+	ur, ok := r.Runtime.(runtimes.UsageReader)
+	if !ok {
+		return runtimes.Usage{}, fmt.Errorf("driver %T reports no usage", r.Runtime)
+	}
+	return ur.Usage(name)
+}

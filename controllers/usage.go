@@ -1,0 +1,132 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Event reasons of usageWatcher: a command of the Sandbox was killed at its
+// memory limit, or a fork was refused at its pids limit.
+const (
+	EventOOMKilled        = "OOMKilled"
+	EventPidsLimitReached = "PidsLimitReached"
+)
+
+// usageWatcher reports what each running Sandbox of this node uses, from
+// its runtime (runtimes.UsageReader): Prometheus metrics labelled by
+// namespace and Sandbox, read at each scrape, and a Warning Event whenever
+// a command was OOM-killed or hit the pids limit since the last look, so a
+// user learns why a command died.
+type usageWatcher struct {
+	reader   client.Reader
+	runtimes map[v1alpha1.Backend]runtimes.Runtime
+	node     string
+	recorder record.EventRecorder
+	interval time.Duration
+
+	mu   sync.Mutex
+	seen map[string]runtimes.Usage // by namespace/name
+}
+
+var (
+	usageMemory = prometheus.NewDesc("sandbox_memory_bytes", "Memory the Sandbox's commands use now.", []string{"namespace", "sandbox"}, nil)
+	usagePids   = prometheus.NewDesc("sandbox_processes", "Processes and threads of the Sandbox's commands now.", []string{"namespace", "sandbox"}, nil)
+	usageCPU    = prometheus.NewDesc("sandbox_cpu_seconds_total", "CPU time the Sandbox's commands used since its instance started.", []string{"namespace", "sandbox"}, nil)
+	usageOOM    = prometheus.NewDesc("sandbox_oom_kills_total", "Processes of the Sandbox killed at its memory limit since its instance started.", []string{"namespace", "sandbox"}, nil)
+	usageForks  = prometheus.NewDesc("sandbox_pids_limit_refusals_total", "Forks refused at the Sandbox's pids limit since its instance started.", []string{"namespace", "sandbox"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (w *usageWatcher) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{usageMemory, usagePids, usageCPU, usageOOM, usageForks} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: one read of each running
+// Sandbox's usage per scrape.
+func (w *usageWatcher) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = w.each(ctx, func(sb *v1alpha1.Sandbox, u runtimes.Usage) {
+		l := []string{sb.Namespace, sb.Name}
+		ch <- prometheus.MustNewConstMetric(usageMemory, prometheus.GaugeValue, float64(u.MemoryBytes), l...)
+		ch <- prometheus.MustNewConstMetric(usagePids, prometheus.GaugeValue, float64(u.Pids), l...)
+		ch <- prometheus.MustNewConstMetric(usageCPU, prometheus.CounterValue, u.CPUSeconds, l...)
+		ch <- prometheus.MustNewConstMetric(usageOOM, prometheus.CounterValue, float64(u.OOMKills), l...)
+		ch <- prometheus.MustNewConstMetric(usageForks, prometheus.CounterValue, float64(u.PidsLimited), l...)
+	})
+}
+
+// each calls fn with the usage of every Sandbox of this node whose
+// runtime reports usage and whose instance has a cgroup now.
+func (w *usageWatcher) each(ctx context.Context, fn func(*v1alpha1.Sandbox, runtimes.Usage)) error {
+	var list v1alpha1.SandboxList
+	if err := w.reader.List(ctx, &list); err != nil {
+		return fmt.Errorf("listing Sandboxes for their usage: %w", err)
+	}
+	for i := range list.Items {
+		sb := &list.Items[i]
+		if !onNode(sb, w.node) {
+			continue
+		}
+		ur, ok := w.runtimes[sb.Spec.BackendOrDefault()].(runtimes.UsageReader)
+		if !ok {
+			continue
+		}
+		u, err := ur.Usage(v1alpha1.InstanceName(sb.Spec.Agent))
+		if err != nil {
+			continue // not running: nothing to report
+		}
+		fn(sb, u)
+	}
+	return nil
+}
+
+// Start looks every interval for commands killed at a limit.
+func (w *usageWatcher) Start(ctx context.Context) error {
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := w.each(ctx, w.report); err != nil {
+				log.FromContext(ctx).V(1).Info("reading usage", "error", err.Error())
+			}
+		}
+	}
+}
+
+// report sends an Event for each new OOM kill or refused fork of sb.
+func (w *usageWatcher) report(sb *v1alpha1.Sandbox, u runtimes.Usage) {
+	key := sb.Namespace + "/" + sb.Name
+	w.mu.Lock()
+	prev, known := w.seen[key]
+	w.seen[key] = u
+	w.mu.Unlock()
+	if !known {
+		prev = runtimes.Usage{}
+	}
+	// A restarted instance starts its counters again.
+	if u.OOMKills < prev.OOMKills || u.PidsLimited < prev.PidsLimited {
+		prev = runtimes.Usage{}
+	}
+	if n := u.OOMKills - prev.OOMKills; n > 0 {
+		w.recorder.Eventf(sb, "Warning", EventOOMKilled, "%d process(es) of Sandbox %s were killed at its memory limit (%d in all since its instance started); raise spec.resources.limits.memory or use less", n, sb.Name, u.OOMKills)
+	}
+	if n := u.PidsLimited - prev.PidsLimited; n > 0 {
+		w.recorder.Eventf(sb, "Warning", EventPidsLimitReached, "%d fork(s) in Sandbox %s were refused at its pids limit (%d in all since its instance started); raise spec.resources.pidsLimit or start fewer processes", n, sb.Name, u.PidsLimited)
+	}
+}
