@@ -38,6 +38,8 @@ import (
 
 type flags struct {
 	areasRoot, stateDir, nodeName, backends string
+	cgroupParent                            string
+	allowUnlimited                          bool
 	agentIDs                                string
 	sandboxWorkers, claimWorkers            int
 	containerdAddress, containerdNamespace  string
@@ -69,6 +71,8 @@ func main() {
 	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --node-name: how long a node's controller may go without renewing its Lease (or its Node stay not Ready) before its Sandboxes report NodeLost and those with onNodeLost: Move are placed elsewhere; this node renews every quarter of it")
 	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node Leases, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd, incus")
+	flag.StringVar(&f.cgroupParent, "cgroup-parent", "", "cgroup (a path from the root of each hierarchy) below which the bwrap backend makes each instance's cgroup with its resource limits; empty: below the controller's own cgroup (in a pod, the pod's)")
+	flag.BoolVar(&f.allowUnlimited, "allow-unlimited-sandboxes", false, "let bwrap Sandboxes run WITHOUT resource limits where no cgroup can be made, with a warning; without it such a Sandbox is Ready=False (LimitsUnavailable)")
 	flag.StringVar(&f.incusSocket, "incus-socket", incus.DefaultSocket(), "incusd's unix socket for the incus backend (default $INCUS_SOCKET, else under $INCUS_DIR, else /var/lib/incus/unix.socket)")
 	flag.StringVar(&f.containerdAddress, "containerd-address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket for the containerd backend (default $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock)")
 	flag.StringVar(&f.containerdNamespace, "containerd-namespace", envOr("CONTAINERD_NAMESPACE", containerd.DefaultNamespace), "containerd namespace of the containers and their images")
@@ -307,7 +311,7 @@ func enableBackends(ctx context.Context, f flags, stateDir string) (map[v1alpha1
 	for _, b := range strings.Split(f.backends, ",") {
 		switch v1alpha1.Backend(strings.TrimSpace(b)) {
 		case v1alpha1.BackendBwrap:
-			rt, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(stateDir, "bwrap")})
+			rt, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(stateDir, "bwrap"), CgroupParent: f.cgroupParent, AllowUnlimited: f.allowUnlimited})
 			if err != nil {
 				closeAll()
 				return nil, nil, err
