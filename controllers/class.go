@@ -29,6 +29,7 @@ func (r *SandboxReconciler) checkClass(ctx context.Context, s *sandboxScope) (bo
 	}
 	if len(violations) == 0 {
 		s.spec, s.host = res.Spec, res.Host
+		r.warnDeprecated(s.sb)
 		return false, nil
 	}
 	msg := strings.Join(violations, "; ")
@@ -39,6 +40,23 @@ func (r *SandboxReconciler) checkClass(ctx context.Context, s *sandboxScope) (bo
 	s.facts.fail(v1alpha1.ReasonClassForbids, msg)
 	return true, r.stopForbidden(ctx, s, msg)
 }
+
+// warnDeprecated says, once per generation, which deprecated fields a
+// Sandbox still uses and what replaces them.
+func (r *SandboxReconciler) warnDeprecated(sb *v1alpha1.Sandbox) {
+	fields := sb.Spec.UsesDeprecatedLimits()
+	if len(fields) == 0 {
+		return
+	}
+	if gen, seen := r.warned.Swap(sb.UID, sb.Generation); seen && gen == sb.Generation {
+		return
+	}
+	r.Recorder.Eventf(sb, "Warning", EventDeprecatedField, "the Sandbox sets deprecated fields, read for one more release: %s", strings.Join(fields, "; "))
+}
+
+// EventDeprecatedField is the reason of the Event that names deprecated
+// fields a Sandbox sets.
+const EventDeprecatedField = "DeprecatedField"
 
 // stopForbidden stops an instance this Sandbox owns that runs a spec its
 // class no longer allows (the class changed under it).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -35,6 +36,9 @@ type SandboxReconciler struct {
 	Options
 	Recorder record.EventRecorder
 	gate     *shutdownGate
+	// warned holds, by Sandbox UID, the last generation told it uses a
+	// deprecated field, so the warning is one Event a change.
+	warned sync.Map
 }
 
 // The controller's own rights, least privilege: it writes a Sandbox only to
