@@ -22,7 +22,7 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 		v1alpha1.MsgBackendImmutable: true, v1alpha1.MsgIncusRequired: true, v1alpha1.MsgContainerdRequired: true,
 		v1alpha1.MsgSandboxNameImmut: true, v1alpha1.MsgWorktreeImmutable: true, v1alpha1.MsgWorktreeRepository: true,
 		v1alpha1.MsgWorktreeName: true, v1alpha1.MsgWorktreeNameRef: true, v1alpha1.MsgWorktreeRef: true,
-		v1alpha1.MsgClassRoot: true, v1alpha1.MsgClassAgentIDs: true, v1alpha1.MsgClassMemoryMax: true,
+		v1alpha1.MsgClassRoot: true, v1alpha1.MsgClassEnv: true, v1alpha1.MsgClassAgentIDs: true, v1alpha1.MsgClassMemoryMax: true,
 		v1alpha1.MsgClassPidsMax: true, v1alpha1.MsgClassRootfsMax: true, v1alpha1.MsgClassRootMax: true,
 	}
 	for _, m := range decodeRuleMessages {

@@ -14,6 +14,7 @@ const DefaultClassLabel = "sandboxclass.sandbox.cireilclaw.dev/is-default-class"
 // The messages of the SandboxClass's own schema rules.
 const (
 	MsgClassRoot      = "allowedMountSourceRoots are absolute directories without '.', '..', empty segments or a trailing '/' ('/' alone allows every directory)"
+	MsgClassEnv       = "allowedEnv entries are variable names, or a name prefix followed by '*' ('*' alone allows every variable)"
 	MsgClassAgentIDs  = "agentIDs is FIRST:COUNT, two decimal numbers"
 	MsgClassMemoryMax = "defaultLimits.memoryLimit must not be above maxLimits.memoryLimit"
 	MsgClassPidsMax   = "defaultLimits.pidsLimit must not be above maxLimits.pidsLimit"

@@ -25,6 +25,7 @@ func permissiveClass() *v1alpha1.SandboxClass {
 		Spec: v1alpha1.SandboxClassSpec{
 			AllowedBackends:         []v1alpha1.Backend{v1alpha1.BackendBwrap, v1alpha1.BackendContainerd, v1alpha1.BackendIncus},
 			AllowedMountSourceRoots: []string{"/"},
+			AllowedEnv:              []string{"*"},
 			Devices:                 v1alpha1.ClassDevices{USB: true, All: true},
 			AllowedImages:           v1alpha1.ClassImages{Containerd: []string{"*"}, Incus: []string{"*"}},
 		},

@@ -179,7 +179,7 @@ func TestRestrictedProjectSaysWhatToPermit(t *testing.T) {
 		{`Failed checking if instance creation allowed: Use of low-level "raw.idmap" element 0 on container "x" of project "p" is forbidden`,
 			runtimes.ReasonIdmapNotPermitted, []string{"restricted.idmap.uid=2000000001", "restricted.idmap.gid=2000000001", `project "p"`}},
 		{`Failed checking if instance creation allowed: Invalid device "d" on container "x" of project "p": Attaching disks not backed by a pool is forbidden`,
-			runtimes.ReasonHostDisksNotPermitted, []string{"restricted.devices.disk=allow", "restricted.devices.disk.paths=/areas/a,/src"}},
+			runtimes.ReasonHostDisksNotPermitted, []string{"restricted.devices.disk=allow", "restricted.devices.disk.paths=" + DefaultHeldDir}},
 	}
 	for _, tt := range tests {
 		err := r.restricted("ensuring instance", in, "p", errors.New(tt.daemon))
