@@ -7,15 +7,12 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
@@ -169,13 +166,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		recorder: mgr.GetEventRecorderFor("sandbox-controller"), seen: map[string]runtimes.Usage{}} //nolint:staticcheck // as above
 	if err := mgr.Add(usage); err != nil {
 		return fmt.Errorf("adding the usage watcher: %w", err)
-	}
-	if err := crmetrics.Registry.Register(usage); err != nil {
-		// A second Setup in one process (tests) registers once.
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return fmt.Errorf("registering the usage metrics: %w", err)
-		}
 	}
 	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")} //nolint:staticcheck // as above
 	if err := cr.SetupWithManager(mgr); err != nil {

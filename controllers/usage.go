@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -93,8 +95,20 @@ func (w *usageWatcher) each(ctx context.Context, fn func(*v1alpha1.Sandbox, runt
 	return nil
 }
 
-// Start looks every interval for commands killed at a limit.
+// Start serves the metrics while the manager runs (a manager started again
+// in the same process registers its own) and looks every interval for
+// commands killed at a limit.
 func (w *usageWatcher) Start(ctx context.Context) error {
+	var are prometheus.AlreadyRegisteredError
+	switch err := crmetrics.Registry.Register(w); {
+	case errors.As(err, &are):
+		// Another manager of this process serves them (tests).
+		log.FromContext(ctx).V(1).Info("Sandbox usage metrics are served by another manager")
+	case err != nil:
+		return fmt.Errorf("registering the Sandbox usage metrics: %w", err)
+	default:
+		defer crmetrics.Registry.Unregister(w)
+	}
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
