@@ -315,30 +315,14 @@ func TestRunHoldsTheLimitsTable(t *testing.T) {
 	areas := filepath.Join(dir, "areas")
 	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"python3\"]\n[limits]\npids = 256\nmemory = \"256Mi\"\ncpu = \"1\"\n")
 	base := []string{"run", "--config", cfg, "--agent", "lim", "--areas-root", areas, "--", "python3", "-c"}
-	code, out, stderr := sandboxctl(t, "", append(base, `
-import os, time
-made = 0
-for i in range(1500):
-    try:
-        if os.fork() == 0:
-            time.sleep(20)
-            os._exit(0)
-        made += 1
-    except OSError:
-        break
-print(made, flush=True)
-os.killpg(0, 9)
-`)...)
+	code, out, stderr := sandboxctl(t, "", append(base, testenv.ForkBomb(1500, 20))...)
+
 	made, err := strconv.Atoi(strings.TrimSpace(out))
 	if err != nil || made >= 256 {
 		t.Fatalf("fork bomb under pids = 256: exit %d stdout %q stderr %q", code, out, stderr)
 	}
-	code, out, stderr = sandboxctl(t, "", append(base, `
-b = bytearray()
-for i in range(1024):
-    b += b"x" * (1 << 20)
-print("touched", len(b) >> 20)
-`)...)
+	code, out, stderr = sandboxctl(t, "", append(base, testenv.MemoryHog(1024))...)
+
 	if code == 0 || strings.Contains(out, "touched 1024") {
 		t.Fatalf("1 GiB under memory = 256Mi: exit %d stdout %q stderr %q", code, out, stderr)
 	}

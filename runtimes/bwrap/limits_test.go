@@ -42,22 +42,8 @@ func usage(t *testing.T, s *sandbox) runtimes.Usage {
 // A fork bomb stops at the pids limit, and the instance says it hit it.
 func TestForkBombStopsAtThePidsLimit(t *testing.T) {
 	s := limited(t)
-	const bomb = `
-import os, time
-made = 0
-for i in range(1500):
-    try:
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        made += 1
-    except OSError:
-        break
-print(made, flush=True)
-os.killpg(0, 9)
-`
 	var out, errb bytes.Buffer
-	_, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{Argv: []string{"python3", "-c", bomb}, Stdout: &out, Stderr: &errb})
+	_, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{Argv: []string{"python3", "-c", testenv.ForkBomb(1500, 30)}, Stdout: &out, Stderr: &errb})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +60,7 @@ os.killpg(0, 9)
 // the next command runs.
 func TestMemoryHogIsKilledAtTheMemoryLimit(t *testing.T) {
 	s := limited(t)
-	code, out, stderr := s.exec(t, "python3", "-c", `
-b = bytearray()
-for i in range(1024):
-    b += b"x" * (1 << 20)
-print("touched", len(b) >> 20, "MiB")
-`)
+	code, out, stderr := s.exec(t, "python3", "-c", testenv.MemoryHog(1024))
 	if code == 0 || strings.Contains(out, "touched 1024") {
 		t.Fatalf("a 1 GiB allocation under a 128 MiB limit: exit %d stdout %q stderr %q", code, out, stderr)
 	}
