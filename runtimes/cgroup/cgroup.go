@@ -177,6 +177,12 @@ func (m *Manager) Ensure(name string, l Limits) error {
 			return fmt.Errorf("creating the cgroup of %s: %w", name, err)
 		}
 	}
+	if m.V2 {
+		// The parent may have been made again since New (Remove prunes it).
+		if err := enable(m.dirs[""]); err != nil {
+			return fmt.Errorf("giving the cpu, memory and pids controllers to %s: %w", m.dirs[""], err)
+		}
+	}
 	for file, value := range m.settings(l) {
 		c, base, _ := strings.Cut(file, "/")
 		if err := os.WriteFile(filepath.Join(m.Dir(c, name), base), []byte(value), 0); err != nil {
@@ -333,7 +339,9 @@ func (m *Manager) Usage(name string) (Usage, error) {
 	return u, err
 }
 
-// Remove kills what is left in instance name's cgroup and removes it.
+// Remove kills what is left in instance name's cgroup and removes it, and
+// the parent too when no other instance has a cgroup there, so that the
+// host keeps no empty cgroups of ours.
 func (m *Manager) Remove(name string) error {
 	var errs []error
 	for c := range m.dirs {
@@ -341,7 +349,9 @@ func (m *Manager) Remove(name string) error {
 		killAll(dir)
 		if err := rmdirRetry(dir); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		_ = unix.Rmdir(m.dirs[c]) // busy while another instance has one
 	}
 	return errors.Join(errs...)
 }
