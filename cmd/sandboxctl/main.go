@@ -136,6 +136,9 @@ type sandboxFlags struct {
 	agent     string
 	areasRoot string
 	stateDir  string
+	// allowUnlimited runs commands without resource limits where no
+	// cgroup can be made, loudly.
+	allowUnlimited bool
 }
 
 func (f *sandboxFlags) register(fs *flag.FlagSet) {
@@ -143,6 +146,7 @@ func (f *sandboxFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.agent, "agent", "", "the agent's name (a DNS-1123 label); required")
 	fs.StringVar(&f.areasRoot, "areas-root", defaultAreasRoot(), "the directory holding one directory of areas per agent")
 	fs.StringVar(&f.stateDir, "state-dir", "", "where the driver records instances (default <areas-root>/.sandboxctl)")
+	fs.BoolVar(&f.allowUnlimited, "allow-unlimited", false, "where no cgroup can be made for the [limits] (not root, no delegated cgroup v2 subtree), run commands WITHOUT resource limits, with a warning, instead of refusing them")
 }
 
 func defaultAreasRoot() string {
@@ -181,7 +185,7 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sand
 	if state, err = filepath.Abs(state); err != nil {
 		return nil, fmt.Errorf("state directory %q: %w", f.stateDir, err)
 	}
-	rt, err := bwrap.New(bwrap.Config{StateDir: state, Warnings: warnings})
+	rt, err := bwrap.New(bwrap.Config{StateDir: state, Warnings: warnings, AllowUnlimited: f.allowUnlimited})
 	if err != nil {
 		return nil, err
 	}
