@@ -108,3 +108,11 @@ func (r *Runtime) releaseSources(name string) error {
 	}
 	return nil
 }
+
+// release is releaseSources as an error of op.
+func (r *Runtime) release(op, name string) error {
+	if err := r.releaseSources(name); err != nil {
+		return runtimes.Errorf(runtimes.ReasonFailed, op, name, "%w", err)
+	}
+	return nil
+}

@@ -60,6 +60,10 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		}
 	}
 	if err != nil {
+		if inst == nil {
+			// Nothing was made that uses the sources held for it.
+			_ = r.releaseSources(in.Name)
+		}
 		if re := r.restricted(op, in, project, err); re != nil {
 			return runtimes.State{}, re
 		}
@@ -354,7 +358,9 @@ func (r *Runtime) Stop(ctx context.Context, name string) error {
 		return r.fail(op, name, err)
 	}
 	if inst == nil {
-		return nil
+		// Never made (an Ensure that failed before creating it): only
+		// the sources held for it may be left.
+		return r.release(op, name)
 	}
 	if inst.Config[KeyOwner] == "" {
 		return runtimes.Errorf(runtimes.ReasonNameConflict, op, name, "the instance was not made by this controller (no %s key); leaving it", KeyOwner)
@@ -365,10 +371,7 @@ func (r *Runtime) Stop(ctx context.Context, name string) error {
 		}
 	}
 	unmountOverlays(inst)
-	if err := r.releaseSources(name); err != nil {
-		return runtimes.Errorf(runtimes.ReasonFailed, op, name, "%w", err)
-	}
-	return nil
+	return r.release(op, name)
 }
 
 // unmountOverlays unmounts the merged views of a stopped or deleted
@@ -407,7 +410,9 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 		return r.fail(op, name, err)
 	}
 	if inst == nil {
-		return nil
+		// Never made (an Ensure that failed before creating it): only
+		// the sources held for it may be left.
+		return r.release(op, name)
 	}
 	if inst.Config[KeyOwner] == "" {
 		return runtimes.Errorf(runtimes.ReasonNameConflict, op, name, "the instance was not made by this controller (no %s key); leaving it", KeyOwner)
@@ -421,8 +426,8 @@ func (r *Runtime) Delete(ctx context.Context, name string) error {
 		return r.fail(op, name, err)
 	}
 	unmountOverlays(inst)
-	if err := r.releaseSources(name); err != nil {
-		return runtimes.Errorf(runtimes.ReasonFailed, op, name, "%w", err)
+	if err := r.release(op, name); err != nil {
+		return err
 	}
 	r.forget(name)
 	return nil

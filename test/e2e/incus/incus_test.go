@@ -295,6 +295,11 @@ var _ = Describe("Incus failures", func() {
 		)))
 		Expect(inspect(instanceOf(sb)).Exists).To(BeFalse())
 		env.DeleteAndWait(sb)
+		// The sources held for an instance never made go with its Sandbox.
+		Eventually(func() bool {
+			_, err := os.Stat(filepath.Join(incus.DefaultHeldDir, instanceOf(sb)))
+			return os.IsNotExist(err)
+		}, timeout).Should(BeTrue(), "held sources of %s are left below %s", instanceOf(sb), incus.DefaultHeldDir)
 	})
 
 	It("says what a restricted project must permit: raw.idmap for the agent's ids, then the hardening, then host-path disks", func() {
