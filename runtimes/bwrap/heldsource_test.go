@@ -198,17 +198,21 @@ print(done)
 	}
 	var swapped atomic.Int64
 	var swappers sync.WaitGroup
+	var swapperErrs sync.Map
 	for _, c := range components {
 		swappers.Add(1)
 		go func() {
 			defer swappers.Done()
-			var out bytes.Buffer
-			_, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{
+			var out, errb bytes.Buffer
+			st, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{
 				Argv:   []string{"python3", "-c", swapper, c.dir, c.name, strconv.Itoa(swaps / len(components)), c.abs, c.rel},
-				Stdout: &out, Stderr: &bytes.Buffer{}})
-			if n, perr := strconv.Atoi(strings.TrimSpace(out.String())); err == nil && perr == nil {
-				swapped.Add(int64(n))
+				Stdout: &out, Stderr: &errb})
+			n, perr := strconv.Atoi(strings.TrimSpace(out.String()))
+			if err != nil || perr != nil {
+				swapperErrs.Store(c.name, fmt.Sprintf("exit %d, %v, stdout %q, stderr %q", st.Code, err, out.String(), errb.String()))
+				return
 			}
+			swapped.Add(int64(n))
 		}()
 	}
 	stop := make(chan struct{})
@@ -254,6 +258,10 @@ print(done)
 	if escapes.Load() != 0 {
 		t.Fatalf("%d accesses read the host directory through a swapped mount source component", escapes.Load())
 	}
+	swapperErrs.Range(func(k, v any) bool {
+		t.Logf("the swapper of component %v ended early: %v", k, v)
+		return true
+	})
 	if swapped.Load() < swaps || reads.Load() == 0 || starts.Load() == 0 {
 		t.Fatalf("the race did not run: %d of %d exchanges, %d file accesses, %d command starts", swapped.Load(), swaps, reads.Load(), starts.Load())
 	}

@@ -311,9 +311,9 @@ func (t Tree) verifyAreas() (int, error) {
 
 // Generations are one sandbox's trees below Dir, numbered. A new tree is
 // built beside the one in use and becomes current only once complete; the
-// one before it stays mounted, because a command may be starting from it
-// (bubblewrap binds by path, a moment after the controller chose the
-// path), and older ones are removed.
+// keptGenerations before it stay mounted, because a command may be
+// starting from one of them (bubblewrap binds by path, a moment after the
+// controller chose the path), and older ones are removed.
 type Generations struct {
 	Dir string
 }
@@ -345,6 +345,12 @@ func (g Generations) newest() (int, bool) {
 	return best, found
 }
 
+// keptGenerations is how many generations before the newest stay mounted:
+// commands starting from them may still be resolving their paths, and an
+// agent swapping its sources makes several rebuilds in the time one start
+// takes.
+const keptGenerations = 3
+
 // Build builds t as the next generation and returns its directory. When
 // the build fails, the current tree stays current.
 func (g Generations) Build(t Tree) (string, error) {
@@ -361,7 +367,7 @@ func (g Generations) Build(t Tree) (string, error) {
 	}
 	entries, _ := os.ReadDir(g.Dir)
 	for _, e := range entries {
-		if old, err := strconv.Atoi(e.Name()); err != nil || old < n-1 {
+		if old, err := strconv.Atoi(e.Name()); err != nil || old < n-keptGenerations {
 			// Best effort: one generation that cannot go yet must not
 			// keep the others, nor the new tree, from their turn.
 			_ = Remove(filepath.Join(g.Dir, e.Name()))
