@@ -280,7 +280,7 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	if err := r.ensureInstanceTree(in, rec.ConfigHash != in.ConfigHash); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, "ensuring", in.Name, "%w", err)
 	}
-	if rec.Running && rec.ConfigHash == in.ConfigHash {
+	if rec.Running && rec.ConfigHash == in.ConfigHash && (r.cgroups == nil || r.cgroups.Exists(in.Name)) {
 		return rec.state(), nil
 	}
 	if err := r.ensureCgroup(in); err != nil {

@@ -3,6 +3,9 @@ package bwrap_test
 import (
 	"bytes"
 	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -88,5 +91,38 @@ func TestCommandsRunInTheInstanceCgroup(t *testing.T) {
 	<-done
 	if seen < 4 {
 		t.Fatalf("the instance's cgroup counted at most %d processes of a command running four", seen)
+	}
+}
+
+// An instance whose cgroup went (a reboot, an administrator) gets it back
+// on its next Ensure, with its limits, instead of every command failing.
+func TestEnsureMakesALostCgroupAgain(t *testing.T) {
+	s := limited(t)
+	var removed int
+	for _, c := range []string{"pids", "memory", "cpu", "cpuacct"} {
+		_ = filepath.WalkDir(filepath.Join("/sys/fs/cgroup", c), func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() && d.Name() == s.in.Name && strings.Contains(p, "sandbox-controller-bwrap-") {
+				if os.Remove(p) == nil {
+					removed++
+				}
+				return filepath.SkipDir
+			}
+			return nil
+		})
+	}
+	if removed == 0 {
+		t.Fatalf("found no cgroup of %s to remove", s.in.Name)
+	}
+	if _, err := s.rt.Usage(s.in.Name); err == nil {
+		t.Fatal("the cgroup is still readable after its removal")
+	}
+	if _, err := s.rt.Ensure(context.Background(), s.in); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rt.Usage(s.in.Name); err != nil {
+		t.Fatalf("after Ensure: %v", err)
+	}
+	if code, out, _ := s.exec(t, "sh", "-c", "echo ok"); code != 0 || out != "ok\n" {
+		t.Fatalf("exit %d %q", code, out)
 	}
 }

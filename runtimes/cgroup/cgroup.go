@@ -170,6 +170,17 @@ func (m *Manager) Dir(c, name string) string {
 	return filepath.Join(m.dirs[c], name)
 }
 
+// Exists reports whether instance name's cgroup is there (a reboot or an
+// administrator may have removed it since Ensure).
+func (m *Manager) Exists(name string) bool {
+	for c := range m.dirs {
+		if _, err := os.Stat(filepath.Join(m.dirs[c], name)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // Ensure creates instance name's cgroup when missing and sets its limits.
 func (m *Manager) Ensure(name string, l Limits) error {
 	for c := range m.dirs {
