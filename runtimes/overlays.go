@@ -61,6 +61,9 @@ func OverlayMountsHealth(in Instance, running bool) *Health {
 
 func overlayMountHealth(m Bind) *Health {
 	l := m.Overlay
+	if _, size, sized, err := l.DiskUsage(); sized && (err != nil || size == 0) {
+		return &Health{Reason: ReasonNotMounted, Message: fmt.Sprintf("the file system holding the upper layer of overlay mount %s is not mounted at %s (%v)", m.Target, l.Disk, err)}
+	}
 	if ok, err := l.UpperExists(); err != nil || !ok {
 		return &Health{Reason: ReasonSnapshotMissing, Message: fmt.Sprintf("the upper layer %s of overlay mount %s is gone (%v)", l.Upper, m.Target, err)}
 	}

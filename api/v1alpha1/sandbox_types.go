@@ -64,10 +64,12 @@ type Mount struct {
 	// +optional
 	Mode MountMode `json:"mode,omitempty"`
 
-	// SizeLimit bounds the upper layer of an overlay mount: above it the
-	// Sandbox shows OverlayHealthy=False reason UpperDirOverLimit (writes
-	// are not refused). Only for mode overlay, and more than zero: the
-	// controller refuses a spec with a zero or negative limit (InvalidSpec).
+	// SizeLimit bounds the upper layer of an overlay mount: the layer is
+	// kept on a file system of that size, so a write beyond it fails with
+	// "no space left on device" (ENOSPC). Only for mode overlay, and at
+	// least 64Ki: the controller refuses a smaller limit (InvalidSpec). A
+	// limit made smaller than what the layer holds is reported as
+	// OverlayHealthy=False reason UpperDirOverLimit.
 	// +optional
 	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 }
@@ -162,9 +164,10 @@ type ContainerdSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 4194304",message="pidsLimit must be between 1 and 4194304 (the kernel's largest pid_max)"
 	// +optional
 	PidsLimit *int64 `json:"pidsLimit,omitempty"`
-	// RootfsSizeLimit is the size the container's writable layer may reach
-	// before OverlayHealthy turns False (reason UpperDirOverLimit).
-	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).isGreaterThan(quantity('0'))",message="rootfsSizeLimit must be more than zero (leave it out for no limit)"
+	// RootfsSizeLimit is the most the container's writable layer holds: the
+	// layer is kept on a file system of that size, so writes beyond it
+	// fail (ENOSPC). At least 64Ki.
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('64Ki')) >= 0",message="rootfsSizeLimit must be at least 64Ki, the smallest file system that can hold a writable layer (leave it out for no limit)"
 	// +optional
 	RootfsSizeLimit *resource.Quantity `json:"rootfsSizeLimit,omitempty"`
 }

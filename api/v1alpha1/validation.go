@@ -21,7 +21,7 @@ const (
 	MsgMountTargetEmpty   = "mount targets must not contain empty segments (no leading, trailing or doubled '/')"
 	MsgMountMode          = "mount modes are ro, rw or overlay"
 	MsgMountSizeLimit     = "sizeLimit applies to mounts with mode overlay only"
-	MsgMountSizePositive  = "sizeLimit must be more than zero (leave it out for no limit)"
+	MsgMountSizePositive  = "sizeLimit must be at least 64Ki, the smallest file system that can hold an upper layer (leave it out for no limit)"
 	MsgMountOverlap       = "mount targets must not overlap: configure sibling targets rather than nesting one below another"
 	MsgBinarySpace        = commandname.MsgSpace
 	MsgBinaryMeta         = commandname.MsgMeta
@@ -103,7 +103,7 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 		if m.SizeLimit != nil && m.Mode != MountOverlay {
 			errs = append(errs, field.Invalid(mp.Index(i).Child("sizeLimit"), m.SizeLimit.String(), MsgMountSizeLimit))
 		}
-		if m.SizeLimit != nil && m.SizeLimit.Sign() <= 0 {
+		if m.SizeLimit != nil && m.SizeLimit.Cmp(minSizedFS) < 0 {
 			errs = append(errs, field.Invalid(mp.Index(i).Child("sizeLimit"), m.SizeLimit.String(), MsgMountSizePositive))
 		}
 	}

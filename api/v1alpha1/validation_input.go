@@ -24,7 +24,7 @@ const (
 	MsgIdleTimeoutRange  = "idleTimeout must be more than zero and at most 720h (30 days)"
 	MsgPidsLimit         = "pidsLimit must be between 1 and 4194304 (the kernel's largest pid_max)"
 	MsgMemoryPositive    = "memoryLimit must be more than zero (leave it out for no limit)"
-	MsgRootfsPositive    = "rootfsSizeLimit must be more than zero (leave it out for no limit)"
+	MsgRootfsPositive    = "rootfsSizeLimit must be at least 64Ki, the smallest file system that can hold a writable layer (leave it out for no limit)"
 	MsgRootPositive      = "rootSizeLimit must be more than zero (leave it out for no limit)"
 	// MsgResourcePositive and MsgRequestAboveLimit are Go rules only (as
 	// MsgMountSizePositive): CEL on quantities costs more than the API
@@ -136,7 +136,9 @@ func validateInput(spec *SandboxSpec, p *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(cp.Child("pidsLimit"), *c.PidsLimit, MsgPidsLimit))
 		}
 		errs = append(errs, positive(cp.Child("memoryLimit"), c.MemoryLimit, MsgMemoryPositive)...)
-		errs = append(errs, positive(cp.Child("rootfsSizeLimit"), c.RootfsSizeLimit, MsgRootfsPositive)...)
+		if q := c.RootfsSizeLimit; q != nil && q.Cmp(minSizedFS) < 0 {
+			errs = append(errs, field.Invalid(cp.Child("rootfsSizeLimit"), q.String(), MsgRootfsPositive))
+		}
 	}
 	if in := spec.Incus; in != nil {
 		errs = append(errs, positive(p.Child("incus", "rootSizeLimit"), in.RootSizeLimit, MsgRootPositive)...)
@@ -176,6 +178,10 @@ func validateResources(p *field.Path, r *Resources) field.ErrorList {
 
 // positive refuses a zero or negative limit: the runtimes read it as no
 // limit at all.
+// minSizedFS is the smallest size limit of a writable layer: below it no
+// ext4 file system can be made to hold the layer (internal/sizedfs).
+var minSizedFS = resource.MustParse("64Ki")
+
 func positive(p *field.Path, q *resource.Quantity, msg string) field.ErrorList {
 	if q != nil && q.Sign() <= 0 {
 		return field.ErrorList{field.Invalid(p, q.String(), msg)}

@@ -152,7 +152,7 @@ func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Ins
 			l.Owner = id.UID
 			l.LowerAnchor, l.LowerNoLinks = b.Anchor, b.NoLinks
 			if m.SizeLimit != nil {
-				l.SizeLimit = m.SizeLimit.Value()
+				l = l.Sized(m.SizeLimit.Value())
 			}
 			b = runtimes.Bind{Source: l.Merged, Target: b.Target, Overlay: &l}
 		}

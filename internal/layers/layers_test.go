@@ -31,7 +31,7 @@ func layer(pkg string) (int, bool) {
 	case top("internal/testenv", "internal/testharness", "internal/layers", "test", "hack"):
 		return -1, true
 	case top("api", "internal/commandname", "internal/areas", "internal/policy", "internal/overlay",
-		"internal/worktree", "internal/tenancy", "internal/exectoken", "internal/localcp", "internal/servingcert"):
+		"internal/worktree", "internal/tenancy", "internal/exectoken", "internal/localcp", "internal/servingcert", "internal/sizedfs"):
 		return 0, true
 	case top("runtimes"):
 		return 1, true

@@ -90,6 +90,10 @@ func (l Layers) Diff() ([]Change, error) {
 // takes the mode from that descriptor and lets content read it and return
 // its hash.
 func (l Layers) scan(lower *areas.Root, content func(c *Change, f *os.File) (string, error)) ([]Change, error) {
+	// A stopped instance's sized upper layer is not mounted.
+	if err := l.mountDisk(); err != nil {
+		return nil, fmt.Errorf("listing the changes of overlay %s: %w", l.Upper, err)
+	}
 	upper, err := areas.OpenRootAt("upper layer", l.UpperDir(), true)
 	if err != nil {
 		return nil, fmt.Errorf("listing the changes of overlay %s: %w", l.Upper, err)

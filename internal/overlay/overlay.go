@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/sizedfs"
 )
 
 // Layers are one overlay mount's directories on the host.
@@ -44,6 +45,75 @@ type Layers struct {
 	// "" for "/".
 	LowerAnchor  string `json:"lowerAnchor,omitempty"`
 	LowerNoLinks bool   `json:"lowerNoLinks,omitempty"`
+	// Disk, when set, is where the file system of SizeLimit bytes that
+	// holds Upper and Work is mounted (Sized).
+	Disk string `json:"disk,omitempty"`
+}
+
+// Sized gives the layers a file system of limit bytes of their own
+// (internal/sizedfs): the upper and work directories move onto it, so the
+// sandbox's changes stop at that size instead of filling the host.
+func (l Layers) Sized(limit int64) Layers {
+	base := filepath.Dir(l.Merged)
+	l.SizeLimit = limit
+	l.Disk = filepath.Join(base, "disk")
+	l.Upper = filepath.Join(l.Disk, "upper")
+	l.Work = filepath.Join(l.Disk, "work")
+	return l
+}
+
+// disk is the sized file system of the layers; Dir is "" when they have none.
+func (l Layers) disk() sizedfs.FS {
+	if l.Disk == "" {
+		return sizedfs.FS{}
+	}
+	return sizedfs.FS{Dir: l.Disk, Size: l.SizeLimit, Anchor: l.areasRoot()}
+}
+
+// DiskUsage is what the sized file system holds and can hold; ok is false
+// for layers without one.
+func (l Layers) DiskUsage() (used, size int64, ok bool, err error) {
+	if l.Disk == "" {
+		return 0, 0, false, nil
+	}
+	switch ok, err := l.disk().Mounted(); {
+	case err != nil:
+		return 0, 0, true, err
+	case !ok:
+		return 0, 0, true, fmt.Errorf("%s is not mounted", l.Disk)
+	}
+	used, size, err = l.disk().Usage()
+	return used, size, true, err
+}
+
+// mountDisk mounts the sized file system, if the layers have one, and
+// makes the upper and work directories on it. The first time, changes
+// made before the size limit was set (in the plain upper directory) move
+// onto it, and that directory is renamed upper.moved.
+func (l Layers) mountDisk() error {
+	if l.Disk == "" {
+		return nil
+	}
+	created, err := l.disk().Mount()
+	if err != nil {
+		return fmt.Errorf("giving overlay %s its sizeLimit of %d bytes: %w", l.Merged, l.SizeLimit, err)
+	}
+	if !created {
+		return nil
+	}
+	for _, d := range []string{l.Upper, l.Work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+	}
+	old := filepath.Join(filepath.Dir(l.Merged), "upper")
+	if fi, err := os.Lstat(old); err == nil && fi.IsDir() {
+		if err := sizedfs.CopyInto(old, l.Upper); err != nil {
+			return err
+		}
+		return os.Rename(old, old+".moved")
+	}
+	return nil
 }
 
 // LowerDir is the lower layer as the held object every act resolves.
@@ -54,8 +124,17 @@ func (l Layers) LowerDir() areas.HostDir {
 // layerDir is one of the directories For placed below the agent's
 // directory, resolved beneath the areas root without following any link.
 func (l Layers) layerDir(path string) areas.HostDir {
-	areasRoot := filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(l.Upper))))
-	return areas.HostDir{Anchor: areasRoot, Path: path, NoLinks: true}
+	return areas.HostDir{Anchor: l.areasRoot(), Path: path, NoLinks: true}
+}
+
+// areasRoot is the areas root, four levels above
+// <agentDir>/.overlay/<target>/upper (or disk, when sized).
+func (l Layers) areasRoot() string {
+	below := l.Upper
+	if l.Disk != "" {
+		below = l.Disk
+	}
+	return filepath.Dir(filepath.Dir(filepath.Dir(filepath.Dir(below))))
 }
 
 // UpperDir is the upper layer as a held object.
@@ -64,7 +143,7 @@ func (l Layers) UpperDir() areas.HostDir { return l.layerDir(l.Upper) }
 // Same says whether two Layers are the same overlay: the same directories,
 // whatever their size limits.
 func (l Layers) Same(o Layers) bool {
-	return l.Lower == o.Lower && l.Upper == o.Upper && l.Work == o.Work && l.Merged == o.Merged
+	return l.Lower == o.Lower && l.Upper == o.Upper && l.Work == o.Work && l.Merged == o.Merged && l.Disk == o.Disk
 }
 
 // UpperExists says whether the upper layer is a directory.
@@ -126,6 +205,9 @@ func (l Layers) Mount() error {
 		return fmt.Errorf("mounting overlay of %s: the source must be an existing directory: %w", l.Lower, err)
 	}
 	defer lower.Close()
+	if err := l.mountDisk(); err != nil {
+		return err
+	}
 	for _, d := range []string{l.Upper, l.Work, l.Merged} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("mounting overlay of %s: %w", l.Lower, err)
@@ -157,14 +239,20 @@ func (l Layers) Mount() error {
 // the kernel follows the descriptor's link to the object itself.
 func fdPath(f *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(f.Fd())) }
 
-// Unmount unmounts the merged view; the upper layer (the changes) stays.
+// Unmount unmounts the merged view, and the sized file system under it;
+// the upper layer (the changes) stays.
 func (l Layers) Unmount() error {
 	ok, err := l.Mounted()
-	if err != nil || !ok {
+	if err != nil {
 		return err
 	}
-	if err := unix.Unmount(l.Merged, unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("unmounting overlay %s: %w", l.Merged, err)
+	if ok {
+		if err := unix.Unmount(l.Merged, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmounting overlay %s: %w", l.Merged, err)
+		}
+	}
+	if l.Disk != "" {
+		return l.disk().Unmount()
 	}
 	return nil
 }

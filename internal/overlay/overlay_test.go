@@ -1,9 +1,11 @@
 package overlay_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
@@ -113,5 +115,44 @@ func TestOverlayKeepsTheSourceUntilApplied(t *testing.T) {
 	}
 	if size, err := l.Size(); err != nil || size == 0 {
 		t.Fatalf("Size = %d, %v", size, err)
+	}
+}
+
+// A size limit set on an overlay that already holds changes moves them
+// onto the layer's sized file system: none is lost, and from then on a
+// write beyond the limit fails.
+func TestASizeLimitKeepsTheChangesMadeBeforeIt(t *testing.T) {
+	l, _ := mounted(t)
+	write(t, filepath.Join(l.Merged, "edit.txt"), "new\n")
+	if err := os.Remove(filepath.Join(l.Merged, "gone.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	sized := l.Sized(256 << 10)
+	if err := sized.Mount(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sized.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	if b, _ := os.ReadFile(filepath.Join(sized.Merged, "edit.txt")); string(b) != "new\n" {
+		t.Errorf("a change made before the limit: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(sized.Merged, "gone.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a deletion made before the limit came undone: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(l.Upper), "upper.moved", "edit.txt")); err != nil {
+		t.Errorf("the old upper layer is not kept as upper.moved: %v", err)
+	}
+	err := os.WriteFile(filepath.Join(sized.Merged, "big"), make([]byte, 1<<20), 0o644)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("1 MiB written under a 256 KiB limit: %v, want ENOSPC", err)
+	}
+	if used, size, ok, err := sized.DiskUsage(); err != nil || !ok || size > 256<<10 || used > size {
+		t.Errorf("DiskUsage = %d of %d, %v, %v", used, size, ok, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -495,7 +496,10 @@ func readTrim(t *testing.T, path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-func TestOverlayHealthFollowsTheSizeLimit(t *testing.T) {
+// The writable layer is bounded, not only measured: 64 MiB cannot go into
+// a container whose rootfsSizeLimit is 1 MiB, and the host's disk is not
+// where the write lands.
+func TestRootfsSizeLimitHolds(t *testing.T) {
 	rt, image := daemon(t, nil)
 	in := newInstance(t, rt, image, "unit-overlay", func(s *v1alpha1.SandboxSpec) {
 		s.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("1Mi"))
@@ -505,19 +509,32 @@ func TestOverlayHealthFollowsTheSizeLimit(t *testing.T) {
 	if h := health(); h == nil || !h.Healthy || h.Reason != runtimes.ReasonHealthy || !strings.Contains(h.Message, "overlay") {
 		t.Fatalf("fresh container: %+v", h)
 	}
-	run(t, rt, in.Name, "", "sh", "-c", "head -c 2097152 /dev/zero > /var/tmp/big")
-	if h := health(); h.Healthy || h.Reason != runtimes.ReasonUpperDirOverLimit {
-		t.Errorf("2 MiB written with a 1 MiB limit: %+v", h)
+	code, out, _ := run(t, rt, in.Name, "", "sh", "-c", "head -c 67108864 /dev/zero > /var/tmp/big 2>/dev/null; echo $?; wc -c < /var/tmp/big")
+	var rc, size int64
+	if _, err := fmt.Sscan(out, &rc, &size); code != 0 || err != nil || rc == 0 || size > 1<<20 {
+		t.Fatalf("64 MiB written into a 1 MiB rootfs: %q (want a failed write of at most 1 MiB)", out)
 	}
-	run(t, rt, in.Name, "", "sh", "-c", "rm /var/tmp/big")
-	if h := health(); !h.Healthy {
-		t.Errorf("after removing the file: %+v", h)
+	if h := health(); !h.Healthy || !strings.Contains(h.Message, "of 1Mi") {
+		t.Errorf("after the failed write: %+v", h)
+	}
+	if code, _, _ := run(t, rt, in.Name, "", "sh", "-c", "rm /var/tmp/big && echo kept > /var/tmp/small"); code != 0 {
+		t.Fatalf("removing the file: exit %d", code)
 	}
 	if err := rt.Stop(context.Background(), in.Name); err != nil {
 		t.Fatal(err)
 	}
 	if h := health(); !h.Healthy || !strings.Contains(h.Message, "not mounted while the container is stopped") {
 		t.Errorf("stopped container: %+v", h)
+	}
+	ensure(t, rt, in)
+	if code, out, _ := run(t, rt, in.Name, "", "cat", "/var/tmp/small"); code != 0 || out != "kept\n" {
+		t.Errorf("the writable layer after a restart: exit %d, %q", code, out)
+	}
+	if err := rt.Delete(context.Background(), in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(in.AgentDir, ".rootfs.img")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the writable layer's image outlived its container: %v", err)
 	}
 }
 

@@ -273,7 +273,11 @@ func (r *Runtime) start(ctx context.Context, c *containerd.Client, cont containe
 			return nil, err
 		}
 	}
-	task, err := cont.NewTask(ctx, cio.NullIO)
+	rootfs, err := r.rootfsOpts(ctx, c, cont, in)
+	if err != nil {
+		return nil, err
+	}
+	task, err := cont.NewTask(ctx, cio.NullIO, rootfs...)
 	if err != nil {
 		return nil, fmt.Errorf("creating the task: %w", err)
 	}
@@ -414,8 +418,16 @@ func (r *Runtime) remove(ctx context.Context, cont containerd.Container, task co
 			return fmt.Errorf("deleting the task: %w", err)
 		}
 	}
+	info, infoErr := cont.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err := cont.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("deleting the container and its snapshot: %w", err)
+	}
+	if infoErr == nil {
+		if in, err := decodeInstance(info); err == nil {
+			if err := removeRootfs(in); err != nil {
+				return fmt.Errorf("removing the container's writable layer: %w", err)
+			}
+		}
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -66,16 +67,33 @@ func (r *Runtime) rootHealth(ctx context.Context, c *containerd.Client, info con
 		return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy,
 			Message: fmt.Sprintf("snapshot %s present, %s; no rootfs size limit", info.SnapshotKey, mounted)}, nil
 	}
-	u, err := sn.Usage(ctx, info.SnapshotKey)
+	size, err := r.rootfsUsage(ctx, sn, info.SnapshotKey, in)
 	if err != nil {
-		return nil, fmt.Errorf("measuring snapshot %s: %w", info.SnapshotKey, err)
+		return nil, err
 	}
-	used, max := bytes(u.Size), bytes(limit)
-	if u.Size > limit {
+	used, max := bytes(size), bytes(limit)
+	if size > limit {
 		return unhealthy(runtimes.ReasonUpperDirOverLimit, "writable layer of container %s uses %s, over its rootfsSizeLimit of %s", info.ID, used, max), nil
 	}
 	return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy,
 		Message: fmt.Sprintf("snapshot %s present, %s; writable layer uses %s of %s", info.SnapshotKey, mounted, used, max)}, nil
+}
+
+// rootfsUsage is what the writable layer holds: its sized file system
+// while that is mounted, else the snapshot.
+func (r *Runtime) rootfsUsage(ctx context.Context, sn snapshots.Snapshotter, key string, in runtimes.Instance) (int64, error) {
+	if in.AgentDir != "" {
+		disk := rootfsDisk(in)
+		if ok, err := disk.Mounted(); err == nil && ok {
+			used, _, err := disk.Usage()
+			return used, err
+		}
+	}
+	u, err := sn.Usage(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("measuring snapshot %s: %w", key, err)
+	}
+	return u.Size, nil
 }
 
 func unhealthy(reason runtimes.Reason, format string, args ...any) *runtimes.Health {

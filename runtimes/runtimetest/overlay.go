@@ -7,8 +7,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -40,8 +42,8 @@ func OverlaySource(t T) string {
 // OverlayMount drives an instance whose spec mounts src at "project" with
 // mode overlay and a sizeLimit of 100Ki (in.Mounts[0]), and "sh" allowed,
 // through a driver: the sandbox sees its writes and the source does not;
-// the upper layer going over its limit turns the health UpperDirOverLimit
-// and back; Stop unmounts the merged view; the changes survive a stop and
+// a write beyond the limit fails (the upper layer is on a file system of
+// that size) and the health stays Healthy; Stop unmounts the merged view; the changes survive a stop and
 // start; Delete keeps them.
 func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 	t.Helper()
@@ -91,9 +93,13 @@ func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 		t.Fatalf("Diff = %v, %v", changes, err)
 	}
 
-	t.Log("over the size limit and back")
-	run("head -c 204800 /dev/zero > /workspace/project/big")
-	health(runtimes.ReasonUpperDirOverLimit)
+	t.Log("a write beyond the size limit fails, and fills nothing but the overlay's own file system")
+	out := run("head -c 20971520 /dev/zero > /workspace/project/big 2>/dev/null; echo $?")
+	fi, err := os.Stat(filepath.Join(layers.Upper, "big"))
+	if strings.TrimSpace(out) == "0" || err != nil || fi.Size() > layers.SizeLimit {
+		t.Fatalf("20 MiB written into an overlay with a 100Ki limit: exit %q, %+v, %v (want a failed write of at most %d bytes)", out, fi, err, layers.SizeLimit)
+	}
+	health(runtimes.ReasonHealthy)
 	run("rm /workspace/project/big")
 	health(runtimes.ReasonHealthy)
 
@@ -118,8 +124,10 @@ func OverlayMount(t T, rt runtimes.Runtime, in runtimes.Instance, src string) {
 	if ok, _ := layers.Mounted(); ok {
 		t.Fatal("overlay still mounted after Delete")
 	}
-	if b, err := os.ReadFile(filepath.Join(layers.Upper, "new.txt")); err != nil || !strings.HasPrefix(string(b), "new") {
-		t.Fatalf("Delete lost the unapplied changes: %q, %v", b, err)
+	changes, err = layers.Diff()
+	_ = layers.Unmount() // Diff mounted the sized file system again
+	if err != nil || !slices.ContainsFunc(changes, func(c overlay.Change) bool { return c.Path == "new.txt" }) {
+		t.Fatalf("Delete lost the unapplied changes: %+v, %v", changes, err)
 	}
 }
 

@@ -1,0 +1,116 @@
+package sizedfs_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/internal/sizedfs"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+)
+
+func sized(t *testing.T, size int64) sizedfs.FS {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (loop devices and mounts need CAP_SYS_ADMIN)", "run the tests as root, as CI does")
+	}
+	root := t.TempDir()
+	f := sizedfs.FS{Dir: filepath.Join(root, "agent", "disk"), Size: size, Anchor: root}
+	t.Cleanup(func() {
+		if err := f.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return f
+}
+
+func TestAWriteStopsAtTheSize(t *testing.T) {
+	f := sized(t, 1<<20)
+	created, err := f.Mount()
+	if err != nil || !created {
+		t.Fatalf("Mount = %v, %v", created, err)
+	}
+	err = os.WriteFile(filepath.Join(f.Dir, "big"), make([]byte, 4<<20), 0o644)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("4 MiB into 1 MiB: %v, want ENOSPC", err)
+	}
+	used, size, err := f.Usage()
+	if err != nil || size > 1<<20 || used > size {
+		t.Fatalf("Usage = %d of %d, %v", used, size, err)
+	}
+	if fi, err := os.Stat(f.Image()); err != nil || fi.Size() != 1<<20 {
+		t.Fatalf("image: %+v, %v", fi, err)
+	}
+}
+
+func TestAGrownSizeKeepsWhatItHolds(t *testing.T) {
+	f := sized(t, 1<<20)
+	if _, err := f.Mount(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.Dir, "kept"), []byte("kept\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.Size = 4 << 20
+	if created, err := f.Mount(); err != nil || created {
+		t.Fatalf("Mount again = %v, %v", created, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(f.Dir, "kept")); err != nil || string(b) != "kept\n" {
+		t.Fatalf("after growing: %q, %v", b, err)
+	}
+	if _, size, err := f.Usage(); err != nil || size <= 2<<20 {
+		t.Fatalf("grown to %d bytes, %v", size, err)
+	}
+	if err := os.WriteFile(filepath.Join(f.Dir, "more"), make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatalf("2 MiB more after growing to 4 MiB: %v", err)
+	}
+}
+
+// An image path that is a link is refused, never followed: the file it
+// names is not made into a file system.
+func TestAnImageThatIsALinkIsRefused(t *testing.T) {
+	f := sized(t, 1<<20)
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("host data\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(f.Dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, f.Image()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Mount(); err == nil {
+		t.Fatal("Mount followed a link at the image's path")
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "host data\n" {
+		t.Fatalf("the link's target changed: %q", b)
+	}
+}
+
+func TestRemoveTakesTheImage(t *testing.T) {
+	f := sized(t, 1<<20)
+	if _, err := f.Mount(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{f.Image(), f.Dir} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Remove: %v", p, err)
+		}
+	}
+}
+
+func TestASizeBelowTheSmallestIsRefused(t *testing.T) {
+	f := sized(t, sizedfs.MinSize-1)
+	if _, err := f.Mount(); err == nil {
+		t.Fatal("a file system below the smallest size was made")
+	}
+}
