@@ -63,6 +63,12 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(probe); err != nil {
 		return fmt.Errorf("adding the runtime probe: %w", err)
 	}
+	usageChanged := make(chan event.GenericEvent)
+	usage := &usageWatcher{reader: mgr.GetClient(), runtimes: r.Runtimes, node: r.NodeName, interval: r.healthInterval(),
+		recorder: r.Recorder, seen: map[string]runtimes.Usage{}, out: usageChanged}
+	if err := mgr.Add(usage); err != nil {
+		return fmt.Errorf("adding the usage watcher: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Sandbox{}).
 		Watches(&v1alpha1.SessionClaim{}, handler.EnqueueRequestsFromMapFunc(
@@ -75,6 +81,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sameAgent)).
 		Watches(&v1alpha1.SandboxClass{}, handler.EnqueueRequestsFromMapFunc(r.classSandboxes)).
 		WatchesRawSource(source.Channel(recovered, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(usageChanged, &handler.EnqueueRequestForObject{})).
 		Named("sandbox").
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers(r.SandboxWorkers, 4),
@@ -281,6 +288,8 @@ func (r *SandboxReconciler) converge(ctx context.Context, s *sandboxScope) (ctrl
 	}
 	defer func() {
 		s.facts.converged, s.facts.overlay, s.facts.claims = true, s.state.Overlay, s.claims
+		s.facts.usage = r.readUsage(s)
+		sb.Status.Usage = usageStatus(s.facts.usage)
 		sb.Status.MountedGitDirs = nil
 		if s.state.Running && s.state.ConfigHash == s.instance.ConfigHash {
 			sb.Status.MountedGitDirs = s.gitDirs

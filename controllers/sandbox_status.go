@@ -81,6 +81,9 @@ type sandboxFacts struct {
 	overlay   *runtimes.Health
 	// claims are the Sandbox's claims, for the summary of their worktrees.
 	claims []v1alpha1.SessionClaim
+	// usage is what the running instance uses; nil when it is stopped or
+	// its runtime does not say.
+	usage *runtimes.Usage
 }
 
 // fail records what stopped the reconcile.
@@ -178,6 +181,18 @@ func sandboxConditions(f sandboxFacts) []conditionChange {
 			remove(v1alpha1.ConditionOverlayHealthy)
 		} else {
 			set(v1alpha1.ConditionOverlayHealthy, h.Healthy, instance.Reason(h.Reason), h.Message)
+		}
+		switch u := f.usage; {
+		case u == nil:
+			remove(v1alpha1.ConditionWithinLimits)
+		case u.OOMKills > 0:
+			set(v1alpha1.ConditionWithinLimits, false, v1alpha1.ReasonOOMKilled, fmt.Sprintf(
+				"%d process(es) were killed at the memory limit since instance %s started; raise spec.resources.limits.memory or use less", u.OOMKills, f.instance))
+		case u.PidsLimited > 0:
+			set(v1alpha1.ConditionWithinLimits, false, v1alpha1.ReasonPidsLimitReached, fmt.Sprintf(
+				"%d fork(s) were refused at the pids limit since instance %s started; raise spec.resources.pidsLimit or start fewer processes", u.PidsLimited, f.instance))
+		default:
+			set(v1alpha1.ConditionWithinLimits, true, v1alpha1.ReasonWithinLimits, fmt.Sprintf("no command of instance %s hit a resource limit since it started", f.instance))
 		}
 		if g := gitSummary(f.claims); g == nil {
 			remove(v1alpha1.ConditionGitHealthy)

@@ -162,11 +162,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 			return fmt.Errorf("setting up placement: %w", err)
 		}
 	}
-	usage := &usageWatcher{reader: mgr.GetClient(), runtimes: opts.Runtimes, node: opts.NodeName, interval: opts.healthInterval(),
-		recorder: mgr.GetEventRecorderFor("sandbox-controller"), seen: map[string]runtimes.Usage{}} //nolint:staticcheck // as above
-	if err := mgr.Add(usage); err != nil {
-		return fmt.Errorf("adding the usage watcher: %w", err)
-	}
 	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")} //nolint:staticcheck // as above
 	if err := cr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the SessionClaim controller: %w", err)

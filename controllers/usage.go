@@ -8,8 +8,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -35,6 +38,10 @@ type usageWatcher struct {
 	node     string
 	recorder record.EventRecorder
 	interval time.Duration
+
+	// out wakes the Sandbox reconciler for a Sandbox whose status.usage
+	// no longer says what it uses: the reconciler alone writes status.
+	out chan<- event.GenericEvent
 
 	mu   sync.Mutex
 	seen map[string]runtimes.Usage // by namespace/name
@@ -116,7 +123,15 @@ func (w *usageWatcher) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if err := w.each(ctx, w.report); err != nil {
+			if err := w.each(ctx, func(sb *v1alpha1.Sandbox, u runtimes.Usage) {
+				w.report(sb, u)
+				if !equality.Semantic.DeepEqual(sb.Status.Usage, usageStatus(&u)) {
+					select {
+					case w.out <- event.GenericEvent{Object: sb}:
+					case <-ctx.Done():
+					}
+				}
+			}); err != nil {
 				log.FromContext(ctx).V(1).Info("reading usage", "error", err.Error())
 			}
 		}
@@ -143,4 +158,30 @@ func (w *usageWatcher) report(sb *v1alpha1.Sandbox, u runtimes.Usage) {
 	if n := u.PidsLimited - prev.PidsLimited; n > 0 {
 		w.recorder.Eventf(sb, "Warning", EventPidsLimitReached, "%d fork(s) in Sandbox %s were refused at its pids limit (%d in all since its instance started); raise spec.resources.pidsLimit or start fewer processes", n, sb.Name, u.PidsLimited)
 	}
+}
+
+// readUsage is what the Sandbox's running instance uses, when its runtime
+// says; nil otherwise.
+func (r *SandboxReconciler) readUsage(s *sandboxScope) *runtimes.Usage {
+	ur, ok := s.rt.(runtimes.UsageReader)
+	if !ok || !s.state.Running {
+		return nil
+	}
+	u, err := ur.Usage(s.instance.Name)
+	if err != nil {
+		return nil
+	}
+	return &u
+}
+
+// usageStatus is status.usage for u: memory rounded up to a MiB and CPU
+// time down to a second, so a Sandbox doing nothing writes nothing.
+func usageStatus(u *runtimes.Usage) *v1alpha1.SandboxUsage {
+	if u == nil {
+		return nil
+	}
+	const mib = 1 << 20
+	mem := resource.NewQuantity((u.MemoryBytes+mib-1)/mib*mib, resource.BinarySI)
+	return &v1alpha1.SandboxUsage{Memory: mem, Processes: u.Pids, CPUSeconds: int64(u.CPUSeconds),
+		OOMKills: u.OOMKills, PidsLimitRefusals: u.PidsLimited}
 }

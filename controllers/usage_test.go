@@ -9,6 +9,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -72,6 +73,23 @@ var _ = Describe("Sandbox usage", func() {
 			}
 			return reasons, err
 		}, timeout).Should(ContainElements(controllers.EventOOMKilled, controllers.EventPidsLimitReached))
+
+		By("the status says it, in a condition and in status.usage (kubectl get sandbox -o wide)")
+		Eventually(func() (*metav1.Condition, error) {
+			var got v1alpha1.Sandbox
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "hog"}, &got)
+			return meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionWithinLimits), err
+		}, timeout).Should(And(Not(BeNil()), HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonOOMKilled)))
+		var hogNow v1alpha1.Sandbox
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "hog"}, &hogNow)).To(Succeed())
+		Expect(hogNow.Status.Usage).NotTo(BeNil())
+		Expect(hogNow.Status.Usage.OOMKills).To(BeNumerically(">=", 1))
+		Expect(hogNow.Status.Usage.PidsLimitRefusals).To(BeNumerically(">=", 1))
+		Expect(hogNow.Status.Usage.Memory).NotTo(BeNil())
+		var calmNow v1alpha1.Sandbox
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "calm"}, &calmNow)).To(Succeed())
+		Expect(meta.FindStatusCondition(calmNow.Status.Conditions, v1alpha1.ConditionWithinLimits)).To(
+			And(Not(BeNil()), HaveField("Reason", v1alpha1.ReasonWithinLimits)))
 
 		By("the metrics say what it used")
 		families, err := crmetrics.Registry.Gather()

@@ -25,6 +25,11 @@ const (
 	// bubblewrap. False (reason SandboxDisabled) when the controller runs
 	// with the insecure disable variable set to one of its bypass values.
 	ConditionSandboxEnforced = "SandboxEnforced"
+	// ConditionWithinLimits on a running Sandbox whose runtime reports
+	// usage: False once one of its commands was killed at its memory
+	// limit (OOMKilled) or a fork was refused at its pids limit
+	// (PidsLimitReached) since the instance started.
+	ConditionWithinLimits = "WithinLimits"
 )
 
 // Condition reasons. Every reason a controller sets is one of these.
@@ -137,6 +142,14 @@ const (
 	ReasonNotMounted = "NotMounted"
 	// ReasonUpperDirOverLimit: the writable layer exceeds its size limit.
 	ReasonUpperDirOverLimit = "UpperDirOverLimit"
+
+	// ReasonWithinLimits: no command hit a resource limit since the
+	// instance started.
+	ReasonWithinLimits = "WithinLimits"
+	// ReasonOOMKilled: a process of the Sandbox was killed at its memory limit.
+	ReasonOOMKilled = "OOMKilled"
+	// ReasonPidsLimitReached: a fork in the Sandbox was refused at its pids limit.
+	ReasonPidsLimitReached = "PidsLimitReached"
 
 	// ReasonBound: the claim holds its Sandbox.
 	ReasonBound = "Bound"

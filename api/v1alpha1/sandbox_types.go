@@ -358,6 +358,11 @@ type SandboxStatus struct {
 	// the running instance mounts at their host paths.
 	// +optional
 	MountedGitDirs []string `json:"mountedGitDirs,omitempty"`
+	// Usage is what the running instance's commands use, from its cgroup
+	// or runtime, refreshed every health interval when it changed; absent
+	// while the instance is stopped or its runtime does not say.
+	// +optional
+	Usage *SandboxUsage `json:"usage,omitempty"`
 	// Conditions: Ready (the instance is running and takes commands),
 	// RuntimeReady (the instance is in the state the claims ask for),
 	// OverlayHealthy (backends with a writable root) and GitHealthy (a
@@ -366,6 +371,30 @@ type SandboxStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// SandboxUsage is what a running instance uses now.
+type SandboxUsage struct {
+	// Memory the commands use, rounded up to a MiB.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+	// Processes (and threads) of the commands now.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Processes int64 `json:"processes"`
+	// CPUSeconds the commands used since the instance started, whole seconds.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	CPUSeconds int64 `json:"cpuSeconds"`
+	// OOMKills counts processes killed at the memory limit, and
+	// PidsLimitRefusals forks refused at the pids limit, since the
+	// instance started.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	OOMKills int64 `json:"oomKills,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	PidsLimitRefusals int64 `json:"pidsLimitRefusals,omitempty"`
 }
 
 // Sandbox declares one agent's least-privilege environment.
@@ -378,6 +407,9 @@ type SandboxStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Instance",type=string,JSONPath=`.status.instance`,priority=1
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`,priority=1
+// +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.status.usage.memory`,priority=1
+// +kubebuilder:printcolumn:name="Procs",type=integer,JSONPath=`.status.usage.processes`,priority=1
+// +kubebuilder:printcolumn:name="CPU(s)",type=integer,JSONPath=`.status.usage.cpuSeconds`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Sandbox struct {
 	metav1.TypeMeta   `json:",inline"`

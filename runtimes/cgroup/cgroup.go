@@ -303,6 +303,53 @@ type Usage struct {
 
 // Usage reads instance name's usage.
 func (m *Manager) Usage(name string) (Usage, error) {
+	return readUsage(m.V2, func(c string) string { return m.Dir(c, name) })
+}
+
+// ProcessUsage reads the usage of the cgroup process pid is in, as procDir
+// (normally /proc) shows it; top, when not nil, maps each cgroup path to
+// the one that holds the instance's limits (a container's init may sit in
+// a child cgroup of its own).
+func ProcessUsage(procDir string, pid int, top func(path string) string) (Usage, error) {
+	f, err := os.Open(filepath.Join(procDir, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return Usage{}, err
+	}
+	defer f.Close()
+	paths := map[string]string{}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		parts := strings.SplitN(s.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		p := parts[2]
+		if top != nil {
+			p = top(p)
+		}
+		if parts[1] == "" {
+			paths[""] = p
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			paths[c] = p
+		}
+	}
+	if err := s.Err(); err != nil {
+		return Usage{}, err
+	}
+	_, statErr := os.Stat(filepath.Join(Mount, "cgroup.controllers"))
+	v2 := statErr == nil
+	return readUsage(v2, func(c string) string {
+		if v2 {
+			return filepath.Join(Mount, paths[""])
+		}
+		return filepath.Join(Mount, c, paths[c])
+	})
+}
+
+// readUsage reads a cgroup's usage; dir names its directory of each v1
+// controller (any on v2).
+func readUsage(v2 bool, dir func(c string) string) (Usage, error) {
 	var u Usage
 	var err error
 	read := func(c, file string) int64 {
@@ -310,13 +357,13 @@ func (m *Manager) Usage(name string) (Usage, error) {
 			return 0
 		}
 		var b []byte
-		b, err = os.ReadFile(filepath.Join(m.Dir(c, name), file))
+		b, err = os.ReadFile(filepath.Join(dir(c), file))
 		if err != nil {
 			return 0
 		}
 		n, perr := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 		if perr != nil {
-			err = fmt.Errorf("reading %s of %s: %w", file, name, perr)
+			err = fmt.Errorf("reading %s of %s: %w", file, dir(c), perr)
 		}
 		return n
 	}
@@ -325,7 +372,7 @@ func (m *Manager) Usage(name string) (Usage, error) {
 			return 0
 		}
 		var b []byte
-		b, err = os.ReadFile(filepath.Join(m.Dir(c, name), file))
+		b, err = os.ReadFile(filepath.Join(dir(c), file))
 		for _, line := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(line, " "); ok && k == key {
 				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
@@ -334,7 +381,7 @@ func (m *Manager) Usage(name string) (Usage, error) {
 		}
 		return 0
 	}
-	if m.V2 {
+	if v2 {
 		u.MemoryBytes = read("", "memory.current")
 		u.Pids = read("", "pids.current")
 		u.CPUSeconds = float64(field("", "cpu.stat", "usage_usec")) / 1e6

@@ -41,9 +41,12 @@ const (
 )
 
 // DefaultInit is the container's first process when Config.Init is empty: it
-// does nothing and never exits, so the task stays up between commands.
-// busybox and coreutils both understand "sleep infinity".
-var DefaultInit = []string{"sleep", "infinity"}
+// never exits, so the task stays up between commands, and it reaps every
+// process orphaned to it (a shell's wait takes any child that ends), so the
+// processes a command left behind do not stay as zombies holding the pids
+// limit forever. It ends on SIGTERM. Any image with a POSIX shell and sleep
+// (busybox, coreutils) has what it needs.
+var DefaultInit = []string{"sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"}
 
 // Config configures the driver.
 type Config struct {

@@ -917,3 +917,13 @@ func TestTreesInTheDaemonsMountNamespace(t *testing.T) {
 		t.Fatalf("a tree of %s is left after Delete", in.Name)
 	}
 }
+
+// A container's pids and memory limits hold, and what hit them is counted.
+func TestLimitsHold(t *testing.T) {
+	rt, image := daemon(t, nil)
+	in := newInstance(t, rt, image, "unit-limits", func(s *v1alpha1.SandboxSpec) {
+		s.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](runtimetest.LimitedPids),
+			Limits: v1alpha1.ResourceAmounts{Memory: resource.NewQuantity(runtimetest.LimitedMemory, resource.BinarySI)}}
+	})
+	runtimetest.Limits(t, rt, in)
+}

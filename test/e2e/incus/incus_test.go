@@ -569,3 +569,19 @@ var _ = Describe("Incus git directory binds", func() {
 		Expect(out).NotTo(ContainSubstring("host secret"))
 	})
 })
+
+var _ = Describe("Incus resource limits, through the driver", func() {
+	It("stops a fork bomb at the pids limit and kills a memory hog at the memory limit, counting both", func() {
+		ns := env.NewNamespace()
+		sb := newSandbox(ns, "limits")
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"sh", "sleep"}
+		sb.Spec.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](runtimetest.LimitedPids),
+			Limits: v1alpha1.ResourceAmounts{Memory: resource.NewQuantity(runtimetest.LimitedMemory, resource.BinarySI)}}
+		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
+		mgr.Stop()
+		DeferCleanup(func() { mgr = startManager() })
+		runtimetest.Limits(GinkgoT(), driver, in)
+	})
+})
