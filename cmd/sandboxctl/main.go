@@ -82,6 +82,9 @@ diff     lists what the sandbox changed in an overlay mount (mode =
          and SHA-256, relative to the mount, and a digest of the whole set.
 apply    writes those changes to the mount's host source, only if they still
          have the digest given with --digest; otherwise it changes nothing.
+mcp      serves the agent's sandbox as Model Context Protocol tools on
+         stdin and stdout (exec, read_file, write_file, list_directory,
+         remove), for an agent harness that starts it as a local process.
 repair   moves aside (renames to NAME.blocked-TIME, deleting nothing) each
          symbolic link or file the agent left on the way to a custom mount's
          destination in its workspace: with one there no sandbox can be
@@ -121,6 +124,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return overlayCommand(args[0], args[1:], stdout, stderr)
 	case "repair":
 		return repair(args[1:], stdout, stderr)
+	case "mcp":
+		return serveMCP(args[1:], stdin, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

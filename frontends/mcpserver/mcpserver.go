@@ -1,0 +1,340 @@
+// Package mcpserver serves one sandbox as Model Context Protocol tools, so
+// an agent harness that speaks MCP uses the sandbox with one line of
+// configuration: exec (the seed's exec tool: argv, never a shell), and
+// read_file, write_file, list_directory and remove on the sandbox's areas
+// and mounts. Every tool's description says what this sandbox offers (the
+// allowed binaries, the areas and mounts with their modes), and a refusal
+// is a tool error in the policy's own words, so the model learns why.
+//
+// The tools act through a Sandbox: sandboxctl's in-process runtime and
+// file view, or a claim's exec API. The protocol is the official MCP Go
+// SDK's.
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Sandbox is what the tools act on.
+type Sandbox interface {
+	// Exec runs one command; a refusal is an error whose reason is
+	// runtimes.ReasonRefused.
+	Exec(ctx context.Context, req runtimes.ExecRequest) (runtimes.ExitStatus, error)
+	// Files is the sandbox's file view (areas and mounts), acting as the
+	// agent.
+	Files() (Files, error)
+	// Describe says what the sandbox offers, for the tools' descriptions.
+	Describe() Description
+}
+
+// Files are the file operations of the tools, on paths as the sandbox
+// sees them.
+type Files interface {
+	Read(path string) ([]byte, error)
+	Write(path string, data []byte) error
+	List(path string) ([]areas.Entry, error)
+	Remove(path string, recursive bool) error
+}
+
+// Description is what a sandbox offers an agent.
+type Description struct {
+	// Name names the sandbox (agent or claim) in the server's identity.
+	Name     string
+	Binaries []string
+	// Places are the areas and mounts: path inside, and mode.
+	Places []Place
+	// Worktree is the claim's git worktree inside the sandbox, if any.
+	Worktree string
+}
+
+// Place is one area or mount.
+type Place struct {
+	Path string
+	Mode string // ro, rw or overlay
+}
+
+// DescribeInstance is the description of a runtime instance.
+func DescribeInstance(name string, in runtimes.Instance) Description {
+	d := Description{Name: name, Binaries: append([]string(nil), in.Binaries...)}
+	for _, b := range append(append([]runtimes.Bind(nil), in.Areas...), in.Mounts...) {
+		if b.GitDir {
+			continue
+		}
+		mode := "rw"
+		switch {
+		case b.Overlay != nil:
+			mode = "overlay"
+		case b.ReadOnly:
+			mode = "ro"
+		}
+		d.Places = append(d.Places, Place{Path: b.Target, Mode: mode})
+	}
+	sort.Slice(d.Places, func(i, j int) bool { return d.Places[i].Path < d.Places[j].Path })
+	return d
+}
+
+// Limits of the exec tool.
+const (
+	DefaultTimeout   = 120 * time.Second
+	MaxTimeout       = 30 * time.Minute
+	DefaultMaxOutput = 64 << 10
+	MaxOutput        = 4 << 20
+)
+
+// ExecInput is the exec tool's input.
+type ExecInput struct {
+	Argv           []string `json:"argv" jsonschema:"the command and its arguments, one string each; no shell is involved"`
+	Stdin          string   `json:"stdin,omitempty" jsonschema:"text given to the command's standard input"`
+	TimeoutSeconds int      `json:"timeout_seconds,omitempty" jsonschema:"seconds before the command is killed (default 120, at most 1800)"`
+	MaxOutputBytes int      `json:"max_output_bytes,omitempty" jsonschema:"bytes kept of each of stdout and stderr (default 65536, at most 4194304)"`
+}
+
+// ExecOutput is the exec tool's result.
+type ExecOutput struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	// Truncated says that output beyond max_output_bytes was dropped.
+	Truncated bool `json:"truncated"`
+}
+
+// PathInput names one path inside the sandbox.
+type PathInput struct {
+	Path string `json:"path" jsonschema:"an absolute path inside the sandbox"`
+}
+
+// WriteInput is write_file's input.
+type WriteInput struct {
+	Path    string `json:"path" jsonschema:"an absolute path inside the sandbox; the file is replaced whole"`
+	Content string `json:"content" jsonschema:"the file's new content, as text"`
+}
+
+// RemoveInput is remove's input.
+type RemoveInput struct {
+	Path      string `json:"path" jsonschema:"an absolute path inside the sandbox"`
+	Recursive bool   `json:"recursive,omitempty" jsonschema:"remove a directory and everything in it"`
+}
+
+// FileOutput is read_file's result.
+type FileOutput struct {
+	Content string `json:"content"`
+}
+
+// ListOutput is list_directory's result.
+type ListOutput struct {
+	Entries []ListEntry `json:"entries"`
+}
+
+// ListEntry is one entry of a directory.
+type ListEntry struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+}
+
+// Done is the result of a tool that only acts.
+type Done struct {
+	Done bool `json:"done"`
+}
+
+// New is the MCP server of one sandbox.
+func New(sb Sandbox, version string) *mcp.Server {
+	d := sb.Describe()
+	s := mcp.NewServer(&mcp.Implementation{Name: "sandbox-" + d.Name, Version: version}, &mcp.ServerOptions{
+		Instructions: "Tools of one least-privilege sandbox. " + offers(d),
+	})
+	t := tools{sb: sb}
+	mcp.AddTool(s, &mcp.Tool{Name: "exec", Description: "Run one command in the sandbox and return its exit code, stdout and stderr. " +
+		"The command is an argv array, not a shell line: to use shell syntax, run a shell that is allowed with -c. " + offers(d)}, t.exec)
+	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a text file inside the sandbox (at most 16 MiB). " + places(d)}, t.read)
+	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a whole file inside the sandbox, creating it (and its missing directories) or replacing it atomically; read-only places refuse. " + places(d)}, t.write)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_directory", Description: "List a directory inside the sandbox. " + places(d)}, t.list)
+	mcp.AddTool(s, &mcp.Tool{Name: "remove", Description: "Remove a file, or a directory with recursive; read-only places and the places themselves refuse. " + places(d)}, t.remove)
+	return s
+}
+
+// offers says what the sandbox offers, for the model.
+func offers(d Description) string {
+	b := "No commands are allowed."
+	if len(d.Binaries) > 0 {
+		b = "Allowed commands: " + strings.Join(d.Binaries, ", ") + "; any other is refused."
+	}
+	return b + " " + places(d)
+}
+
+func places(d Description) string {
+	var ps []string
+	for _, p := range d.Places {
+		ps = append(ps, p.Path+" ("+p.Mode+")")
+	}
+	s := "Files live in: " + strings.Join(ps, ", ") + "; nothing else of the host is visible."
+	if d.Worktree != "" {
+		s += " The git worktree of this session is " + d.Worktree + "."
+	}
+	return s
+}
+
+type tools struct{ sb Sandbox }
+
+func (t tools) exec(ctx context.Context, _ *mcp.CallToolRequest, in ExecInput) (*mcp.CallToolResult, ExecOutput, error) {
+	if len(in.Argv) == 0 || in.Argv[0] == "" {
+		return nil, ExecOutput{}, errors.New("argv: give the command and its arguments, the command first")
+	}
+	timeout := DefaultTimeout
+	if in.TimeoutSeconds > 0 {
+		timeout = min(time.Duration(in.TimeoutSeconds)*time.Second, MaxTimeout)
+	}
+	max := DefaultMaxOutput
+	if in.MaxOutputBytes > 0 {
+		max = min(in.MaxOutputBytes, MaxOutput)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	stdout, stderr := &capped{max: max}, &capped{max: max}
+	req := runtimes.ExecRequest{Argv: in.Argv, Stdout: stdout, Stderr: stderr}
+	if in.Stdin != "" {
+		req.Stdin = strings.NewReader(in.Stdin)
+	}
+	st, err := t.sb.Exec(ctx, req)
+	if ctx.Err() == context.DeadlineExceeded {
+		return nil, ExecOutput{}, fmt.Errorf("the command was killed after %s (timeout_seconds); output so far: %s%s", timeout, stdout.String(), stderr.String())
+	}
+	if err != nil {
+		return nil, ExecOutput{}, refusal(err)
+	}
+	return nil, ExecOutput{ExitCode: st.Code, Stdout: stdout.String(), Stderr: stderr.String(), Truncated: stdout.cut || stderr.cut}, nil
+}
+
+// refusal is a failed exec as the model should read it.
+func refusal(err error) error {
+	if runtimes.ReasonOf(err) == runtimes.ReasonRefused {
+		return fmt.Errorf("refused by the sandbox's policy: %w", err)
+	}
+	return err
+}
+
+func (t tools) read(_ context.Context, _ *mcp.CallToolRequest, in PathInput) (*mcp.CallToolResult, FileOutput, error) {
+	f, err := t.sb.Files()
+	if err != nil {
+		return nil, FileOutput{}, err
+	}
+	b, err := f.Read(in.Path)
+	if err != nil {
+		return nil, FileOutput{}, err
+	}
+	return nil, FileOutput{Content: string(b)}, nil
+}
+
+func (t tools) write(_ context.Context, _ *mcp.CallToolRequest, in WriteInput) (*mcp.CallToolResult, Done, error) {
+	f, err := t.sb.Files()
+	if err != nil {
+		return nil, Done{}, err
+	}
+	if err := f.Write(in.Path, []byte(in.Content)); err != nil {
+		return nil, Done{}, err
+	}
+	return nil, Done{Done: true}, nil
+}
+
+func (t tools) list(_ context.Context, _ *mcp.CallToolRequest, in PathInput) (*mcp.CallToolResult, ListOutput, error) {
+	f, err := t.sb.Files()
+	if err != nil {
+		return nil, ListOutput{}, err
+	}
+	es, err := f.List(in.Path)
+	if err != nil {
+		return nil, ListOutput{}, err
+	}
+	out := ListOutput{Entries: []ListEntry{}}
+	for _, e := range es {
+		out.Entries = append(out.Entries, ListEntry{Name: e.Name, Type: string(e.Type), Size: e.Size})
+	}
+	return nil, out, nil
+}
+
+func (t tools) remove(_ context.Context, _ *mcp.CallToolRequest, in RemoveInput) (*mcp.CallToolResult, Done, error) {
+	f, err := t.sb.Files()
+	if err != nil {
+		return nil, Done{}, err
+	}
+	if err := f.Remove(in.Path, in.Recursive); err != nil {
+		return nil, Done{}, err
+	}
+	return nil, Done{Done: true}, nil
+}
+
+// capped keeps the first max bytes written and says whether more came.
+type capped struct {
+	max int
+	buf strings.Builder
+	cut bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.buf.Len(); room < len(p) {
+		c.cut = true
+		if room > 0 {
+			c.buf.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	c.buf.Write(p)
+	return len(p), nil
+}
+
+func (c *capped) String() string { return c.buf.String() }
+
+var _ io.Writer = (*capped)(nil)
+
+// ViewFiles are Files on a file view (internal/areas), for a sandbox on
+// this host.
+type ViewFiles struct{ View *areas.View }
+
+// Read implements Files.
+func (v ViewFiles) Read(path string) ([]byte, error) {
+	r, rel, err := v.View.Resolve(path)
+	if err != nil {
+		return nil, err
+	}
+	return r.Read(rel)
+}
+
+// Write implements Files; missing parent directories are made.
+func (v ViewFiles) Write(path string, data []byte) error {
+	r, rel, err := v.View.Resolve(path)
+	if err != nil {
+		return err
+	}
+	if dir := filepath.Dir(rel); dir != "." && dir != "" {
+		if err := r.Mkdir(dir, true); err != nil {
+			return err
+		}
+	}
+	return r.Write(rel, data, 0o644)
+}
+
+// List implements Files.
+func (v ViewFiles) List(path string) ([]areas.Entry, error) {
+	r, rel, err := v.View.Resolve(path)
+	if err != nil {
+		return nil, err
+	}
+	return r.List(rel)
+}
+
+// Remove implements Files.
+func (v ViewFiles) Remove(path string, recursive bool) error {
+	return v.View.Remove(path, recursive)
+}
