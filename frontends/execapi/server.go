@@ -108,10 +108,12 @@ const (
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(claimPath+"/exec", s.serveExec)
+	mux.HandleFunc(claimPath+"/mcp", s.serveMCP)
 	mux.HandleFunc(claimPath+"/files/{area}", s.serveFiles)
 	mux.HandleFunc(claimPath+"/files/{area}/{path...}", s.serveFiles)
 	// The same handlers under the aggregated API's paths, and its discovery.
 	mux.HandleFunc(aggregatedClaimPath+"/exec", s.serveExec)
+	mux.HandleFunc(aggregatedClaimPath+"/mcp", s.serveMCP)
 	mux.HandleFunc(aggregatedClaimPath+"/files/{area}", s.serveFiles)
 	mux.HandleFunc(aggregatedClaimPath+"/files/{area}/{path...}", s.serveFiles)
 	mux.HandleFunc("GET /apis", serveDiscovery)

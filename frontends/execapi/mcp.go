@@ -1,0 +1,89 @@
+package execapi
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cireilclaw/sandbox-controller/frontends/mcpserver"
+	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// mcpVersion is what the claims' MCP servers call themselves.
+const mcpVersion = "v1alpha1"
+
+// serveMCP serves a claim's sandbox as MCP tools over streamable HTTP:
+// the same authentication as exec and files, and the caller must be
+// allowed both to exec (create sessionclaims/exec) and to change files
+// (update sessionclaims/files), since the tools do both. Each request is
+// answered on its own (stateless), so any node's API, or the API server in
+// front of them, can take the next one.
+func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	u, how := s.authenticate(w, r)
+	if u == nil || !s.authorize(w, r, u, "create", subresourceExec, ns, name) || !s.authorize(w, r, u, "update", subresourceFiles, ns, name) {
+		return
+	}
+	t, aerr := s.resolve(r.Context(), ns, name, true)
+	if aerr != nil {
+		if s.forwards(how, aerr) {
+			s.forward(w, r, u, aerr.endpoint)
+			return
+		}
+		s.refuse(w, r, u, aerr)
+		return
+	}
+	d := mcpserver.DescribeInstance(ns+"-"+name, t.instance)
+	if w := t.claim.Status.Worktree; w != nil {
+		d.Worktree = w.Path
+	}
+	server := mcpserver.New(&claimSandbox{s: s, t: t, key: ns + "/" + name, d: d}, mcpVersion)
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	h.ServeHTTP(w, r)
+}
+
+// claimSandbox is a claim's sandbox as the MCP tools use it: commands
+// checked against the allowlist and counted against the claim's limit of
+// concurrent commands, as exec's are; files through its file view.
+type claimSandbox struct {
+	s   *Server
+	t   *target
+	key string
+	d   mcpserver.Description
+}
+
+func (c *claimSandbox) Exec(ctx context.Context, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
+	if err := policy.CheckArgv(c.t.instance.Binaries, req.Argv); err != nil {
+		c.s.metrics.execs.WithLabelValues(outcomeRefused).Inc()
+		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonRefused, "running a command in", c.t.instance.Name, "%w", err)
+	}
+	if !c.s.execs.acquire(c.key) {
+		return runtimes.ExitStatus{}, fmt.Errorf("SessionClaim %s already runs %d commands, the most one claim may run at once", c.key, c.s.cfg.MaxExecsPerClaim)
+	}
+	defer c.s.execs.release(c.key)
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.ExecTimeout)
+	defer cancel()
+	st, err := c.t.runtime.Exec(ctx, c.t.instance.Name, req)
+	outcome := outcomeExited
+	if err != nil {
+		outcome = outcomeFailed
+		if runtimes.ReasonOf(err) == runtimes.ReasonRefused {
+			outcome = outcomeRefused
+		}
+	}
+	c.s.metrics.execs.WithLabelValues(outcome).Inc()
+	return st, err
+}
+
+func (c *claimSandbox) Files() (mcpserver.Files, error) {
+	v, err := c.t.instance.FileView()
+	if err != nil {
+		return nil, err
+	}
+	return mcpserver.ViewFiles{View: v}, nil
+}
+
+func (c *claimSandbox) Describe() mcpserver.Description { return c.d }

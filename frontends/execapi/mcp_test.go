@@ -1,0 +1,117 @@
+package execapi
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	if b.token != "" {
+		r.Header.Set("Authorization", "Bearer "+b.token)
+	}
+	return b.next.RoundTrip(r)
+}
+
+func (f *fixture) mcpConnect(token, claim string) (*mcp.ClientSession, error) {
+	hc := &http.Client{Transport: bearer{token: token, next: f.srv.Client().Transport}}
+	client := mcp.NewClient(&mcp.Implementation{Name: "test-harness", Version: "v0"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return client.Connect(ctx, &mcp.StreamableClientTransport{
+		Endpoint:   f.srv.URL + "/api/v1alpha1/namespaces/" + ns + "/sessionclaims/" + claim + "/mcp",
+		HTTPClient: hc,
+	}, nil)
+}
+
+func mcpCall(t *testing.T, s *mcp.ClientSession, tool string, args map[string]any) (bool, string, map[string]any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	var parts []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	var out map[string]any
+	if res.StructuredContent != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		_ = json.Unmarshal(b, &out)
+	}
+	return res.IsError, strings.Join(parts, "\n"), out
+}
+
+// A claim's sandbox as MCP tools over streamable HTTP, driven by the MCP
+// Go SDK's client: the tools say what the sandbox offers, a command runs,
+// one outside the allowlist is a tool error, a file goes in and comes
+// back, and a caller without exec and file rights is refused.
+func TestMCPOverHTTP(t *testing.T) {
+	f := newFixture(t, Config{})
+	s, err := f.mcpConnect("alice-token", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tools, err := s.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var execDesc string
+	for _, tl := range tools.Tools {
+		if tl.Name == "exec" {
+			execDesc = tl.Description
+		}
+	}
+	if !strings.Contains(execDesc, "cat, echo, fail") || !strings.Contains(execDesc, "/workspace/docs (ro)") {
+		t.Errorf("exec's description does not say what the sandbox offers: %q", execDesc)
+	}
+
+	isErr, txt, out := mcpCall(t, s, "exec", map[string]any{"argv": []string{"echo", "hi"}})
+	if isErr || out["stdout"] != "hi\n" || out["exit_code"] != float64(0) {
+		t.Fatalf("exec echo: %v %q %v", isErr, txt, out)
+	}
+	if isErr, txt, _ = mcpCall(t, s, "exec", map[string]any{"argv": []string{"curl", "x"}}); !isErr || !strings.Contains(txt, "refused") || !strings.Contains(txt, "curl") {
+		t.Fatalf("a command outside the allowlist: %v %q", isErr, txt)
+	}
+	if got := f.rt.commands(); strings.Contains(strings.Join(got, ";"), "curl") {
+		t.Fatalf("the refused command reached the runtime: %v", got)
+	}
+	if isErr, txt, _ = mcpCall(t, s, "write_file", map[string]any{"path": "/workspace/mcp/a.txt", "content": "from mcp\n"}); isErr {
+		t.Fatalf("write_file: %q", txt)
+	}
+	if isErr, txt, out = mcpCall(t, s, "read_file", map[string]any{"path": "/workspace/mcp/a.txt"}); isErr || out["content"] != "from mcp\n" {
+		t.Fatalf("read_file: %v %q %v", isErr, txt, out)
+	}
+	if isErr, _, _ = mcpCall(t, s, "write_file", map[string]any{"path": "/workspace/docs/x", "content": "x"}); !isErr {
+		t.Error("write_file into a read-only mount was not refused")
+	}
+
+	for _, c := range []struct{ who, token string }{{"bob (files get only)", "bob-token"}, {"no credentials", ""}, {"unknown token", "nobody"}} {
+		if s, err := f.mcpConnect(c.token, "s1"); err == nil {
+			s.Close()
+			t.Errorf("%s: connected", c.who)
+		}
+	}
+	if s, err := f.mcpConnect("alice-token", "waiting"); err == nil {
+		s.Close()
+		t.Error("a claim whose Sandbox is not Ready: connected")
+	}
+}
