@@ -82,9 +82,11 @@ diff     lists what the sandbox changed in an overlay mount (mode =
          and SHA-256, relative to the mount, and a digest of the whole set.
 apply    writes those changes to the mount's host source, only if they still
          have the digest given with --digest; otherwise it changes nothing.
-mcp      serves the agent's sandbox as Model Context Protocol tools on
-         stdin and stdout (exec, read_file, write_file, list_directory,
-         remove), for an agent harness that starts it as a local process.
+mcp      serves the agent's sandbox (--agent) or a SessionClaim's (kubectl
+         sandbox mcp CLAIM, through the claim's exec API) as Model Context
+         Protocol tools on stdin and stdout (exec, read_file, write_file,
+         list_directory, remove), for an agent harness that starts it as a
+         local process.
 repair   moves aside (renames to NAME.blocked-TIME, deleting nothing) each
          symbolic link or file the agent left on the way to a custom mount's
          destination in its workspace: with one there no sandbox can be

@@ -146,3 +146,34 @@ func TestMCPOverStdio(t *testing.T) {
 		t.Errorf("remove left the directory: %v", err)
 	}
 }
+
+// kubectl sandbox mcp CLAIM serves the claim's tools on stdio, each call
+// forwarded to the claim's MCP endpoint of the exec API with the exec
+// API's credentials (never the kubeconfig's token, which execCluster
+// fails the test on).
+func TestMCPBridgeToAClaim(t *testing.T) {
+	kc := execCluster(t)
+	s := mcpSession(t, append(execFlags(kc), "s1")...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tools, err := s.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tools.Tools) != 5 || !strings.Contains(tools.Tools[0].Description+tools.Tools[1].Description, "cat, echo, fail") {
+		t.Fatalf("the claim's tools: %+v", tools.Tools)
+	}
+	res, out := call(t, s, "exec", map[string]any{"argv": []string{"echo", "through", "the", "bridge"}})
+	if res.IsError || out["stdout"] != "through the bridge\n" {
+		t.Fatalf("exec: %v %q %v", res.IsError, text(res), out)
+	}
+	if res, _ = call(t, s, "exec", map[string]any{"argv": []string{"rm", "-rf", "/"}}); !res.IsError || !strings.Contains(text(res), "refused") {
+		t.Fatalf("a command outside the allowlist: %v %q", res.IsError, text(res))
+	}
+	if res, _ = call(t, s, "write_file", map[string]any{"path": "/workspace/b.txt", "content": "bridged\n"}); res.IsError {
+		t.Fatalf("write_file: %q", text(res))
+	}
+	if res, out = call(t, s, "read_file", map[string]any{"path": "/workspace/b.txt"}); res.IsError || out["content"] != "bridged\n" {
+		t.Fatalf("read_file: %q %v", text(res), out)
+	}
+}
