@@ -200,6 +200,23 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sand
 	return sandboxtoml.NewRunner(src, rt, v1alpha1.BackendBwrap, instance.Host{AreasRoot: root, Home: home}), nil
 }
 
+// staticRunner is the runner of the agent's sandbox as the configuration
+// file says now.
+func (f *sandboxFlags) staticRunner(warnings io.Writer) (*sandboxtoml.Runner, error) {
+	spec, err := sandboxtoml.Load(f.config, f.agent)
+	if err != nil {
+		return nil, err
+	}
+	return f.runner(sandboxtoml.Static{Spec: spec}, warnings)
+}
+
+// closeRunner stops the runner's instance, saying so when that fails.
+func closeRunner(r *sandboxtoml.Runner, stderr io.Writer) {
+	if err := r.Close(context.Background()); err != nil {
+		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+	}
+}
+
 func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var f sandboxFlags
 	fs := newFlagSet("run", "run --config FILE --agent NAME [--areas-root DIR] -- COMMAND [ARG...]", stderr)
@@ -213,23 +230,14 @@ func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return exitUsage
 	}
-	spec, err := sandboxtoml.Load(f.config, f.agent)
-	if err != nil {
-		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
-		return exitFailed
-	}
-	r, err := f.runner(sandboxtoml.Static{Spec: spec}, stderr)
+	r, err := f.staticRunner(stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	defer func() {
-		if err := r.Close(context.Background()); err != nil {
-			fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
-		}
-	}()
+	defer closeRunner(r, stderr)
 	st, err := r.Exec(ctx, runtimes.ExecRequest{Argv: argv, Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)

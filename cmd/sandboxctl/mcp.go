@@ -66,28 +66,19 @@ func serveMCP(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return exitUsage
 	}
-	spec, err := sandboxtoml.Load(f.config, f.agent)
-	if err != nil {
-		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
-		return exitFailed
-	}
 	in, err := f.instance()
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
 	}
-	r, err := f.runner(sandboxtoml.Static{Spec: spec}, stderr)
+	r, err := f.staticRunner(stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	defer func() {
-		if err := r.Close(context.Background()); err != nil {
-			fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
-		}
-	}()
+	defer closeRunner(r, stderr)
 	server := mcpserver.New(&localSandbox{agent: f.agent, runner: r, in: in}, version)
 	t := &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}}
 	if err := server.Run(ctx, t); err != nil && ctx.Err() == nil {

@@ -85,13 +85,8 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, u, &apiError{code: http.StatusBadRequest, refusal: refusalBadRequest, msg: "exec needs a websocket upgrade offering the subprotocol " + protocolV5 + " (client-go's remotecommand.NewWebSocketExecutor, kubectl sandbox exec)"})
 		return
 	}
-	t, aerr := s.resolve(r.Context(), ns, name, true)
-	if aerr != nil {
-		if s.forwards(how, aerr) {
-			s.forward(w, r, u, aerr.endpoint)
-			return
-		}
-		s.refuse(w, r, u, aerr)
+	t, ok := s.claimTarget(w, r, u, how, ns, name, true)
+	if !ok {
 		return
 	}
 	key := ns + "/" + name

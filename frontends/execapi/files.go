@@ -45,13 +45,8 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sandboxPath := path.Join("/", area, r.PathValue("path"))
-	t, aerr := s.resolve(r.Context(), ns, name, false)
-	if aerr != nil {
-		if s.forwards(how, aerr) {
-			s.forward(w, r, u, aerr.endpoint)
-			return
-		}
-		s.refuse(w, r, u, aerr)
+	t, ok := s.claimTarget(w, r, u, how, ns, name, false)
+	if !ok {
 		return
 	}
 	v, err := t.instance.FileView()

@@ -27,13 +27,8 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 	if u == nil || !s.authorize(w, r, u, "create", subresourceExec, ns, name) || !s.authorize(w, r, u, "update", subresourceFiles, ns, name) {
 		return
 	}
-	t, aerr := s.resolve(r.Context(), ns, name, true)
-	if aerr != nil {
-		if s.forwards(how, aerr) {
-			s.forward(w, r, u, aerr.endpoint)
-			return
-		}
-		s.refuse(w, r, u, aerr)
+	t, ok := s.claimTarget(w, r, u, how, ns, name, true)
+	if !ok {
 		return
 	}
 	d := mcpserver.DescribeInstance(ns+"-"+name, t.instance)

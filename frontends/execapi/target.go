@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -148,4 +149,20 @@ func notReadySandbox(ns, claim string, sb *v1alpha1.Sandbox) *apiError {
 		why = fmt.Sprintf("%s: %s", c.Reason, c.Message)
 	}
 	return notReady("Sandbox %s/%s of SessionClaim %s is not Ready (%s)", ns, sb.Name, claim, why)
+}
+
+// claimTarget resolves the claim a request names for u; when it runs on
+// another node it forwards the request there (a front proxy's request),
+// else it answers the refusal. ok is false when the request is answered.
+func (s *Server) claimTarget(w http.ResponseWriter, r *http.Request, u user.Info, how via, ns, name string, ready bool) (*target, bool) {
+	t, aerr := s.resolve(r.Context(), ns, name, ready)
+	if aerr == nil {
+		return t, true
+	}
+	if s.forwards(how, aerr) {
+		s.forward(w, r, u, aerr.endpoint)
+	} else {
+		s.refuse(w, r, u, aerr)
+	}
+	return nil, false
 }
