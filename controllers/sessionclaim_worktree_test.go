@@ -290,7 +290,7 @@ var _ = Describe("Host git on an agent's repository", Ordered, func() {
 })
 
 var _ = Describe("Overlay mounts", func() {
-	It("turns OverlayHealthy False when an overlay mount's upper layer exceeds its sizeLimit and True when it shrinks", func() {
+	It("stops a write at an overlay mount's sizeLimit, and turns OverlayHealthy False when a smaller limit is below what the layer holds and True when it shrinks", func() {
 		ns := newNamespace()
 		src := filepath.Join(env.Dir, ns, "project")
 		Expect(os.MkdirAll(src, 0o755)).To(Succeed())
@@ -298,7 +298,7 @@ var _ = Describe("Overlay mounts", func() {
 		sb := newSandbox(ns, "ovl", ns+"-ovl", time.Minute)
 		// The sandbox finds only the commands it allows.
 		sb.Spec.Binaries = []v1alpha1.BinaryName{"sh", "head", "rm"}
-		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("256Ki"))}}
 		Expect(k8s.Create(ctx, sb)).To(Succeed())
 		Expect(k8s.Create(ctx, newClaim(ns, "c", "ovl"))).To(Succeed())
 		overlay := func(status metav1.ConditionStatus, reason string) OmegaMatcher {
@@ -306,9 +306,17 @@ var _ = Describe("Overlay mounts", func() {
 		}
 		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
 
-		code, _, stderr := sandboxRun(ns+"-ovl", "sh", "-c", "head -c 204800 /dev/zero > /workspace/project/big")
-		Expect(code).To(Equal(0), stderr)
+		code, _, _ := sandboxRun(ns+"-ovl", "sh", "-c", "head -c 409600 /dev/zero > /workspace/project/big")
+		Expect(code).NotTo(Equal(0), "400 KiB written into an overlay with a 256Ki sizeLimit")
 		Expect(filepath.Join(src, "big")).NotTo(BeAnExistingFile(), "the write stays in the upper layer")
+		code, _, stderr := sandboxRun(ns+"-ovl", "sh", "-c", "rm /workspace/project/big && head -c 153600 /dev/zero > /workspace/project/big")
+		Expect(code).To(Equal(0), stderr)
+		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
+
+		By("a limit made smaller than what the layer holds is reported")
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb)).To(Succeed())
+		sb.Spec.Mounts[0].SizeLimit = ptr.To(resource.MustParse("100Ki"))
+		Expect(k8s.Update(ctx, sb)).To(Succeed())
 		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionFalse, v1alpha1.ReasonUpperDirOverLimit))
 
 		code, _, stderr = sandboxRun(ns+"-ovl", "sh", "-c", "rm /workspace/project/big")

@@ -171,11 +171,39 @@ func TestSandboxConditions(t *testing.T) {
 			},
 		},
 		{
-			name:  "converged without overlays or worktrees removes their conditions",
+			name:  "converged without overlays, worktrees or usage removes their conditions",
 			facts: sandboxFacts{converged: true},
 			expect: map[string]want{
 				v1alpha1.ConditionOverlayHealthy: {gone: true},
 				v1alpha1.ConditionGitHealthy:     {gone: true},
+				v1alpha1.ConditionWithinLimits:   {gone: true},
+			},
+		},
+		{
+			name:  "usage within the limits",
+			facts: sandboxFacts{converged: true, instance: "i", usage: &runtimes.Usage{Pids: 3}},
+			expect: map[string]want{
+				v1alpha1.ConditionOverlayHealthy: {gone: true},
+				v1alpha1.ConditionGitHealthy:     {gone: true},
+				v1alpha1.ConditionWithinLimits:   {status: T, reason: v1alpha1.ReasonWithinLimits, message: "no command of instance i"},
+			},
+		},
+		{
+			name:  "an OOM kill is named before a refused fork",
+			facts: sandboxFacts{converged: true, instance: "i", usage: &runtimes.Usage{OOMKills: 2, PidsLimited: 5}},
+			expect: map[string]want{
+				v1alpha1.ConditionOverlayHealthy: {gone: true},
+				v1alpha1.ConditionGitHealthy:     {gone: true},
+				v1alpha1.ConditionWithinLimits:   {status: F, reason: v1alpha1.ReasonOOMKilled, message: "2 process(es) were killed at the memory limit"},
+			},
+		},
+		{
+			name:  "a refused fork",
+			facts: sandboxFacts{converged: true, instance: "i", usage: &runtimes.Usage{PidsLimited: 5}},
+			expect: map[string]want{
+				v1alpha1.ConditionOverlayHealthy: {gone: true},
+				v1alpha1.ConditionGitHealthy:     {gone: true},
+				v1alpha1.ConditionWithinLimits:   {status: F, reason: v1alpha1.ReasonPidsLimitReached, message: "5 fork(s) were refused"},
 			},
 		},
 		{
@@ -186,6 +214,7 @@ func TestSandboxConditions(t *testing.T) {
 			expect: map[string]want{
 				v1alpha1.ConditionOverlayHealthy: {status: F, reason: v1alpha1.ReasonUpperDirOverLimit, message: "over its sizeLimit"},
 				v1alpha1.ConditionGitHealthy:     {status: F, reason: v1alpha1.ReasonGitdirMissing, message: "claim b: GitdirMissing: m-b"},
+				v1alpha1.ConditionWithinLimits:   {gone: true},
 			},
 		},
 		{
@@ -194,6 +223,7 @@ func TestSandboxConditions(t *testing.T) {
 			expect: map[string]want{
 				v1alpha1.ConditionOverlayHealthy: {status: T, reason: v1alpha1.ReasonHealthy, message: "ok"},
 				v1alpha1.ConditionGitHealthy:     {status: T, reason: v1alpha1.ReasonHealthy, message: "1 worktree(s) healthy"},
+				v1alpha1.ConditionWithinLimits:   {gone: true},
 			},
 		},
 	} {

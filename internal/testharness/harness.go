@@ -10,11 +10,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -89,7 +92,29 @@ func (e *Env) Stop() {
 		Expect(e.env.Stop()).To(Succeed())
 	}
 	if e.Dir != "" {
+		// A sized layer a failed spec left mounted would make RemoveAll
+		// fail (busy) or reach into it: unmount what is below first.
+		unmountBelow(e.Dir)
 		Expect(os.RemoveAll(e.Dir)).To(Succeed())
+	}
+}
+
+// unmountBelow detaches every mount below dir, deepest first.
+func unmountBelow(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(points)))
+	for _, p := range points {
+		_ = unix.Unmount(p, unix.MNT_DETACH)
 	}
 }
 

@@ -224,7 +224,7 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		Expect(inspect(drv, v1alpha1.InstanceName("ctr-imageless")).Exists).To(BeFalse())
 	})
 
-	It("turns OverlayHealthy False when the writable layer exceeds rootfsSizeLimit and True when it shrinks", func() {
+	It("stops a write at rootfsSizeLimit, and turns OverlayHealthy False when a smaller limit is below what the layer holds and True when it shrinks", func() {
 		ns := env.NewNamespace()
 		sb := newSandbox(ns, "bounded", "ctr-bounded", time.Minute)
 		sb.Spec.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("1Mi"))
@@ -238,7 +238,15 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 			sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning), overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
 
 		code, out := inContainer(drv, inst, "sh", "-c", "head -c 2097152 /dev/zero > /var/tmp/big")
+		Expect(code).NotTo(Equal(0), "2 MiB written into a 1Mi rootfs: "+out)
+		code, out = inContainer(drv, inst, "sh", "-c", "rm /var/tmp/big && head -c 614400 /dev/zero > /var/tmp/big")
 		Expect(code).To(Equal(0), out)
+		Eventually(env.SandboxStatus(ns, "bounded"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
+
+		By("a limit made smaller than what the layer holds is reported")
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb)).To(Succeed())
+		sb.Spec.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("512Ki"))
+		Expect(k8s.Update(ctx, sb)).To(Succeed())
 		Eventually(env.SandboxStatus(ns, "bounded"), timeout).Should(overlay(metav1.ConditionFalse, v1alpha1.ReasonUpperDirOverLimit))
 
 		code, out = inContainer(drv, inst, "sh", "-c", "rm /var/tmp/big")
