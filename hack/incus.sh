@@ -26,6 +26,10 @@
 #   INCUS_IMAGE_ALIAS   alias of the test image               (default sandbox-busybox)
 #   INCUS_POOL_DRIVER   driver of the default pool: dir, btrfs (default dir)
 #   INCUS_POOL_SIZE     size of a btrfs pool's loop file       (default 8GiB)
+#   INCUS_QUOTA_POOL    a btrfs pool, and a profile of the same name whose
+#                       root disk is on it, where root sizes hold
+#                                                          (default quota)
+#   INCUS_QUOTA_POOL_SIZE  its loop file's size           (default 2GiB)
 #   INCUS_PREFIX        logs, pid file, image build            (default /var/lib/sandbox-controller-test/incus)
 #   INCUS_AGENT_IDS     the controller's agent id range, FIRST:COUNT, that
 #                       containers map with raw.idmap        (default 2000000000:65536)
@@ -37,6 +41,8 @@ ALIAS=${INCUS_IMAGE_ALIAS:-sandbox-busybox}
 IMAGE_REVISION=2
 POOL_DRIVER=${INCUS_POOL_DRIVER:-dir}
 POOL_SIZE=${INCUS_POOL_SIZE:-8GiB}
+QUOTA_POOL=${INCUS_QUOTA_POOL:-quota}
+QUOTA_POOL_SIZE=${INCUS_QUOTA_POOL_SIZE:-2GiB}
 PREFIX=${INCUS_PREFIX:-/var/lib/sandbox-controller-test/incus}
 AGENT_IDS=${INCUS_AGENT_IDS:-2000000000:65536}
 
@@ -227,6 +233,19 @@ init_storage() {
     incus profile device add default root disk path=/ pool=default >/dev/null
     say "default profile: root disk on pool default, no NIC"
   fi
+  # A pool with quotas, so that a root disk's size holds (a dir pool on a
+  # file system without project quotas ignores it), and a profile whose
+  # root disk is on it, for the rootSizeLimit tests.
+  if ! incus storage show "$QUOTA_POOL" >/dev/null 2>&1; then
+    "$(dirname "${BASH_SOURCE[0]}")/install-deps.sh" btrfs-progs
+    say "creating storage pool $QUOTA_POOL (btrfs in a ${QUOTA_POOL_SIZE} loop file, quotas)"
+    incus storage create "$QUOTA_POOL" btrfs size="$QUOTA_POOL_SIZE" >/dev/null
+  fi
+  if ! incus profile show "$QUOTA_POOL" >/dev/null 2>&1; then
+    incus profile create "$QUOTA_POOL" >/dev/null
+    incus profile device add "$QUOTA_POOL" root disk path=/ pool="$QUOTA_POOL" >/dev/null
+    say "profile $QUOTA_POOL: root disk on pool $QUOTA_POOL"
+  fi
 }
 
 # build_image writes a busybox-static rootfs and its metadata as one
@@ -298,6 +317,7 @@ import_busybox() {
 print_env() {
   echo "export INCUS_SOCKET=$SOCK"
   echo "export INCUS_TEST_IMAGE=$ALIAS"
+  echo "export INCUS_QUOTA_PROFILE=$QUOTA_POOL"
   echo "export INCUS_PIDFILE=$PIDFILE"
   echo "export INCUS_SETUP=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/incus.sh"
 }

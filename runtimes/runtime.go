@@ -139,6 +139,9 @@ const (
 	ReasonNotMounted
 	// ReasonUpperDirOverLimit: a writable layer exceeds its size limit.
 	ReasonUpperDirOverLimit
+	// ReasonSizeLimitNotEnforced: the storage of a writable layer cannot
+	// hold it to its size limit.
+	ReasonSizeLimitNotEnforced
 
 	reasonCount
 )

@@ -142,6 +142,9 @@ const (
 	ReasonNotMounted = "NotMounted"
 	// ReasonUpperDirOverLimit: the writable layer exceeds its size limit.
 	ReasonUpperDirOverLimit = "UpperDirOverLimit"
+	// ReasonSizeLimitNotEnforced: the storage of the writable layer cannot
+	// hold it to its size limit (an Incus pool without quotas).
+	ReasonSizeLimitNotEnforced = "SizeLimitNotEnforced"
 
 	// ReasonWithinLimits: no command hit a resource limit since the
 	// instance started.

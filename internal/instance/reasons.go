@@ -26,6 +26,7 @@ var runtimeReasons = map[runtimes.Reason]string{
 	runtimes.ReasonSnapshotMissing:       v1alpha1.ReasonSnapshotMissing,
 	runtimes.ReasonNotMounted:            v1alpha1.ReasonNotMounted,
 	runtimes.ReasonUpperDirOverLimit:     v1alpha1.ReasonUpperDirOverLimit,
+	runtimes.ReasonSizeLimitNotEnforced:  v1alpha1.ReasonSizeLimitNotEnforced,
 }
 
 // Reason is the API's reason for a driver's: a condition reason, and the

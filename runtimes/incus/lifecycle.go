@@ -74,7 +74,8 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	}
 	running := inst.Status == incusapi.StatusRunning
 
-	if inst.Config[KeyConfigHash] != in.ConfigHash || !devicesEqual(ownDevices(inst.Devices), want) || hardened(inst.Config) != "" {
+	_, _, resize := rootOverride(inst, rootLimit(in))
+	if inst.Config[KeyConfigHash] != in.ConfigHash || !devicesEqual(ownDevices(inst.Devices), want) || hardened(inst.Config) != "" || resize {
 		old, err := decodeInstance(inst)
 		if err != nil {
 			// Without the record the image counts as changed: the root is
@@ -345,6 +346,9 @@ func (r *Runtime) update(ctx context.Context, cl *incusapi.Client, inst *incusap
 	}
 	put.Config = merged
 	put.Devices = mergeDevices(put.Devices, want)
+	if name, root, ok := rootOverride(inst, rootLimit(in)); ok {
+		put.Devices[name] = root
+	}
 	return cl.UpdateInstance(ctx, in.Name, put, etag)
 }
 

@@ -3,6 +3,7 @@ package incus
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
@@ -52,8 +53,11 @@ func usageHealth(name string, p incusapi.StoragePool, limit int64, state func() 
 		return &runtimes.Health{Reason: runtimes.ReasonNotMounted, Message: fmt.Sprintf("reading the usage of %s: %v", where, err)}
 	}
 	if st.Usage == nil {
-		return &runtimes.Health{Healthy: true, Reason: runtimes.ReasonHealthy,
-			Message: fmt.Sprintf("%s is present; its pool driver does not report usage, so rootSizeLimit %d bytes is not checked", where, limit)}
+		// Incus enforces a root disk's size through the pool's quotas,
+		// and reports usage where it has them; without, it ignores the
+		// size: a dir pool on a file system without project quotas.
+		return &runtimes.Health{Reason: runtimes.ReasonSizeLimitNotEnforced,
+			Message: fmt.Sprintf("%s cannot hold the instance to its rootSizeLimit of %d bytes: the pool has no quotas (a dir pool needs project quotas on its file system; btrfs, zfs and lvm pools have them)", where, limit)}
 	}
 	if int64(st.Usage.Used) > limit {
 		return &runtimes.Health{Reason: runtimes.ReasonUpperDirOverLimit,
@@ -80,4 +84,30 @@ func rootLimit(in runtimes.Instance) int64 {
 		return 0
 	}
 	return in.Incus.RootSizeLimit.BytesOf()
+}
+
+// rootOverride is the instance's root disk device with its size set to
+// limit (the profile's device, overridden on the instance), when the
+// instance does not have that size yet: the pool holds the root to it
+// where it has quotas. A limit of zero asks for nothing.
+func rootOverride(inst *incusapi.Instance, limit int64) (string, incusapi.Device, bool) {
+	if limit <= 0 {
+		return "", nil, false
+	}
+	for name, d := range inst.ExpandedDevices {
+		if d["type"] != "disk" || d["path"] != "/" || d["pool"] == "" {
+			continue
+		}
+		size := strconv.FormatInt(limit, 10)
+		if inst.Devices[name]["size"] == size {
+			return "", nil, false
+		}
+		root := incusapi.Device{}
+		for k, v := range d {
+			root[k] = v
+		}
+		root["size"] = size
+		return name, root, true
+	}
+	return "", nil, false
 }

@@ -213,7 +213,7 @@ func TestUsageHealth(t *testing.T) {
 		{"no limit", 0, nil, runtimes.ReasonHealthy},
 		{"within the limit", 100, used(50), runtimes.ReasonHealthy},
 		{"over the limit", 100, used(150), runtimes.ReasonUpperDirOverLimit},
-		{"driver without usage", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, nil }, runtimes.ReasonHealthy},
+		{"a pool without quotas cannot enforce it", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, nil }, runtimes.ReasonSizeLimitNotEnforced},
 		{"usage unreadable", 100, func() (incusapi.VolumeState, error) { return incusapi.VolumeState{}, errors.New("boom") }, runtimes.ReasonNotMounted},
 	}
 	for _, tt := range tests {
@@ -223,6 +223,35 @@ func TestUsageHealth(t *testing.T) {
 				t.Fatalf("got %+v, want reason %v", h, tt.reason)
 			}
 		})
+	}
+}
+
+// A rootSizeLimit becomes the size of the instance's own root disk device:
+// the profile's device, overridden, once.
+func TestRootOverride(t *testing.T) {
+	inst := &incusapi.Instance{
+		ExpandedDevices: map[string]incusapi.Device{
+			"root":           {"type": "disk", "path": "/", "pool": "fast"},
+			"sandbox-x-1234": {"type": "disk", "path": "/workspace", "source": "/h"},
+		},
+		Devices: map[string]incusapi.Device{},
+	}
+	if _, _, ok := rootOverride(inst, 0); ok {
+		t.Fatal("no limit asked for a root override")
+	}
+	name, d, ok := rootOverride(inst, 64<<20)
+	if !ok || name != "root" || d["pool"] != "fast" || d["path"] != "/" || d["type"] != "disk" || d["size"] != "67108864" {
+		t.Fatalf("rootOverride = %q %v %v", name, d, ok)
+	}
+	if inst.ExpandedDevices["root"]["size"] != "" {
+		t.Fatal("the profile's device was changed in place")
+	}
+	inst.Devices["root"] = d
+	if _, _, ok := rootOverride(inst, 64<<20); ok {
+		t.Fatal("an instance with the size already asked for it again")
+	}
+	if _, d, ok := rootOverride(inst, 128<<20); !ok || d["size"] != "134217728" {
+		t.Fatalf("a new limit: %v %v", d, ok)
 	}
 }
 

@@ -585,3 +585,49 @@ var _ = Describe("Incus resource limits, through the driver", func() {
 		runtimetest.Limits(GinkgoT(), driver, in)
 	})
 })
+
+var _ = Describe("Incus rootSizeLimit", func() {
+	// As root inside the instance: the root volume is root's to fill.
+	fill := func(name string, bytes int) (int, string) {
+		var out strings.Builder
+		code, err := rawClient().Exec(ctx, name, incusapi.ExecRequest{
+			Command: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero > /big; echo rc=$?; ls -l /big; rm -f /big", bytes)},
+			Env:     map[string]string{"PATH": "/bin:/sbin:/usr/bin"}, Cwd: "/", Stdout: &out, Stderr: &out})
+		Expect(err).NotTo(HaveOccurred(), out.String())
+		return code, out.String()
+	}
+
+	It("holds the root volume to its size on a pool with quotas", func() {
+		profile := os.Getenv("INCUS_QUOTA_PROFILE")
+		if profile == "" {
+			testenv.Missing(GinkgoT(), "a pool with quotas (INCUS_QUOTA_PROFILE)", `eval "$(hack/incus.sh start)"`)
+		}
+		ns := env.NewNamespace()
+		sb := newSandbox(ns, "rootsize")
+		sb.Spec.Incus.Profiles = []string{profile}
+		sb.Spec.Incus.RootSizeLimit = ptr.To(resource.MustParse("64Mi"))
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "c", "rootsize"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "rootsize"), timeout).Should(And(
+			sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionOverlayHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy))))
+		_, out := fill(instanceOf(sb), 200<<20)
+		Expect(out).NotTo(ContainSubstring("rc=0"), "200 MiB written into a root with a 64Mi rootSizeLimit")
+		env.DeleteAndWait(sb)
+	})
+
+	It("says so when the pool cannot hold the root to its size", func() {
+		ns := env.NewNamespace()
+		sb := newSandbox(ns, "nosize")
+		sb.Spec.Incus.RootSizeLimit = ptr.To(resource.MustParse("64Mi"))
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "c", "nosize"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "nosize"), timeout).Should(And(
+			sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionOverlayHealthy, metav1.ConditionFalse, v1alpha1.ReasonSizeLimitNotEnforced))))
+		inst, _, err := rawClient().InProject("").GetInstance(ctx, instanceOf(sb))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(inst.Devices["root"]).To(HaveKeyWithValue("size", "67108864"), "the size is asked of the pool all the same")
+		env.DeleteAndWait(sb)
+	})
+})
