@@ -70,6 +70,7 @@ UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/te
 .PHONY: test
 test: manifests generate vet ## Everything (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies, the two race tests alone at full strength (hack/run-tests.sh; starts incusd, and a private containerd it stops after), then the real-cluster suite (hack/test-cluster.sh, as make test-cluster). Output in bin/test-output.log, a summary at the end.
 	@hack/install-deps.sh
+	@hack/install-deps.sh python3-kubernetes python3-websocket python3-pytest
 	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
