@@ -202,3 +202,47 @@ func TestPythonClient(t *testing.T) {
 		t.Fatalf("the Python client's suite ran no test or skipped some:\n%s", out)
 	}
 }
+
+// The TypeScript client's own suite (node's test runner), and the MCP
+// server driven by the official TypeScript SDK's client over stdio
+// (sandboxctl mcp) and streamable HTTP (the claim's exec API endpoint).
+// Its dependencies come from the npm registry, as package-lock.json pins
+// them.
+func TestTypeScriptClient(t *testing.T) {
+	node := testenv.Binary(t, "node", "install Node.js 20 or later")
+	npm := testenv.Binary(t, "npm", "install npm")
+	root := repoRoot(t)
+	pkg := filepath.Join(root, "clients", "typescript")
+	for _, args := range [][]string{{"ci", "--no-fund", "--no-audit"}, {"run", "build"}} {
+		cmd := exec.Command(npm, args...)
+		cmd.Dir = pkg
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	dir := t.TempDir()
+	sandboxctl := filepath.Join(dir, "sandboxctl")
+	build := exec.Command("go", "build", "-o", sandboxctl, "./cmd/sandboxctl")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building sandboxctl: %v\n%s", err, out)
+	}
+	config := filepath.Join(dir, "sandbox.toml")
+	if err := os.WriteFile(config, []byte("[bwrap]\nbinaries = [\"sh\", \"cat\", \"mkdir\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t)
+	cp.sandbox(t, "ts", "typescript")
+	cmd := exec.Command(node, "--test", "test/")
+	cmd.Dir = pkg
+	cmd.Env = append(os.Environ(), "SANDBOX_KUBECONFIG="+cp.kubeconfig, "SANDBOX_NAMESPACE=ts", "SANDBOX_NAME=typescript",
+		"SANDBOXCTL="+sandboxctl, "SANDBOXCTL_CONFIG="+config, "SANDBOXCTL_AREAS="+filepath.Join(dir, "areas"))
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test:\n%s", out)
+	if err != nil {
+		t.Fatalf("the TypeScript client's suite failed: %v", err)
+	}
+	if !strings.Contains(string(out), "# pass 4") || !strings.Contains(string(out), "# skipped 0") {
+		t.Fatalf("the TypeScript suite did not run its four tests:\n%s", out)
+	}
+}

@@ -1,0 +1,380 @@
+// Claim a sandbox-controller sandbox, run commands and move files in it,
+// with the user's kubeconfig as kubectl uses it.
+//
+//   const client = SandboxClient.fromKubeconfig();
+//   await using claim = await client.claim("alice", { namespace: "team-a" });
+//   const r = await claim.exec(["git", "status"]);
+//
+// A claim is a SessionClaim: the controller starts the Sandbox's instance
+// while claims hold it. Commands and files go to the claim's exec API:
+// through the API server's aggregated API when it serves it, else on the
+// Sandbox's node (status.endpoint) with the kubeconfig's client
+// certificate.
+
+import { readFileSync } from "node:fs";
+import * as https from "node:https";
+import { homedir } from "node:os";
+import { join } from "node:path";
+import { randomBytes } from "node:crypto";
+import WebSocket from "ws";
+import { parse } from "yaml";
+
+export const GROUP = "sandbox.cireilclaw.dev";
+export const VERSION = "v1alpha1";
+export const AGGREGATED_PREFIX = `/apis/subresources.${GROUP}/${VERSION}`;
+const SYSTEM_NAMESPACE = "sandbox-controller-system";
+const CA_CONFIGMAP = "sandbox-controller-ca";
+const PROTOCOL = "v5.channel.k8s.io";
+const AREAS = ["workspace", "memories", "blocks", "skills", "tasks"];
+const STDIN = 0, STDOUT = 1, STDERR = 2, STATUS = 3, CLOSE = 255;
+
+/** A request the exec API or the Kubernetes API refused or failed. */
+export class SandboxError extends Error {}
+
+/** The claim did not become Ready in time: reason and message are its Ready condition's. */
+export class ClaimNotReady extends SandboxError {
+  constructor(name: string, readonly reason: string, readonly detail: string) {
+    super(`SessionClaim ${name} is not Ready: ${reason}: ${detail}`);
+  }
+}
+
+/** The sandbox's policy refused the command: nothing ran. */
+export class CommandRefused extends SandboxError {}
+
+export interface ExecResult {
+  exitCode: number;
+  stdout: Buffer;
+  stderr: Buffer;
+}
+
+export interface Entry {
+  name: string;
+  type: string;
+  size: number;
+}
+
+export interface ExecOptions {
+  stdin?: string | Uint8Array;
+  onStdout?: (chunk: Buffer) => void;
+  onStderr?: (chunk: Buffer) => void;
+}
+
+export interface ClaimOptions {
+  name?: string;
+  namespace?: string;
+  /** spec.worktree, e.g. { repository: "/workspace/project", branch: "feature" } */
+  worktree?: Record<string, unknown>;
+  timeoutMs?: number;
+}
+
+export interface ClientOptions {
+  kubeconfig?: string;
+  context?: string;
+  namespace?: string;
+  /** "api-server" or "node"; default api-server when the API server serves the aggregated API. */
+  via?: "api-server" | "node";
+  /** A token issued for the exec API's audience, for a node; a kubeconfig token is never sent to a node. */
+  apiToken?: string;
+}
+
+/** How to reach one HTTPS server: its base URL, TLS material and headers. */
+interface Target {
+  base: string;
+  ca?: Buffer;
+  cert?: Buffer;
+  key?: Buffer;
+  insecure?: boolean;
+  headers: Record<string, string>;
+}
+
+interface HTTPResponse {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: Buffer;
+}
+
+function request(t: Target, method: string, path: string, body?: Uint8Array | string, headers: Record<string, string> = {}): Promise<HTTPResponse> {
+  const url = new URL(t.base + path);
+  return new Promise((resolve, reject) => {
+    const req = https.request(url, {
+      method, ca: t.ca, cert: t.cert, key: t.key, rejectUnauthorized: !t.insecure,
+      headers: { ...t.headers, ...headers },
+    }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+      res.on("error", reject);
+    });
+    req.on("error", reject);
+    if (body !== undefined) req.write(body);
+    req.end();
+  });
+}
+
+function message(body: Buffer): string {
+  try {
+    const j = JSON.parse(body.toString());
+    if (j && typeof j.message === "string") return j.message;
+  } catch { /* not JSON */ }
+  return body.toString().trim();
+}
+
+function material(inline: string | undefined, file: string | undefined): Buffer | undefined {
+  if (inline) return Buffer.from(inline, "base64");
+  if (file) return readFileSync(file);
+  return undefined;
+}
+
+export class SandboxClient {
+  readonly namespace: string;
+  private nodeCA?: Buffer | null;
+
+  private constructor(private readonly api: Target, namespace: string, private readonly opts: ClientOptions) {
+    this.namespace = namespace;
+  }
+
+  /** The kubeconfig as kubectl reads it: $KUBECONFIG (its first file) or ~/.kube/config. */
+  static fromKubeconfig(opts: ClientOptions = {}): SandboxClient {
+    const path = opts.kubeconfig ?? (process.env.KUBECONFIG?.split(":")[0] || join(homedir(), ".kube", "config"));
+    const kc = parse(readFileSync(path, "utf8"));
+    const ctxName = opts.context ?? kc["current-context"];
+    const ctx = (kc.contexts ?? []).find((c: any) => c.name === ctxName)?.context;
+    if (!ctx) throw new SandboxError(`kubeconfig ${path}: no context ${ctxName}`);
+    const cluster = (kc.clusters ?? []).find((c: any) => c.name === ctx.cluster)?.cluster;
+    const user = (kc.users ?? []).find((u: any) => u.name === ctx.user)?.user ?? {};
+    if (!cluster) throw new SandboxError(`kubeconfig ${path}: no cluster ${ctx.cluster}`);
+    if (user.exec || user["auth-provider"]) {
+      throw new SandboxError(`kubeconfig ${path}: user ${ctx.user} authenticates with a plugin, which this client does not run; use a client certificate or a token`);
+    }
+    const headers: Record<string, string> = {};
+    const token = user.token ?? (user.tokenFile ? readFileSync(user.tokenFile, "utf8").trim() : undefined);
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const api: Target = {
+      base: String(cluster.server).replace(/\/$/, ""),
+      ca: material(cluster["certificate-authority-data"], cluster["certificate-authority"]),
+      cert: material(user["client-certificate-data"], user["client-certificate"]),
+      key: material(user["client-key-data"], user["client-key"]),
+      insecure: cluster["insecure-skip-tls-verify"] === true,
+      headers,
+    };
+    return new SandboxClient(api, opts.namespace ?? ctx.namespace ?? "default", opts);
+  }
+
+  /** A Kubernetes API request; JSON in and out. */
+  async kube(method: string, path: string, body?: unknown): Promise<any> {
+    const r = await request(this.api, method, path, body === undefined ? undefined : JSON.stringify(body),
+      body === undefined ? {} : { "Content-Type": "application/json" });
+    if (r.status === 404) {
+      const e = new SandboxError(`${method} ${path}: ${message(r.body)}`);
+      (e as any).notFound = true;
+      throw e;
+    }
+    if (Math.floor(r.status / 100) !== 2) throw new SandboxError(`${method} ${path}: ${message(r.body)} (${r.status})`);
+    return r.body.length ? JSON.parse(r.body.toString()) : undefined;
+  }
+
+  /** Creates a SessionClaim of sandbox and waits until it is Ready; on timeout it is released and ClaimNotReady says why. */
+  async claim(sandbox: string, opts: ClaimOptions = {}): Promise<Claim> {
+    const ns = opts.namespace ?? this.namespace;
+    const name = opts.name ?? `${sandbox}-${randomBytes(4).toString("hex")}`;
+    const spec: Record<string, unknown> = { sandboxName: sandbox };
+    if (opts.worktree) spec.worktree = opts.worktree;
+    await this.kube("POST", `/apis/${GROUP}/${VERSION}/namespaces/${encodeURIComponent(ns)}/sessionclaims`, {
+      apiVersion: `${GROUP}/${VERSION}`, kind: "SessionClaim", metadata: { name, namespace: ns }, spec,
+    });
+    const c = new Claim(this, ns, name, true);
+    try {
+      await c.waitReady(opts.timeoutMs ?? 120_000);
+    } catch (e) {
+      await c.release();
+      throw e;
+    }
+    return c;
+  }
+
+  /** An existing claim; release() is not called for it on disposal. */
+  use(name: string, namespace?: string): Claim {
+    return new Claim(this, namespace ?? this.namespace, name, false);
+  }
+
+  /** Where the claim's exec API is, and how to reach it. */
+  async target(claim: Claim): Promise<Target> {
+    if (await this.aggregated()) {
+      return { ...this.api, base: this.api.base + AGGREGATED_PREFIX };
+    }
+    const endpoint = (await claim.get()).status?.endpoint;
+    if (!endpoint) throw new SandboxError(`SessionClaim ${claim.namespace}/${claim.name} has no status.endpoint yet`);
+    if (!this.opts.apiToken && !this.api.cert) {
+      throw new SandboxError("reaching the exec API on the Sandbox's node needs the kubeconfig's client certificate or apiToken; a kubeconfig token is never sent to a node");
+    }
+    const headers: Record<string, string> = {};
+    if (this.opts.apiToken) headers.Authorization = `Bearer ${this.opts.apiToken}`;
+    return {
+      base: `https://${endpoint}/api/${VERSION}`, ca: (await this.execCA()) ?? this.api.ca,
+      cert: this.opts.apiToken ? undefined : this.api.cert, key: this.opts.apiToken ? undefined : this.api.key, headers,
+    };
+  }
+
+  private async aggregated(): Promise<boolean> {
+    if (this.opts.via) return this.opts.via === "api-server";
+    try {
+      await this.kube("GET", AGGREGATED_PREFIX);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private async execCA(): Promise<Buffer | undefined> {
+    if (this.nodeCA === undefined) {
+      try {
+        const cm = await this.kube("GET", `/api/v1/namespaces/${SYSTEM_NAMESPACE}/configmaps/${CA_CONFIGMAP}`);
+        this.nodeCA = cm?.data?.["ca.crt"] ? Buffer.from(cm.data["ca.crt"]) : null;
+      } catch {
+        this.nodeCA = null;
+      }
+    }
+    return this.nodeCA ?? undefined;
+  }
+}
+
+export class Claim {
+  constructor(readonly client: SandboxClient, readonly namespace: string, readonly name: string, private readonly owned: boolean) {}
+
+  private get path(): string {
+    return `/namespaces/${encodeURIComponent(this.namespace)}/sessionclaims/${encodeURIComponent(this.name)}`;
+  }
+
+  get(): Promise<any> {
+    return this.client.kube("GET", `/apis/${GROUP}/${VERSION}${this.path}`);
+  }
+
+  async waitReady(timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      let ready: any;
+      try {
+        ready = ((await this.get()).status?.conditions ?? []).find((c: any) => c.type === "Ready");
+      } catch (e) {
+        if (!(e as any).notFound) throw e;
+      }
+      if (ready?.status === "True") return;
+      if (Date.now() >= deadline) {
+        throw new ClaimNotReady(`${this.namespace}/${this.name}`, ready?.reason ?? "NoCondition", ready?.message ?? "the controller has not reported on the claim");
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+
+  /** Deletes the claim and waits until it is gone. */
+  async release(timeoutMs = 60_000): Promise<void> {
+    try {
+      await this.client.kube("DELETE", `/apis/${GROUP}/${VERSION}${this.path}`);
+    } catch (e) {
+      if ((e as any).notFound) return;
+      throw e;
+    }
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      try {
+        await this.get();
+      } catch (e) {
+        if ((e as any).notFound) return;
+        throw e;
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.owned) await this.release();
+  }
+
+  /** Runs one command (an argv array, never a shell line); a refused one throws CommandRefused. */
+  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    if (argv.length === 0) throw new SandboxError("argv: give the command and its arguments");
+    const t = await this.client.target(this);
+    const q = new URLSearchParams();
+    for (const a of argv) q.append("command", a);
+    q.set("stdout", "true");
+    q.set("stderr", "true");
+    q.set("stdin", opts.stdin !== undefined ? "true" : "false");
+    const url = t.base.replace(/^https:/, "wss:") + this.path + "/exec?" + q.toString();
+    const ws = new WebSocket(url, [PROTOCOL], { ca: t.ca, cert: t.cert, key: t.key, rejectUnauthorized: !t.insecure, headers: t.headers });
+    const out: Buffer[] = [], err: Buffer[] = [];
+    let status: any;
+    return await new Promise<ExecResult>((resolve, reject) => {
+      ws.on("unexpected-response", (_req, res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () => reject(new SandboxError(`exec in SessionClaim ${this.namespace}/${this.name}: ${message(Buffer.concat(chunks))} (${res.statusCode})`)));
+      });
+      ws.on("error", (e) => reject(e));
+      ws.on("open", () => {
+        if (opts.stdin === undefined) return;
+        const data = typeof opts.stdin === "string" ? Buffer.from(opts.stdin) : Buffer.from(opts.stdin);
+        for (let i = 0; i < data.length; i += 32 << 10) {
+          ws.send(Buffer.concat([Buffer.from([STDIN]), data.subarray(i, i + (32 << 10))]));
+        }
+        ws.send(Buffer.from([CLOSE, STDIN]));
+      });
+      ws.on("message", (frame: Buffer) => {
+        if (frame.length === 0) return;
+        const data = frame.subarray(1);
+        switch (frame[0]) {
+          case STDOUT: out.push(Buffer.from(data)); opts.onStdout?.(Buffer.from(data)); break;
+          case STDERR: err.push(Buffer.from(data)); opts.onStderr?.(Buffer.from(data)); break;
+          case STATUS: status = JSON.parse(data.toString()); break;
+        }
+      });
+      ws.on("close", () => {
+        try {
+          resolve({ exitCode: exitCode(status), stdout: Buffer.concat(out), stderr: Buffer.concat(err) });
+        } catch (e) {
+          reject(e);
+        }
+      });
+    });
+  }
+
+  private async files(method: string, path: string, body?: Uint8Array | string, query = ""): Promise<HTTPResponse> {
+    const parts = path.split("/").filter((p) => p);
+    if (parts.length === 0 || !AREAS.includes(parts[0])) {
+      throw new SandboxError(`${path}: a sandbox path begins with one of the areas: /${AREAS.join(", /")}`);
+    }
+    const t = await this.client.target(this);
+    const r = await request(t, method, this.path + "/files/" + parts.map(encodeURIComponent).join("/") + query, body);
+    if (Math.floor(r.status / 100) !== 2) {
+      throw new SandboxError(`${method} ${path} in SessionClaim ${this.namespace}/${this.name}: ${message(r.body)} (${r.status})`);
+    }
+    return r;
+  }
+
+  async readFile(path: string): Promise<Buffer> {
+    return (await this.files("GET", path)).body;
+  }
+
+  async writeFile(path: string, data: string | Uint8Array): Promise<void> {
+    await this.files("PUT", path, data);
+  }
+
+  async list(path = "/workspace"): Promise<Entry[]> {
+    const r = await this.files("GET", path);
+    if (r.headers["x-entry-type"] !== "dir") throw new SandboxError(`${path} is not a directory`);
+    return (JSON.parse(r.body.toString()) as any[]).map((e) => ({ name: e.name, type: e.type, size: e.size ?? 0 }));
+  }
+
+  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await this.files("DELETE", path, undefined, opts.recursive ? "?recursive=true" : "");
+  }
+}
+
+function exitCode(status: any): number {
+  if (!status) throw new SandboxError("the exec API closed the stream without the command's status");
+  if (status.status === "Success") return 0;
+  for (const c of status.details?.causes ?? []) {
+    if (c.reason === "ExitCode") return Number(c.message);
+  }
+  if (status.reason === "CommandRefused") throw new CommandRefused(status.message ?? "refused");
+  throw new SandboxError(status.message ?? JSON.stringify(status));
+}
