@@ -3,16 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
 // permissiveClass allows everything a Sandbox can ask for: on a
@@ -47,22 +44,4 @@ func installPermissiveClass(ctx context.Context, cfg *rest.Config) error {
 		return fmt.Errorf("installing the default SandboxClass: %w", err)
 	}
 	return nil
-}
-
-// publishLocalCA publishes the local exec API's CA where clients look for
-// it (servingcert.ConfigMapName in namespace), so `kubectl sandbox exec`
-// needs no --api-ca-file against the local control plane either.
-func publishLocalCA(ctx context.Context, cfg *rest.Config, namespace, caFile string) error {
-	ca, err := os.ReadFile(caFile)
-	if err != nil {
-		return err
-	}
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		return err
-	}
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating namespace %s for the exec API's CA: %w", namespace, err)
-	}
-	return servingcert.Publish(ctx, c, namespace, ca)
 }

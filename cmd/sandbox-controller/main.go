@@ -164,7 +164,7 @@ func run(ctx context.Context, f flags) (retErr error) {
 				_, port, _ := net.SplitHostPort(f.api.BindAddress)
 				f.apiAdvertise = net.JoinHostPort("127.0.0.1", port)
 			}
-			if err := publishLocalCA(ctx, cfg, f.systemNamespace, apiCA); err != nil {
+			if err := localcp.PublishCA(ctx, cfg, f.systemNamespace, apiCA); err != nil {
 				return err
 			}
 		}

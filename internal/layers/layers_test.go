@@ -30,6 +30,8 @@ func layer(pkg string) (int, bool) {
 	switch {
 	case top("internal/testenv", "internal/testharness", "internal/layers", "test", "hack"):
 		return -1, true
+	case top("config"):
+		return 0, true
 	case top("api", "internal/commandname", "internal/areas", "internal/policy", "internal/overlay",
 		"internal/worktree", "internal/tenancy", "internal/exectoken", "internal/localcp", "internal/servingcert", "internal/sizedfs"):
 		return 0, true
@@ -37,7 +39,7 @@ func layer(pkg string) (int, bool) {
 		return 1, true
 	case top("internal/instance", "internal/sandboxclass"):
 		return 2, true
-	case top("controllers", "frontends", "cmd"):
+	case top("controllers", "frontends", "cmd", "clients"):
 		return 3, true
 	}
 	return 0, false

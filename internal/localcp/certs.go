@@ -1,6 +1,7 @@
 package localcp
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -13,6 +14,14 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
 // ServingCert writes a throw-away CA and a serving certificate for
@@ -87,4 +96,23 @@ func ServingCert(dir string) (caFile, certFile, keyFile string, err error) {
 // certificates (the kubeconfig's user among them).
 func (cp *ControlPlane) ClientCAFile() string {
 	return filepath.Join(cp.env.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt")
+}
+
+// PublishCA publishes a local exec API's CA where clients look for it
+// (servingcert.ConfigMapName in namespace, made when missing), so that
+// `kubectl sandbox exec` and the client libraries need no CA file against
+// a local control plane either.
+func PublishCA(ctx context.Context, cfg *rest.Config, namespace, caFile string) error {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return err
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s for the exec API's CA: %w", namespace, err)
+	}
+	return servingcert.Publish(ctx, c, namespace, ca)
 }
