@@ -218,7 +218,9 @@ func attachAndMount(img, dir *os.File) error {
 			unix.Close(lfd)
 			return fmt.Errorf("%w: attaching %s: %w", ErrUnsupported, dev, err)
 		}
-		err = unix.Mount(dev, "/proc/self/fd/"+strconv.Itoa(int(dir.Fd())), "ext4", unix.MS_NOSUID|unix.MS_NODEV, "")
+		// nodelalloc: blocks are taken at write(), so a full file system
+		// says ENOSPC to the writer rather than EIO at writeback.
+		err = unix.Mount(dev, "/proc/self/fd/"+strconv.Itoa(int(dir.Fd())), "ext4", unix.MS_NOSUID|unix.MS_NODEV, "nodelalloc")
 		unix.Close(lfd) // the mount holds the device now; unmounting frees it
 		if err != nil {
 			return fmt.Errorf("mounting %s on %s: %w", dev, dir.Name(), err)
