@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,7 +42,18 @@ type clusterFlags struct {
 	systemNamespace                string
 	insecure                       bool
 	via                            string
+	// as and asGroups impersonate, and requestTimeout bounds each request
+	// to the API server, as kubectl's flags of the same names do.
+	as             string
+	asGroups       stringList
+	requestTimeout string
 }
+
+// stringList is a flag that may be given several times.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // How a client reaches the exec API (--via).
 const (
@@ -60,6 +72,9 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.systemNamespace, "system-namespace", servingcert.DefaultNamespace, "the controller's namespace, where the exec API's CA is published")
 	fs.BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "do not verify the exec API's serving certificate (testing only)")
 	fs.StringVar(&f.audience, "api-audience", execapi.DefaultAudience, "the audience the exec API accepts tokens for (its --api-audience)")
+	fs.StringVar(&f.as, "as", "", "username to impersonate for the operation (as kubectl --as)")
+	fs.Var(&f.asGroups, "as-group", "group to impersonate for the operation; repeat for several (as kubectl --as-group)")
+	fs.StringVar(&f.requestTimeout, "request-timeout", "", "how long to wait for one request to the API server before giving up, e.g. 30s (as kubectl --request-timeout); empty waits as long as it takes")
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "a bearer token issued for --api-audience (e.g. from your identity provider) to send instead of the kubeconfig's credentials")
 }
 
@@ -73,7 +88,16 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Config, string, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = f.kubeconfig
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: f.context})
+	if t := f.requestTimeout; t != "" {
+		if _, err := strconv.Atoi(t); err != nil {
+			if _, err := time.ParseDuration(t); err != nil {
+				return nil, "", "", fmt.Errorf("--request-timeout %q: give seconds or a duration such as 30s or 2m", t)
+			}
+		}
+	}
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: f.context, Timeout: f.requestTimeout}
+	overrides.AuthInfo.Impersonate, overrides.AuthInfo.ImpersonateGroups = f.as, f.asGroups
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
 	cfg, err := cc.ClientConfig()
 	if err != nil {
 		return nil, "", "", fmt.Errorf("loading the kubeconfig: %w", err)

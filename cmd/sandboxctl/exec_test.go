@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -95,7 +96,8 @@ func execClusterWithAreas(t *testing.T) (string, string) {
 	srv := httptest.NewTLSServer(mux)
 	t.Cleanup(srv.Close)
 	mux.Handle("/api/v1alpha1/", api.Handler())
-	mux.HandleFunc("/apis/sandbox.cireilclaw.dev/v1alpha1/namespaces/team/sessionclaims/s1", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/apis/sandbox.cireilclaw.dev/v1alpha1/namespaces/team/sessionclaims/s1", func(w http.ResponseWriter, r *http.Request) {
+		impersonated.Store(r.Header.Get("Impersonate-User") + "|" + strings.Join(r.Header.Values("Impersonate-Group"), ","))
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"apiVersion":"sandbox.cireilclaw.dev/v1alpha1","kind":"SessionClaim","metadata":{"name":"s1","namespace":"team"},"status":{"endpoint":%q}}`, strings.TrimPrefix(srv.URL, "https://"))
 	})
@@ -121,6 +123,10 @@ current-context: c
 	}
 	return kc, areasRoot
 }
+
+// impersonated is what the last claim request asked to impersonate:
+// "user|group,group".
+var impersonated atomic.Value
 
 // kubeconfigToken is the kubeconfig's own token: it reads the claim from
 // the API server and must never reach the exec API.
@@ -158,6 +164,31 @@ func TestExecThroughTheAPI(t *testing.T) {
 				t.Fatalf("got exit %d stdout %q stderr %q; want exit %d stdout %q stderr containing %q", code, stdout, errs, tc.code, tc.out, tc.errs)
 			}
 		})
+	}
+}
+
+// kubectl users put flags anywhere: after the claim and the paths too, and
+// kubectl's impersonation flags are read.
+func TestFlagsAfterThePositionalArguments(t *testing.T) {
+	kc, areasRoot := execClusterWithAreas(t)
+	local := filepath.Join(t.TempDir(), "notes.txt")
+	if err := os.WriteFile(local, []byte("flags last\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"cp", local, "s1:/workspace/"}, execFlags(kc)...)
+	args = append(args, "-n", "team", "--as", "alice", "--as-group", "devs", "--as-group", "agents", "--request-timeout", "20s")
+	if code, _, stderr := sandboxctl(t, "", args...); code != 0 {
+		t.Fatalf("cp with its flags last: exit %d: %s", code, stderr)
+	}
+	if b, err := os.ReadFile(filepath.Join(areasRoot, "ada", "workspace", "notes.txt")); err != nil || string(b) != "flags last\n" {
+		t.Fatalf("the upload: %q, %v", b, err)
+	}
+	if got, _ := impersonated.Load().(string); got != "alice|devs,agents" {
+		t.Fatalf("the claim was read impersonating %q, want alice with groups devs and agents", got)
+	}
+	bad := append(append([]string{"cp", local, "s1:/workspace/"}, execFlags(kc)...), "--request-timeout", "soon")
+	if code, _, stderr := sandboxctl(t, "", bad...); code != exitFailed || !strings.Contains(stderr, "--request-timeout \"soon\"") {
+		t.Fatalf("a bad --request-timeout: exit %d: %s", code, stderr)
 	}
 }
 

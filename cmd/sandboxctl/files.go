@@ -46,7 +46,7 @@ func listFiles(args []string, stdout, stderr io.Writer) int {
 	var f sandboxFlags
 	fs := newFlagSet("ls", "ls --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]", stderr)
 	f.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	if f.agent == "" || fs.NArg() > 1 {
@@ -92,7 +92,7 @@ func copyFiles(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("cp", "cp [--config FILE --agent NAME [--areas-root DIR]] [-n NS] SRC DST\n  local sandbox: one side is :/sandbox/path (with --config and --agent)\n  a SessionClaim's sandbox: one side is CLAIM:/sandbox/path (through the exec API)", stderr)
 	f.register(fs)
 	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	if fs.NArg() != 2 {

@@ -166,6 +166,34 @@ func defaultAreasRoot() string {
 	return ""
 }
 
+// parseAnywhere parses flags wherever they stand among the arguments, as
+// kubectl does (cp notes.txt claim:/workspace/ -n team), up to "--": what
+// follows it is left as it is. fs.Args() is then the positional
+// arguments; "--" stays among them only after a positional one, where the
+// flag package would have left it too.
+func parseAnywhere(fs *flag.FlagSet, args []string) error {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			if len(positional) > 0 {
+				positional = append(positional, "--")
+			}
+			positional = append(positional, rest...)
+			break
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+	return fs.Parse(append([]string{"--"}, positional...))
+}
+
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("sandboxctl "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -221,7 +249,7 @@ func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var f sandboxFlags
 	fs := newFlagSet("run", "run --config FILE --agent NAME [--areas-root DIR] -- COMMAND [ARG...]", stderr)
 	f.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	argv := fs.Args()
@@ -265,7 +293,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var f sandboxFlags
 	fs := newFlagSet("serve", "serve --config FILE --agent NAME [--areas-root DIR]", stderr)
 	f.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	if f.agent == "" || fs.NArg() != 0 {
@@ -352,7 +380,7 @@ func convert(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		file, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	if file == "" && fs.NArg() == 1 {

@@ -55,7 +55,7 @@ func serveMCP(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("mcp", "mcp --config FILE --agent NAME [--areas-root DIR] | mcp CLAIM [-n NAMESPACE] [--via api-server|node]", stderr)
 	f.register(fs)
 	cf.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	if f.agent == "" && fs.NArg() == 1 {

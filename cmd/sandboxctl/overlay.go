@@ -44,7 +44,7 @@ func overlayCommand(name string, args []string, stdout, stderr io.Writer) int {
 	if name == "apply" {
 		fs.StringVar(&digest, "digest", "", "the digest diff printed for the changes you reviewed; apply refuses, changing nothing, if the changes now differ")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	if f.agent == "" || fs.NArg() != 1 {

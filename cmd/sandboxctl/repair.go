@@ -26,7 +26,7 @@ func repair(args []string, stdout, stderr io.Writer) int {
 	var f sandboxFlags
 	fs := newFlagSet("repair", "repair --config FILE --agent NAME [--areas-root DIR]", stderr)
 	f.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseAnywhere(fs, args); err != nil {
 		return exitUsage
 	}
 	if f.agent == "" || fs.NArg() != 0 {
