@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +114,46 @@ func TestMCPOverHTTP(t *testing.T) {
 	if s, err := f.mcpConnect("alice-token", "waiting"); err == nil {
 		s.Close()
 		t.Error("a claim whose Sandbox is not Ready: connected")
+	}
+}
+
+// A claim with a worktree also gets git_status and git_diff, which run git
+// in the worktree through the sandbox (the allowlist applies); a claim
+// without one does not.
+func TestMCPGitToolsForAWorktreeClaim(t *testing.T) {
+	f := newFixture(t, Config{})
+	names := func(claim string) []string {
+		s, err := f.mcpConnect("alice-token", claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		tools, err := s.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tl := range tools.Tools {
+			out = append(out, tl.Name)
+		}
+		return out
+	}
+	if got := names("s1"); slices.Contains(got, "git_status") {
+		t.Errorf("a claim without a worktree has git tools: %v", got)
+	}
+	if got := names("wt"); !slices.Contains(got, "git_status") || !slices.Contains(got, "git_diff") {
+		t.Fatalf("a worktree claim's tools: %v", got)
+	}
+	s, err := f.mcpConnect("alice-token", "wt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	wt := "/workspace/project/.worktrees/wt"
+	if isErr, txt, out := mcpCall(t, s, "git_status", map[string]any{}); isErr || out["output"] != "ran in "+wt+": status --short --branch\n" {
+		t.Fatalf("git_status: %v %q %v", isErr, txt, out)
+	}
+	if isErr, txt, out := mcpCall(t, s, "git_diff", map[string]any{"staged": true, "path": "-x"}); isErr || out["output"] != "ran in "+wt+": diff --staged -- -x\n" {
+		t.Fatalf("git_diff: %v %q %v", isErr, txt, out)
 	}
 }

@@ -62,6 +62,10 @@ func (f *fakeRuntime) Exec(ctx context.Context, name string, req runtimes.ExecRe
 	case "cat":
 		_, err := io.Copy(req.Stdout, req.Stdin)
 		return runtimes.ExitStatus{}, err
+	case "git":
+		// git -C WORKTREE status|diff ...: says where it ran and what.
+		fmt.Fprintf(req.Stdout, "ran in %s: %s\n", req.Argv[2], strings.Join(req.Argv[3:], " "))
+		return runtimes.ExitStatus{}, nil
 	case "sleep":
 		<-ctx.Done()
 		f.killed <- strings.Join(req.Argv, " ")
@@ -107,6 +111,16 @@ func condition(typ string, ok bool) metav1.Condition {
 	return metav1.Condition{Type: typ, Status: st, Reason: "Test", Message: "set by the test", LastTransitionTime: metav1.Now()}
 }
 
+// worktreeClaim is a Bound claim of sb whose worktree the controller made.
+func worktreeClaim(name, sb string) *v1alpha1.SessionClaim {
+	return &v1alpha1.SessionClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       v1alpha1.SessionClaimSpec{SandboxName: sb, Worktree: &v1alpha1.WorktreeSpec{Repository: "/workspace/project"}},
+		Status: v1alpha1.SessionClaimStatus{Conditions: []metav1.Condition{condition(v1alpha1.ConditionBound, true)},
+			Worktree: &v1alpha1.WorktreeStatus{Path: "/workspace/project/.worktrees/" + name}},
+	}
+}
+
 func newFixture(t *testing.T, cfg Config) *fixture {
 	t.Helper()
 	f := &fixture{t: t, rt: &fakeRuntime{killed: make(chan string, 4)}, reg: prometheus.NewRegistry(), agent: "ada", areas: t.TempDir(), roMount: t.TempDir()}
@@ -119,7 +133,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: v1alpha1.SandboxSpec{
 				Agent:    name,
-				Binaries: []v1alpha1.BinaryName{"echo", "fail", "cat", "sleep", "missing"},
+				Binaries: []v1alpha1.BinaryName{"echo", "fail", "cat", "sleep", "missing", "git"},
 				Mounts:   []v1alpha1.Mount{{Source: f.roMount, Target: "docs", Mode: v1alpha1.MountReadOnly}},
 			},
 			Status: v1alpha1.SandboxStatus{Conditions: []metav1.Condition{condition(v1alpha1.ConditionReady, ready)}},
@@ -136,6 +150,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 		sandbox("ada", true), claim("s1", "ada", true),
 		claim("unbound", "ada", false),
 		sandbox("sleepy", false), claim("waiting", "sleepy", true),
+		worktreeClaim("wt", "ada"),
 	).WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SessionClaim{}).Build()
 
 	tokens := map[string]string{"alice-token": "alice", "bob-token": "bob"}

@@ -162,7 +162,56 @@ func New(sb Sandbox, version string) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a whole file inside the sandbox, creating it (and its missing directories) or replacing it atomically; read-only places refuse. " + places(d)}, t.write)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_directory", Description: "List a directory inside the sandbox. " + places(d)}, t.list)
 	mcp.AddTool(s, &mcp.Tool{Name: "remove", Description: "Remove a file, or a directory with recursive; read-only places and the places themselves refuse. " + places(d)}, t.remove)
+	if d.Worktree != "" {
+		mcp.AddTool(s, &mcp.Tool{Name: "git_status", Description: "The state of this session's git worktree, " + d.Worktree +
+			": its branch and the files changed, staged or untracked (git status --short --branch). Needs git among the allowed commands."}, t.gitStatus)
+		mcp.AddTool(s, &mcp.Tool{Name: "git_diff", Description: "The uncommitted changes of this session's git worktree, " + d.Worktree +
+			", as a unified diff (git diff; with staged, git diff --staged), optionally of one path. Needs git among the allowed commands."}, t.gitDiff)
+	}
 	return s
+}
+
+// GitDiffInput is git_diff's input.
+type GitDiffInput struct {
+	Staged bool   `json:"staged,omitempty" jsonschema:"the changes staged for the next commit instead of those not staged"`
+	Path   string `json:"path,omitempty" jsonschema:"only this path, relative to the worktree"`
+}
+
+// GitOutput is the git tools' result.
+type GitOutput struct {
+	Output    string `json:"output"`
+	Truncated bool   `json:"truncated"`
+}
+
+// git runs git in the worktree through the sandbox, as exec would.
+func (t tools) git(ctx context.Context, args ...string) (*mcp.CallToolResult, GitOutput, error) {
+	wt := t.sb.Describe().Worktree
+	out, errb := &capped{max: MaxOutput}, &capped{max: DefaultMaxOutput}
+	ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+	defer cancel()
+	st, err := t.sb.Exec(ctx, runtimes.ExecRequest{Argv: append([]string{"git", "-C", wt}, args...), Stdout: out, Stderr: errb})
+	if err != nil {
+		return nil, GitOutput{}, refusal(err)
+	}
+	if st.Code != 0 {
+		return nil, GitOutput{}, fmt.Errorf("git %s in %s exited %d: %s", strings.Join(args, " "), wt, st.Code, errb.String())
+	}
+	return nil, GitOutput{Output: out.String(), Truncated: out.cut}, nil
+}
+
+func (t tools) gitStatus(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, GitOutput, error) {
+	return t.git(ctx, "status", "--short", "--branch")
+}
+
+func (t tools) gitDiff(ctx context.Context, _ *mcp.CallToolRequest, in GitDiffInput) (*mcp.CallToolResult, GitOutput, error) {
+	args := []string{"diff"}
+	if in.Staged {
+		args = append(args, "--staged")
+	}
+	if in.Path != "" {
+		args = append(args, "--", in.Path)
+	}
+	return t.git(ctx, args...)
 }
 
 // offers says what the sandbox offers, for the model.
