@@ -314,9 +314,14 @@ var _ = Describe("Overlay mounts", func() {
 		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
 
 		By("a limit made smaller than what the layer holds is reported")
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb)).To(Succeed())
-		sb.Spec.Mounts[0].SizeLimit = ptr.To(resource.MustParse("100Ki"))
-		Expect(k8s.Update(ctx, sb)).To(Succeed())
+		// The controller writes status meanwhile: retry on a conflict.
+		Eventually(func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+				return err
+			}
+			sb.Spec.Mounts[0].SizeLimit = ptr.To(resource.MustParse("100Ki"))
+			return k8s.Update(ctx, sb)
+		}, timeout).Should(Succeed())
 		Eventually(sandboxStatus(ns, "ovl"), timeout).Should(overlay(metav1.ConditionFalse, v1alpha1.ReasonUpperDirOverLimit))
 
 		code, _, stderr = sandboxRun(ns+"-ovl", "sh", "-c", "rm /workspace/project/big")

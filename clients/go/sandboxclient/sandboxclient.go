@@ -153,7 +153,8 @@ func (cl *Claim) Get(ctx context.Context) (*v1alpha1.SessionClaim, error) {
 	return &sc, err
 }
 
-// WaitReady waits until the claim's Ready condition is True.
+// WaitReady waits until the claim's Ready condition is True, and its
+// WorktreeReady too when it asked for a worktree.
 func (cl *Claim) WaitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -162,6 +163,10 @@ func (cl *Claim) WaitReady(ctx context.Context, timeout time.Duration) error {
 			return err
 		}
 		ready := meta.FindStatusCondition(sc.Status.Conditions, v1alpha1.ConditionReady)
+		if ready != nil && ready.Status == metav1.ConditionTrue && sc.Spec.Worktree != nil {
+			// A claim that asked for a worktree is ready once its worktree is.
+			ready = meta.FindStatusCondition(sc.Status.Conditions, v1alpha1.ConditionWorktreeReady)
+		}
 		if ready != nil && ready.Status == metav1.ConditionTrue {
 			return nil
 		}

@@ -211,10 +211,16 @@ class Claim:
         return None
 
     def wait_ready(self, timeout: float = 120.0) -> None:
+        """Waits for Ready, and for WorktreeReady when the claim asked for
+        a worktree."""
         deadline = time.monotonic() + timeout
         last: Optional[dict] = None
         while True:
-            last = self.condition("Ready")
+            claim = self.get()
+            conds = {c.get("type"): c for c in claim.get("status", {}).get("conditions", []) or []}
+            last = conds.get("Ready")
+            if last and last.get("status") == "True" and claim.get("spec", {}).get("worktree"):
+                last = conds.get("WorktreeReady")
             if last and last.get("status") == "True":
                 return
             if time.monotonic() >= deadline:

@@ -254,7 +254,11 @@ export class Claim {
     for (;;) {
       let ready: any;
       try {
-        ready = ((await this.get()).status?.conditions ?? []).find((c: any) => c.type === "Ready");
+        const claim = await this.get();
+        const conds: any[] = claim.status?.conditions ?? [];
+        ready = conds.find((c) => c.type === "Ready");
+        // A claim that asked for a worktree is ready once its worktree is.
+        if (ready?.status === "True" && claim.spec?.worktree) ready = conds.find((c) => c.type === "WorktreeReady");
       } catch (e) {
         if (!(e as any).notFound) throw e;
       }

@@ -30,6 +30,7 @@ import (
 // controlPlane is a running `sandbox-controller --local-control-plane`.
 type controlPlane struct {
 	kubeconfig string
+	areasRoot  string
 	k8s        client.Client
 }
 
@@ -107,7 +108,7 @@ func startControlPlane(t *testing.T) *controlPlane {
 			t.Logf("controller log:\n%s", tail(string(b), 60))
 		}
 	})
-	cp := &controlPlane{kubeconfig: kc}
+	cp := &controlPlane{kubeconfig: kc, areasRoot: filepath.Join(dir, "areas")}
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		if cp.connect() == nil {
@@ -210,16 +211,9 @@ func TestPythonClient(t *testing.T) {
 // them.
 func TestTypeScriptClient(t *testing.T) {
 	node := testenv.Binary(t, "node", "install Node.js 20 or later")
-	npm := testenv.Binary(t, "npm", "install npm")
 	root := repoRoot(t)
 	pkg := filepath.Join(root, "clients", "typescript")
-	for _, args := range [][]string{{"ci", "--no-fund", "--no-audit"}, {"run", "build"}} {
-		cmd := exec.Command(npm, args...)
-		cmd.Dir = pkg
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	npmBuild(t, pkg)
 	dir := t.TempDir()
 	sandboxctl := filepath.Join(dir, "sandboxctl")
 	build := exec.Command("go", "build", "-o", sandboxctl, "./cmd/sandboxctl")
@@ -244,5 +238,111 @@ func TestTypeScriptClient(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "# pass 4") || !strings.Contains(string(out), "# skipped 0") {
 		t.Fatalf("the TypeScript suite did not run its four tests:\n%s", out)
+	}
+}
+
+// npmBuild installs the TypeScript client's locked dependencies and builds it.
+func npmBuild(t *testing.T, pkg string) {
+	t.Helper()
+	npm := testenv.Binary(t, "npm", "install npm")
+	for _, args := range [][]string{{"ci", "--no-fund", "--no-audit"}, {"run", "build"}} {
+		cmd := exec.Command(npm, args...)
+		cmd.Dir = pkg
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// The agent loops of examples/ (Python, TypeScript, Go) each claim a
+// Sandbox with a worktree of a host repository, run git in it, write a
+// file there, show the diff and see a command refused.
+func TestExamples(t *testing.T) {
+	python := "/usr/bin/python3"
+	if err := exec.Command(python, "-c", "import kubernetes, websocket").Run(); err != nil {
+		testenv.Missing(t, "python3 with python3-kubernetes and python3-websocket", "hack/install-deps.sh python3-kubernetes python3-websocket")
+	}
+	node := testenv.Binary(t, "node", "install Node.js 20 or later")
+	git := testenv.Binary(t, "git", "install git (hack/install-deps.sh)")
+	root := repoRoot(t)
+	npmBuild(t, filepath.Join(root, "clients", "typescript"))
+	cp := startControlPlane(t)
+
+	// Host git runs as the agent: every parent must let it through.
+	top := t.TempDir()
+	for _, d := range []string{filepath.Dir(top), top} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	demo := filepath.Join(top, "demo")
+	repo := filepath.Join(demo, "app")
+	for _, args := range [][]string{{"init", "-q", "-b", "main", repo}, {"-C", repo, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "--allow-empty", "-m", "first"}} {
+		if out, err := exec.Command(git, args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	ctx := context.Background()
+	if err := cp.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ex"}}); err != nil {
+		t.Fatal(err)
+	}
+	sb := &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ex", Name: "demo"},
+		Spec: v1alpha1.SandboxSpec{Agent: "ex-demo", Binaries: []v1alpha1.BinaryName{"git", "sh", "cat"},
+			Mounts: []v1alpha1.Mount{{Source: demo, Target: "demo", Mode: v1alpha1.MountReadWrite}}},
+	}
+	if err := cp.k8s.Create(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	// Deleted while the controller still runs, so that it takes down the
+	// instance's mount trees before the test's directories go.
+	t.Cleanup(func() {
+		_ = cp.k8s.Delete(ctx, sb)
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			if err := cp.k8s.Get(ctx, client.ObjectKeyFromObject(sb), &v1alpha1.Sandbox{}); err != nil {
+				return
+			}
+		}
+		t.Error("the Sandbox was not deleted")
+	})
+	// The agent runs as a host id of its own, the owner of its areas
+	// directory: the project is given to it, as a user would.
+	var owner *syscall.Stat_t
+	for deadline := time.Now().Add(time.Minute); owner == nil || owner.Uid == 0; {
+		if fi, err := os.Stat(filepath.Join(cp.areasRoot, "ex-demo")); err == nil {
+			owner = fi.Sys().(*syscall.Stat_t)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent's areas directory was not given its host id")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if out, err := exec.Command("chown", "-R", fmt.Sprintf("%d:%d", owner.Uid, owner.Gid), demo).CombinedOutput(); err != nil {
+		t.Fatalf("chown: %v\n%s", err, out)
+	}
+
+	env := append(os.Environ(), "KUBECONFIG="+cp.kubeconfig, "PYTHONPATH="+filepath.Join(root, "clients", "python"), "PYTHONDONTWRITEBYTECODE=1")
+	for _, ex := range []struct {
+		name string
+		argv []string
+	}{
+		{"python", []string{python, "examples/python/agent_loop.py", "demo", "demo/app", "--namespace", "ex"}},
+		{"typescript", []string{node, "examples/typescript/agent-loop.mjs", "demo", "demo/app", "ex"}},
+		{"go", []string{"go", "run", "./examples/go/agentloop", "-n", "ex", "demo", "demo/app"}},
+	} {
+		t.Run(ex.name, func(t *testing.T) {
+			cmd := exec.Command(ex.argv[0], ex.argv[1:]...)
+			cmd.Dir, cmd.Env = root, env
+			out, err := cmd.CombinedOutput()
+			t.Logf("%s", out)
+			if err != nil {
+				t.Fatalf("the %s example failed: %v", ex.name, err)
+			}
+			for _, want := range []string{"## ", "first", "+Written by the agent.", "refused"} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("the %s example's output lacks %q", ex.name, want)
+				}
+			}
+		})
 	}
 }

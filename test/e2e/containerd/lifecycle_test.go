@@ -244,9 +244,14 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		Eventually(env.SandboxStatus(ns, "bounded"), timeout).Should(overlay(metav1.ConditionTrue, v1alpha1.ReasonHealthy))
 
 		By("a limit made smaller than what the layer holds is reported")
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb)).To(Succeed())
-		sb.Spec.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("512Ki"))
-		Expect(k8s.Update(ctx, sb)).To(Succeed())
+		// The controller writes status meanwhile: retry on a conflict.
+		Eventually(func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+				return err
+			}
+			sb.Spec.Containerd.RootfsSizeLimit = ptr.To(resource.MustParse("512Ki"))
+			return k8s.Update(ctx, sb)
+		}, timeout).Should(Succeed())
 		Eventually(env.SandboxStatus(ns, "bounded"), timeout).Should(overlay(metav1.ConditionFalse, v1alpha1.ReasonUpperDirOverLimit))
 
 		code, out = inContainer(drv, inst, "sh", "-c", "rm /var/tmp/big")
@@ -267,9 +272,14 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 		docs := filepath.Join(env.Dir, "docs-for-changing")
 		Expect(os.MkdirAll(docs, 0o755)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(docs, "readme"), []byte("docs\n"), 0o644)).To(Succeed())
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb)).To(Succeed())
-		sb.Spec.Mounts = []v1alpha1.Mount{{Source: docs, Target: "docs", Mode: v1alpha1.MountReadOnly}}
-		Expect(k8s.Update(ctx, sb)).To(Succeed())
+		// The controller writes status meanwhile: retry on a conflict.
+		Eventually(func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+				return err
+			}
+			sb.Spec.Mounts = []v1alpha1.Mount{{Source: docs, Target: "docs", Mode: v1alpha1.MountReadOnly}}
+			return k8s.Update(ctx, sb)
+		}, timeout).Should(Succeed())
 		Eventually(env.SandboxStatus(ns, "changing"), timeout).Should(And(
 			sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning),
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionRuntimeReady, metav1.ConditionFalse, v1alpha1.ReasonRestartRequired))))

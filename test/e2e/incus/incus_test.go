@@ -598,9 +598,13 @@ var _ = Describe("Incus rootSizeLimit", func() {
 	}
 
 	It("holds the root volume to its size on a pool with quotas", func() {
+		// hack/incus.sh start makes it (INCUS_QUOTA_PROFILE, default quota).
 		profile := os.Getenv("INCUS_QUOTA_PROFILE")
 		if profile == "" {
-			testenv.Missing(GinkgoT(), "a pool with quotas (INCUS_QUOTA_PROFILE)", `eval "$(hack/incus.sh start)"`)
+			profile = "quota"
+		}
+		if _, err := rawClient().InProject("").Get(ctx, "/1.0/profiles/"+profile, nil, nil); err != nil {
+			testenv.Missing(GinkgoT(), "profile "+profile+" with its root disk on a pool with quotas ("+err.Error()+")", "hack/incus.sh start")
 		}
 		ns := env.NewNamespace()
 		sb := newSandbox(ns, "rootsize")
