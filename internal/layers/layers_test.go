@@ -39,7 +39,7 @@ func layer(pkg string) (int, bool) {
 		return 1, true
 	case top("internal/instance", "internal/sandboxclass"):
 		return 2, true
-	case top("controllers", "frontends", "cmd", "clients"):
+	case top("controllers", "frontends", "cmd", "clients", "examples"):
 		return 3, true
 	}
 	return 0, false
