@@ -12,6 +12,7 @@
 package sizedfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,6 +31,10 @@ import (
 // system of its own: no loop device can be attached, or the e2fsprogs
 // tools are missing.
 var ErrUnsupported = errors.New("this host cannot bound a layer's size")
+
+// toolTimeout bounds one run of mkfs, e2fsck, resize2fs or the copy of a
+// layer onto its file system.
+const toolTimeout = 10 * time.Minute
 
 // MinSize is the smallest file system ext4 can make; a smaller limit is
 // refused by admission.
@@ -176,7 +182,9 @@ func tool(img *os.File, argv ...string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s is not installed (install e2fsprogs)", ErrUnsupported, argv[0])
 	}
-	cmd := exec.Command(path, append(argv[1:], "/proc/self/fd/3")...)
+	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, append(argv[1:], "/proc/self/fd/3")...)
 	cmd.ExtraFiles = []*os.File{img}
 	out, err := cmd.CombinedOutput()
 	// e2fsck exits 1 when it corrected something: the file system is fine.
@@ -271,7 +279,9 @@ func (f FS) Usage() (used, size int64, err error) {
 // kept), into the directory into: a layer that had no size limit moving
 // onto its file system. Neither may be reachable by an agent while it runs.
 func CopyInto(from, into string) error {
-	out, err := exec.Command("cp", "-a", "--no-dereference", "--preserve=all", "--", from+"/.", into).CombinedOutput()
+	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--no-dereference", "--preserve=all", "--", from+"/.", into).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("moving the layer %s onto its sized file system: %w: %s", from, err, strings.TrimSpace(string(out)))
 	}

@@ -349,8 +349,15 @@ func (cl *Claim) ReadFile(ctx context.Context, sandboxPath string) ([]byte, erro
 		return nil, err
 	}
 	defer resp.Body.Close()
-	return io.ReadAll(resp.Body)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxRead+1))
+	if err == nil && len(b) > MaxRead {
+		return nil, fmt.Errorf("reading %s: more than %d bytes (the exec API serves at most that much)", sandboxPath, MaxRead)
+	}
+	return b, err
 }
+
+// MaxRead is the most ReadFile reads, as the exec API serves at most.
+const MaxRead = 16 << 20
 
 // WriteFile replaces a file of the sandbox atomically.
 func (cl *Claim) WriteFile(ctx context.Context, sandboxPath string, data []byte) error {
