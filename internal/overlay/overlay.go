@@ -109,7 +109,9 @@ func (l Layers) mountDisk() error {
 	old := filepath.Join(filepath.Dir(l.Merged), "upper")
 	if fi, err := os.Lstat(old); err == nil && fi.IsDir() {
 		if err := sizedfs.CopyInto(old, l.Upper); err != nil {
-			return err
+			// The old layer is untouched; a half-filled new one would
+			// hide it for good, so it goes and the next mount tries again.
+			return errors.Join(fmt.Errorf("overlay %s: the changes made before its sizeLimit of %d bytes could not move onto it (do they fit?): %w", l.Merged, l.SizeLimit, err), l.disk().Remove())
 		}
 		return os.Rename(old, old+".moved")
 	}

@@ -156,3 +156,25 @@ func TestASizeLimitKeepsTheChangesMadeBeforeIt(t *testing.T) {
 		t.Errorf("DiskUsage = %d of %d, %v, %v", used, size, ok, err)
 	}
 }
+
+// Changes that do not fit a new sizeLimit stay where they were, and no
+// half-filled layer is left to hide them: the next mount tries again.
+func TestChangesThatDoNotFitASizeLimitStay(t *testing.T) {
+	l, _ := mounted(t)
+	write(t, filepath.Join(l.Merged, "big"), strings.Repeat("x", 512<<10))
+	if err := l.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	sized := l.Sized(64 << 10)
+	err := sized.Mount()
+	if err == nil || !strings.Contains(err.Error(), "could not move") {
+		_ = sized.Unmount()
+		t.Fatalf("Mount = %v, want the changes said not to fit", err)
+	}
+	if fi, err := os.Stat(filepath.Join(l.Upper, "big")); err != nil || fi.Size() != 512<<10 {
+		t.Fatalf("the old changes: %v, %v", fi, err)
+	}
+	if _, err := os.Stat(sized.Disk + ".img"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a half-filled layer was left: %v", err)
+	}
+}

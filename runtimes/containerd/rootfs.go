@@ -81,7 +81,9 @@ func (r *Runtime) rootfsOpts(ctx context.Context, c *containerd.Client, cont con
 			}
 		}
 		if err := sizedfs.CopyInto(oldUpper, upper); err != nil {
-			return nil, err
+			// The snapshot's layer is untouched; a half-filled new one
+			// would hide it for good, so it goes and the next start retries.
+			return nil, errors.Join(fmt.Errorf("the writable layer could not move onto its rootfsSizeLimit of %d bytes (does it fit?): %w", rootfsLimit(in), err), disk.Remove())
 		}
 	}
 	m.Options = options
