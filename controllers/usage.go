@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -55,8 +54,39 @@ var (
 	usageForks  = prometheus.NewDesc("sandbox_pids_limit_refusals_total", "Forks refused at the Sandbox's pids limit since its instance started.", []string{"namespace", "sandbox"}, nil)
 )
 
+// usageMetrics is the one Prometheus collector of this process for the
+// usage of Sandboxes: it asks every running usageWatcher at each scrape.
+// A process may run more than one manager (tests do, one after another and
+// side by side); each watcher joins while its manager runs, and a Sandbox
+// two of them see is reported once.
+var usageMetrics = &usageCollector{watchers: map[*usageWatcher]struct{}{}}
+
+type usageCollector struct {
+	register sync.Once
+	err      error
+
+	mu       sync.Mutex
+	watchers map[*usageWatcher]struct{}
+}
+
+// join adds w until the returned function is called.
+func (c *usageCollector) join(w *usageWatcher) (func(), error) {
+	c.register.Do(func() { c.err = crmetrics.Registry.Register(c) })
+	if c.err != nil {
+		return nil, fmt.Errorf("registering the Sandbox usage metrics: %w", c.err)
+	}
+	c.mu.Lock()
+	c.watchers[w] = struct{}{}
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		delete(c.watchers, w)
+		c.mu.Unlock()
+	}, nil
+}
+
 // Describe implements prometheus.Collector.
-func (w *usageWatcher) Describe(ch chan<- *prometheus.Desc) {
+func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{usageMemory, usagePids, usageCPU, usageOOM, usageForks} {
 		ch <- d
 	}
@@ -64,17 +94,31 @@ func (w *usageWatcher) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector: one read of each running
 // Sandbox's usage per scrape.
-func (w *usageWatcher) Collect(ch chan<- prometheus.Metric) {
+func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	ws := make([]*usageWatcher, 0, len(c.watchers))
+	for w := range c.watchers {
+		ws = append(ws, w)
+	}
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = w.each(ctx, func(sb *v1alpha1.Sandbox, u runtimes.Usage) {
-		l := []string{sb.Namespace, sb.Name}
-		ch <- prometheus.MustNewConstMetric(usageMemory, prometheus.GaugeValue, float64(u.MemoryBytes), l...)
-		ch <- prometheus.MustNewConstMetric(usagePids, prometheus.GaugeValue, float64(u.Pids), l...)
-		ch <- prometheus.MustNewConstMetric(usageCPU, prometheus.CounterValue, u.CPUSeconds, l...)
-		ch <- prometheus.MustNewConstMetric(usageOOM, prometheus.CounterValue, float64(u.OOMKills), l...)
-		ch <- prometheus.MustNewConstMetric(usageForks, prometheus.CounterValue, float64(u.PidsLimited), l...)
-	})
+	done := map[string]bool{}
+	for _, w := range ws {
+		_ = w.each(ctx, func(sb *v1alpha1.Sandbox, u runtimes.Usage) {
+			key := sb.Namespace + "/" + sb.Name
+			if done[key] {
+				return
+			}
+			done[key] = true
+			l := []string{sb.Namespace, sb.Name}
+			ch <- prometheus.MustNewConstMetric(usageMemory, prometheus.GaugeValue, float64(u.MemoryBytes), l...)
+			ch <- prometheus.MustNewConstMetric(usagePids, prometheus.GaugeValue, float64(u.Pids), l...)
+			ch <- prometheus.MustNewConstMetric(usageCPU, prometheus.CounterValue, u.CPUSeconds, l...)
+			ch <- prometheus.MustNewConstMetric(usageOOM, prometheus.CounterValue, float64(u.OOMKills), l...)
+			ch <- prometheus.MustNewConstMetric(usageForks, prometheus.CounterValue, float64(u.PidsLimited), l...)
+		})
+	}
 }
 
 // each calls fn with the usage of every Sandbox of this node whose
@@ -102,20 +146,14 @@ func (w *usageWatcher) each(ctx context.Context, fn func(*v1alpha1.Sandbox, runt
 	return nil
 }
 
-// Start serves the metrics while the manager runs (a manager started again
-// in the same process registers its own) and looks every interval for
-// commands killed at a limit.
+// Start serves the metrics while the manager runs and looks every
+// interval for commands killed at a limit.
 func (w *usageWatcher) Start(ctx context.Context) error {
-	var are prometheus.AlreadyRegisteredError
-	switch err := crmetrics.Registry.Register(w); {
-	case errors.As(err, &are):
-		// Another manager of this process serves them (tests).
-		log.FromContext(ctx).V(1).Info("Sandbox usage metrics are served by another manager")
-	case err != nil:
-		return fmt.Errorf("registering the Sandbox usage metrics: %w", err)
-	default:
-		defer crmetrics.Registry.Unregister(w)
+	leave, err := usageMetrics.join(w)
+	if err != nil {
+		return err
 	}
+	defer leave()
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {

@@ -159,7 +159,7 @@ func DescribeWorktrees(backend string, s WorktreeSuite) bool {
 				"the git directory is bound while the holder's claim keeps the sandbox running: no restart")
 
 			code, out, stderr := inSandbox("git", "-C", wtPath, "status", "--porcelain", "--branch")
-			Expect(code).To(Equal(0), stderr)
+			Expect(code).To(Equal(0), "git status in the worktree; stdout %q, stderr %q", out, stderr)
 			Expect(out).To(HavePrefix("## s1"))
 			code, out, stderr = inSandbox("cat", wtPath+"/README")
 			Expect(code).To(Equal(0), stderr)

@@ -4,12 +4,12 @@
 // parent the controller owns, with its CPU, memory and pids limits, and
 // starts commands inside it with no moment outside: on cgroup v2 the
 // child is cloned straight into the cgroup (CLONE_INTO_CGROUP); on cgroup
-// v1 the thread that forks the child is moved into the instance's cgroups
-// first (v1 membership is per thread, and a child is born where its
-// parent thread is) and moved back once the child exists.
+// v1 the child is stopped at its first instruction (it asks to be
+// traced), moved in, and let go.
 //
 // It never writes outside the cgroups below its parent, and never moves a
-// process other than the thread that starts a command.
+// process other than a command it starts: the controller itself never
+// joins an instance's cgroup.
 package cgroup
 
 import (
@@ -54,9 +54,6 @@ type Manager struct {
 	// dirs are the parent's directories: one per v1 controller, or the
 	// one v2 directory under "".
 	dirs map[string]string
-	// own are this process's own cgroups (v1: per controller), where a
-	// starting thread returns.
-	own map[string]string
 }
 
 // New prepares the parent named name: below this process's own cgroup
@@ -71,7 +68,7 @@ func New(name, parent string) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{V2: st.Type == unix.CGROUP2_SUPER_MAGIC, dirs: map[string]string{}, own: map[string]string{}}
+	m := &Manager{V2: st.Type == unix.CGROUP2_SUPER_MAGIC, dirs: map[string]string{}}
 	if m.V2 {
 		return m, m.newV2(name, parent, own[""])
 	}
@@ -88,7 +85,6 @@ func New(name, parent string) (*Manager, error) {
 			return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, dir, err)
 		}
 		m.dirs[c] = dir
-		m.own[c] = filepath.Join(Mount, c, own[c])
 	}
 	return m, nil
 }
@@ -258,35 +254,70 @@ func (m *Manager) Start(name string, cmd *exec.Cmd) error {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
 		return cmd.Start()
 	}
+	return m.startV1(name, cmd)
+}
+
+// startV1 starts cmd stopped at its first instruction, moves it into
+// instance name's cgroups and lets it go. The child asks to be traced
+// (PTRACE_TRACEME), so the kernel stops it as soon as its exec is done;
+// this process never joins an instance's cgroups itself. (A controller
+// thread inside them would be charged to the instance's memory, could be
+// chosen by its OOM killer, and would be listed, and killed, with the
+// instance's processes.)
+func (m *Manager) startV1(name string, cmd *exec.Cmd) error {
+	// The tracer is the thread that forked the child: ptrace calls must
+	// come from it.
 	runtime.LockOSThread()
-	tid := []byte(strconv.Itoa(unix.Gettid()))
-	back := func() error {
-		for _, c := range v1Controllers {
-			if err := os.WriteFile(filepath.Join(m.own[c], "tasks"), tid, 0); err != nil {
-				return fmt.Errorf("returning the starting thread to %s: %w", m.own[c], err)
-			}
-		}
-		return nil
+	defer runtime.UnlockOSThread()
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
+	cmd.SysProcAttr.Ptrace = true
+	defer func() { cmd.SysProcAttr.Ptrace = false }()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	pid := cmd.Process.Pid
+	fail := func(err error) error {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = cmd.Wait()
+		return err
+	}
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fail(fmt.Errorf("waiting for %s to stop at its start: %w", cmd.Path, err))
+		}
+		break
+	}
+	if !ws.Stopped() {
+		// Gone before its first instruction (killed meanwhile): cmd.Wait
+		// can no longer see how, so say it here.
+		_ = cmd.Wait()
+		return fmt.Errorf("%s ended before it started (wait status %#x)", cmd.Path, uint32(ws))
+	}
+	// A signal other than the exec's SIGTRAP is passed on when it goes.
+	sig := 0
+	if s := ws.StopSignal(); s != unix.SIGTRAP {
+		sig = int(s)
+	}
+	proc := []byte(strconv.Itoa(pid))
 	for _, c := range v1Controllers {
-		if err := os.WriteFile(filepath.Join(m.Dir(c, name), "tasks"), tid, 0); err != nil {
-			if back() == nil {
-				runtime.UnlockOSThread()
-			}
-			return fmt.Errorf("entering the %s cgroup of %s: %w", c, name, err)
+		if err := os.WriteFile(filepath.Join(m.Dir(c, name), "cgroup.procs"), proc, 0); err != nil {
+			return fail(fmt.Errorf("moving %s into the %s cgroup of %s: %w", cmd.Path, c, name, err))
 		}
 	}
-	err := cmd.Start()
-	if berr := back(); berr != nil {
-		// The thread stays locked and ends with its goroutine: it never
-		// runs anything else while counted in the instance's cgroups.
-		if err == nil {
-			return berr
-		}
-		return errors.Join(err, berr)
+	if err := unix.PtraceDetach(pid); err != nil {
+		return fail(fmt.Errorf("letting %s go once in the cgroups of %s: %w", cmd.Path, name, err))
 	}
-	runtime.UnlockOSThread()
-	return err
+	if sig != 0 {
+		_ = unix.Kill(pid, unix.Signal(sig))
+	}
+	return nil
 }
 
 // Usage is what an instance's cgroup has used.

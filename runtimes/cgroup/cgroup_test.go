@@ -1,0 +1,127 @@
+//go:build linux
+
+package cgroup
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+)
+
+func newManager(t *testing.T) *Manager {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "run the tests as root: instance cgroups are made by root")
+	}
+	m, err := New("sandbox-controller-cgroup-test-"+strconv.Itoa(os.Getpid()), "")
+	if err != nil {
+		testenv.Missing(t, "a cgroup the controller can make", err.Error())
+	}
+	if err := m.Ensure("inst", Limits{Pids: 64, MemoryBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Remove("inst"); err != nil {
+			t.Errorf("removing the instance cgroup: %v", err)
+		}
+	})
+	return m
+}
+
+// procsFiles are the cgroup.procs files of the instance: one per v1
+// hierarchy, or the one v2 file.
+func procsFiles(m *Manager) []string {
+	var out []string
+	for c := range m.dirs {
+		out = append(out, filepath.Join(m.Dir(c, "inst"), "cgroup.procs"))
+	}
+	return out
+}
+
+func TestStartedCommandIsInTheInstanceCgroupFromItsStart(t *testing.T) {
+	m := newManager(t)
+	var out bytes.Buffer
+	cmd := exec.Command("cat", "/proc/self/cgroup")
+	cmd.Stdout = &out
+	if err := m.Start("inst", cmd); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for c, dir := range m.dirs {
+		want := strings.TrimPrefix(filepath.Join(dir, "inst"), filepath.Join(Mount, c))
+		if !strings.Contains(out.String(), want+"\n") {
+			t.Errorf("the command's first read of its cgroups does not name %s:\n%s", want, out.String())
+		}
+	}
+}
+
+// The controller never joins an instance's cgroup, not even for the
+// moment of a fork: there it would be charged to the instance's memory,
+// be a candidate of the instance's OOM killer, and be killed with the
+// instance's processes when the instance goes.
+func TestControllerNeverJoinsTheInstanceCgroup(t *testing.T) {
+	m := newManager(t)
+	self := strconv.Itoa(os.Getpid())
+	files := procsFiles(m)
+	ctx, stop := context.WithCancel(context.Background())
+	var seen atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			for _, f := range files {
+				b, _ := os.ReadFile(f)
+				for _, p := range strings.Fields(string(b)) {
+					if p == self {
+						seen.Add(1)
+					}
+				}
+			}
+		}
+	}()
+	const starts = 300
+	for range starts {
+		cmd := exec.Command("true")
+		if err := m.Start("inst", cmd); err != nil {
+			stop()
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			stop()
+			t.Fatal(err)
+		}
+	}
+	stop()
+	wg.Wait()
+	if n := seen.Load(); n > 0 {
+		t.Fatalf("this process was listed in the instance's cgroup %d time(s) over %d starts", n, starts)
+	}
+}
+
+// A command killed before it runs its first instruction is reported, and
+// a command that cannot be started is an error, with no process left.
+func TestStartOfAMissingCommandFails(t *testing.T) {
+	m := newManager(t)
+	cmd := exec.Command(filepath.Join(t.TempDir(), "absent"))
+	if err := m.Start("inst", cmd); err == nil {
+		_ = cmd.Wait()
+		t.Fatal("a missing command started")
+	}
+	for _, f := range procsFiles(m) {
+		if b, _ := os.ReadFile(f); len(bytes.TrimSpace(b)) > 0 {
+			t.Errorf("%s lists %q after a start that failed", f, b)
+		}
+	}
+}
