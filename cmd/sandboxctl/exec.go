@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -14,15 +13,18 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/util/exec"
+	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
@@ -35,25 +37,28 @@ import (
 const refusedPrefix = "command refused"
 
 // clusterFlags select the cluster, the claim's namespace and the exec API.
+// kube holds kubectl's own flags (--kubeconfig, --context, -n, --as,
+// --as-group, --request-timeout, --token, ...), read as kubectl reads
+// them; --server and --insecure-skip-tls-verify are not kubectl's here:
+// they name and trust the exec API.
 type clusterFlags struct {
-	kubeconfig, context, namespace string
-	server, caFile                 string
-	audience, tokenFile            string
-	systemNamespace                string
-	insecure                       bool
-	via                            string
-	// as and asGroups impersonate, and requestTimeout bounds each request
-	// to the API server, as kubectl's flags of the same names do.
-	as             string
-	asGroups       stringList
-	requestTimeout string
+	kube                *genericclioptions.ConfigFlags
+	server, caFile      string
+	audience, tokenFile string
+	systemNamespace     string
+	insecure            bool
+	via                 string
 }
 
-// stringList is a flag that may be given several times.
-type stringList []string
-
-func (l *stringList) String() string     { return strings.Join(*l, ",") }
-func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+func newClusterFlags() *clusterFlags {
+	kube := genericclioptions.NewConfigFlags(false)
+	// --server and --insecure-skip-tls-verify are the exec API's.
+	kube.APIServer, kube.Insecure = nil, nil
+	// No discovery cache: sandboxctl asks for one group, once.
+	kube.CacheDir = nil
+	kube.Timeout = ptr.To("")
+	return &clusterFlags{kube: kube}
+}
 
 // How a client reaches the exec API (--via).
 const (
@@ -61,20 +66,14 @@ const (
 	viaNode      = "node"
 )
 
-func (f *clusterFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "the kubeconfig whose credentials are used (default $KUBECONFIG or ~/.kube/config)")
-	fs.StringVar(&f.context, "context", "", "the kubeconfig context to use")
-	fs.StringVar(&f.namespace, "n", "", "the claim's namespace (default the context's namespace)")
-	fs.StringVar(&f.namespace, "namespace", "", "the claim's namespace (default the context's namespace)")
+func (f *clusterFlags) register(fs *pflag.FlagSet) {
+	f.kube.AddFlags(fs)
 	fs.StringVar(&f.via, "via", "", "how to reach the claim's sandbox: api-server (the aggregated API "+execapi.AggregatedGroup+", with the kubeconfig's own credentials, from anywhere kubectl works) or node (the exec API of the Sandbox's node, the claim's status.endpoint); default api-server when the API server serves that API, else node")
 	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
 	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default: the cluster's exec API CA, published in ConfigMap "+servingcert.ConfigMapName+" of --system-namespace; without one, the kubeconfig's CA)")
 	fs.StringVar(&f.systemNamespace, "system-namespace", servingcert.DefaultNamespace, "the controller's namespace, where the exec API's CA is published")
 	fs.BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "do not verify the exec API's serving certificate (testing only)")
 	fs.StringVar(&f.audience, "api-audience", execapi.DefaultAudience, "the audience the exec API accepts tokens for (its --api-audience)")
-	fs.StringVar(&f.as, "as", "", "username to impersonate for the operation (as kubectl --as)")
-	fs.Var(&f.asGroups, "as-group", "group to impersonate for the operation; repeat for several (as kubectl --as-group)")
-	fs.StringVar(&f.requestTimeout, "request-timeout", "", "how long to wait for one request to the API server before giving up, e.g. 30s (as kubectl --request-timeout); empty waits as long as it takes")
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "a bearer token issued for --api-audience (e.g. from your identity provider) to send instead of the kubeconfig's credentials")
 }
 
@@ -86,23 +85,19 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 // certificate is sent as it is, a service account token is exchanged for
 // one bound to the exec API's audience (exectoken.ForExecAPI).
 func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Config, string, string, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = f.kubeconfig
-	if t := f.requestTimeout; t != "" {
+	if t := *f.kube.Timeout; t != "" {
 		if _, err := strconv.Atoi(t); err != nil {
 			if _, err := time.ParseDuration(t); err != nil {
 				return nil, "", "", fmt.Errorf("--request-timeout %q: give seconds or a duration such as 30s or 2m", t)
 			}
 		}
 	}
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: f.context, Timeout: f.requestTimeout}
-	overrides.AuthInfo.Impersonate, overrides.AuthInfo.ImpersonateGroups = f.as, f.asGroups
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
+	cc := f.kube.ToRawKubeConfigLoader()
 	cfg, err := cc.ClientConfig()
 	if err != nil {
 		return nil, "", "", fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	ns := f.namespace
+	ns := *f.kube.Namespace
 	if ns == "" {
 		if ns, _, err = cc.Namespace(); err != nil {
 			return nil, "", "", fmt.Errorf("finding the namespace: %w", err)
@@ -225,37 +220,54 @@ func claimEndpoint(ctx context.Context, cfg *rest.Config, ns, claim string) (str
 	return ep, nil
 }
 
+func newExecCommand(c *cli) *cobra.Command {
+	cf := newClusterFlags()
+	var attachStdin bool
+	cmd := c.verb(&cobra.Command{
+		Use:   "exec CLAIM [-n NS] [-i] -- COMMAND [ARG...]",
+		Short: "Run a command in a SessionClaim's sandbox",
+		Long: `exec runs a command in a SessionClaim's sandbox through the controller's
+exec API and exits with the command's exit code (126 when the policy refused
+it and nothing ran). By default it goes through the API server when it
+serves the aggregated API, with the kubeconfig as it is (--via api-server);
+else, or with --via node, to the Sandbox's node, where it sends the
+kubeconfig's client certificate, or a token for the exec API's audience: a
+service account token is exchanged for one (TokenRequest), others are never
+forwarded (--api-token-file gives one).`,
+		Example: `  kubectl sandbox exec alice-session-1 -n team-a -- git status
+  echo hello | kubectl sandbox exec -i alice-session-1 -- cat
+  kubectl sandbox exec alice-session-1 --as alice --via node -- ls /workspace`,
+		ValidArgsFunction: func(_ *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			if len(args) > 0 {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			return claimNames(cf, toComplete, "")
+		},
+	}, func(cmd *cobra.Command, args []string) int {
+		before, argv, dash := dashArgs(cmd, args)
+		if !dash && len(args) > 1 {
+			// exec CLAIM COMMAND, as kubectl exec accepted it once.
+			before, argv = args[:1], args[1:]
+		}
+		switch {
+		case len(before) == 0:
+			return usageError(cmd, "a claim and a command after -- are required")
+		case len(before) > 1:
+			return usageError(cmd, "one claim, then -- and the command: got %q before --", before)
+		case len(argv) == 0:
+			return usageError(cmd, "a command after -- is required")
+		}
+		return execCommand(cf, before[0], argv, attachStdin, c.stdin, c.stdout, c.stderr)
+	})
+	cf.register(cmd.Flags())
+	cmd.Flags().BoolVarP(&attachStdin, "stdin", "i", false, "pass stdin to the command")
+	registerClusterCompletion(cmd, cf)
+	return cmd
+}
+
 // execCommand runs a command in a SessionClaim's sandbox through the exec
 // API and exits with the command's exit code.
-func execCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	var f clusterFlags
-	var attachStdin bool
-	fs := newFlagSet("exec", "exec [-n NS] [-i] [--via api-server|node] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]", stderr)
-	f.register(fs)
-	fs.BoolVar(&attachStdin, "i", false, "pass stdin to the command")
-	fs.BoolVar(&attachStdin, "stdin", false, "pass stdin to the command")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() < 2 {
-		fmt.Fprintln(stderr, "sandboxctl exec: a claim and a command after -- are required")
-		fs.Usage()
-		return exitUsage
-	}
-	claim, argv := fs.Arg(0), fs.Args()[1:]
-	// kubectl users put flags after the claim too (exec CLAIM -i -- cmd).
-	if argv[0] != "--" {
-		if err := fs.Parse(argv); err != nil {
-			return exitUsage
-		}
-		argv = fs.Args()
-	} else {
-		argv = argv[1:]
-	}
-	if len(argv) == 0 {
-		fmt.Fprintln(stderr, "sandboxctl exec: a command after -- is required")
-		return exitUsage
-	}
+func execCommand(f *clusterFlags, claim string, argv []string, attachStdin bool, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg, ns, base, err := f.apiConfig(ctx, claim)

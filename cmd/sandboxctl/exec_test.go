@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -101,6 +102,12 @@ func execClusterWithAreas(t *testing.T) (string, string) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"apiVersion":"sandbox.cireilclaw.dev/v1alpha1","kind":"SessionClaim","metadata":{"name":"s1","namespace":"team"},"status":{"endpoint":%q}}`, strings.TrimPrefix(srv.URL, "https://"))
 	})
+	mux.HandleFunc("/apis/sandbox.cireilclaw.dev/v1alpha1/namespaces/team/sessionclaims", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"apiVersion":"sandbox.cireilclaw.dev/v1alpha1","kind":"SessionClaimList","metadata":{},"items":[`+
+			`{"apiVersion":"sandbox.cireilclaw.dev/v1alpha1","kind":"SessionClaim","metadata":{"name":"s1","namespace":"team"}},`+
+			`{"apiVersion":"sandbox.cireilclaw.dev/v1alpha1","kind":"SessionClaim","metadata":{"name":"s2","namespace":"team"}}]}`)
+	})
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	err = os.WriteFile(kc, []byte(fmt.Sprintf(`apiVersion: v1
 kind: Config
@@ -158,7 +165,7 @@ func TestExecThroughTheAPI(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb strings.Builder
-			code := execCommand(append(execFlags(kc), tc.args...), strings.NewReader(tc.stdin), &out, &errb)
+			code := run(append(append([]string{"exec"}, execFlags(kc)...), tc.args...), strings.NewReader(tc.stdin), &out, &errb)
 			stdout, errs := out.String(), errb.String()
 			if code != tc.code || stdout != tc.out || !strings.Contains(errs, tc.errs) {
 				t.Fatalf("got exit %d stdout %q stderr %q; want exit %d stdout %q stderr containing %q", code, stdout, errs, tc.code, tc.out, tc.errs)
@@ -223,5 +230,50 @@ func TestCopyThroughTheAPI(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "back.txt")); err != nil || string(b) != "from the host\n" {
 		t.Fatalf("the download: %q, %v", b, err)
+	}
+}
+
+// kubectl completes the plugin's arguments through kubectl_complete-sandbox:
+// claim names for exec and mcp, CLAIM: for cp, --via's two values.
+func TestCompletion(t *testing.T) {
+	kc := execCluster(t)
+	complete := func(args ...string) []string {
+		t.Helper()
+		var out, errb strings.Builder
+		if code := runAs(completionPlugin, args, strings.NewReader(""), &out, &errb); code != 0 {
+			t.Fatalf("%q: exit %d: %s", args, code, errb.String())
+		}
+		return strings.Split(strings.TrimSpace(out.String()), "\n")
+	}
+	if got := complete("exec", "--kubeconfig", kc, ""); !slices.Equal(got, []string{"s1", "s2", ":4"}) {
+		t.Errorf("exec CLAIM: %q", got)
+	}
+	if got := complete("exec", "--kubeconfig", kc, "s2"); !slices.Equal(got, []string{"s2", ":4"}) {
+		t.Errorf("exec s2<TAB>: %q", got)
+	}
+	if got := complete("cp", "notes.txt", "--kubeconfig", kc, "s"); !slices.Equal(got, []string{"s1:", "s2:", ":2"}) {
+		t.Errorf("cp notes.txt s<TAB>: %q", got)
+	}
+	if got := complete("exec", "--via", ""); !slices.Equal(got, []string{"api-server", "node", ":4"}) {
+		t.Errorf("--via: %q", got)
+	}
+}
+
+func TestHelpPerVerb(t *testing.T) {
+	for _, verb := range []string{"run", "serve", "convert", "ls", "cp", "exec", "mcp", "diff", "apply", "repair"} {
+		var out, errb strings.Builder
+		if code := runAs("kubectl-sandbox", []string{verb, "--help"}, strings.NewReader(""), &out, &errb); code != 0 {
+			t.Fatalf("%s --help: exit %d: %s", verb, code, errb.String())
+		}
+		if !strings.Contains(out.String(), "kubectl sandbox "+verb) || !strings.Contains(out.String(), "Examples:") {
+			t.Errorf("%s --help says no usage or examples under the plugin's name:\n%s", verb, out.String())
+		}
+	}
+	var out, errb strings.Builder
+	if code := run([]string{"exec", "--no-such-flag"}, strings.NewReader(""), &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "--no-such-flag") {
+		t.Errorf("an unknown flag: exit %d: %s", code, errb.String())
+	}
+	if code := run([]string{"nonsense"}, strings.NewReader(""), &out, &errb); code != exitUsage || !strings.Contains(errb.String(), `unknown command "nonsense"`) {
+		t.Errorf("an unknown verb: exit %d: %s", code, errb.String())
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
 	"github.com/cireilclaw/sandbox-controller/frontends/sandboxtoml"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
@@ -42,22 +44,27 @@ func (f *sandboxFlags) view() (*areas.View, error) {
 	return in.FileView()
 }
 
-func listFiles(args []string, stdout, stderr io.Writer) int {
+func newListCommand(c *cli) *cobra.Command {
 	var f sandboxFlags
-	fs := newFlagSet("ls", "ls --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]", stderr)
-	f.register(fs)
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	if f.agent == "" || fs.NArg() > 1 {
-		fmt.Fprintln(stderr, "sandboxctl ls: --agent and at most one sandbox path (default /workspace) are required")
-		fs.Usage()
-		return exitUsage
-	}
-	p := "/workspace"
-	if fs.NArg() == 1 {
-		p = fs.Arg(0)
-	}
+	cmd := c.verb(&cobra.Command{
+		Use:     "ls --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]",
+		Short:   "List a directory of the agent's sandbox (default /workspace)",
+		Example: `  sandboxctl ls --config sandbox.toml --agent ada /workspace/src`,
+	}, func(cmd *cobra.Command, args []string) int {
+		if f.agent == "" || len(args) > 1 {
+			return usageError(cmd, "--agent and at most one sandbox path (default /workspace) are required")
+		}
+		p := "/workspace"
+		if len(args) == 1 {
+			p = args[0]
+		}
+		return listFiles(&f, p, c.stdout, c.stderr)
+	})
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func listFiles(f *sandboxFlags, p string, stdout, stderr io.Writer) int {
 	v, err := f.view()
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
@@ -83,31 +90,56 @@ func listFiles(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+func newCopyCommand(c *cli) *cobra.Command {
+	var f sandboxFlags
+	cf := newClusterFlags()
+	cmd := c.verb(&cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy one file into or out of a sandbox",
+		Long: `cp copies one file in or out. The sandbox side is written with a leading
+':' for the agent's sandbox on this host (with --config and --agent), or as
+CLAIM:/path for a SessionClaim's sandbox, through the exec API. Every access
+inside the sandbox is contained: a symbolic link that leaves its area or
+mount is refused.`,
+		Example: `  # a SessionClaim's sandbox
+  kubectl sandbox cp notes.txt alice-session-1:/workspace/ -n team-a
+  kubectl sandbox cp alice-session-1:/workspace/report.md . -n team-a
+
+  # the agent's sandbox on this host
+  sandboxctl cp --config sandbox.toml --agent ada notes.txt :/workspace/`,
+		ValidArgsFunction: func(_ *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			if len(args) >= 2 || strings.HasPrefix(toComplete, ".") || strings.HasPrefix(toComplete, "/") || strings.Contains(toComplete, ":") {
+				return nil, cobra.ShellCompDirectiveDefault
+			}
+			names, d := claimNames(cf, toComplete, ":")
+			if d == cobra.ShellCompDirectiveError {
+				return nil, cobra.ShellCompDirectiveDefault
+			}
+			// A local file name may be meant as well.
+			return names, cobra.ShellCompDirectiveNoSpace
+		},
+	}, func(cmd *cobra.Command, args []string) int {
+		if len(args) != 2 {
+			return usageError(cmd, "a source and a destination are required")
+		}
+		return copyFiles(cmd, &f, cf, args[0], args[1], c.stderr)
+	})
+	f.register(cmd.Flags())
+	cf.register(cmd.Flags())
+	registerClusterCompletion(cmd, cf)
+	return cmd
+}
+
 // copyFiles copies one file between the host and the sandbox. A sandbox
 // path is written with a leading ':' (:/workspace/notes.txt); exactly one
 // side must be one.
-func copyFiles(args []string, stdout, stderr io.Writer) int {
-	var f sandboxFlags
-	var c clusterFlags
-	fs := newFlagSet("cp", "cp [--config FILE --agent NAME [--areas-root DIR]] [-n NS] SRC DST\n  local sandbox: one side is :/sandbox/path (with --config and --agent)\n  a SessionClaim's sandbox: one side is CLAIM:/sandbox/path (through the exec API)", stderr)
-	f.register(fs)
-	c.register(fs)
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() != 2 {
-		fmt.Fprintln(stderr, "sandboxctl cp: a source and a destination are required")
-		fs.Usage()
-		return exitUsage
-	}
-	src, dst := fs.Arg(0), fs.Arg(1)
+func copyFiles(cmd *cobra.Command, f *sandboxFlags, c *clusterFlags, src, dst string, stderr io.Writer) int {
 	inSrc, inDst := strings.HasPrefix(src, ":"), strings.HasPrefix(dst, ":")
 	if !inSrc && !inDst {
-		return remoteCopy(c, src, dst, stderr)
+		return remoteCopy(cmd, c, src, dst, stderr)
 	}
 	if inSrc == inDst || f.agent == "" {
-		fmt.Fprintln(stderr, "sandboxctl cp: exactly one of source and destination must be a sandbox path (:/path with --agent, or CLAIM:/path)")
-		return exitUsage
+		return usageError(cmd, "exactly one of source and destination must be a sandbox path (:/path with --agent, or CLAIM:/path)")
 	}
 	v, err := f.view()
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +19,9 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/sandboxtoml"
@@ -35,108 +37,6 @@ const (
 	exitRefused = 126 // the policy refused the command; nothing ran
 )
 
-const usage = `sandboxctl runs commands in an agent's least-privilege sandbox, configured
-by a sandbox.toml, without a cluster.
-
-Usage:
-  sandboxctl run     --config FILE --agent NAME [--areas-root DIR] -- COMMAND [ARG...]
-  sandboxctl serve   --config FILE --agent NAME [--areas-root DIR]
-  sandboxctl convert FILE --agent NAME [--name NAME] [--namespace NS]
-  sandboxctl ls      --config FILE --agent NAME [--areas-root DIR] [SANDBOX_PATH]
-  sandboxctl cp      --config FILE --agent NAME [--areas-root DIR] SRC DST
-  sandboxctl cp      [-n NS] [--via api-server|node] [--server URL] [--api-ca-file F] SRC DST   (one side CLAIM:/path)
-  sandboxctl exec    [-n NS] [-i] [--via api-server|node] [--server URL] [--api-ca-file F] CLAIM -- COMMAND [ARG...]
-  sandboxctl diff    --config FILE --agent NAME [--areas-root DIR] TARGET
-  sandboxctl apply   --config FILE --agent NAME [--areas-root DIR] --digest D TARGET
-  sandboxctl repair  --config FILE --agent NAME [--areas-root DIR]
-
-run      runs one command in the sandbox and exits with its exit code; its
-         stdin, stdout and stderr are the command's. A refused command runs
-         nothing, prints the reason and exits 126; a sandboxctl failure
-         exits 125.
-serve    reads one command a line from stdin as a JSON array of strings
-         (["git","status"]) and answers each with one JSON line
-         {"exit":0,"stdout":"...","stderr":"...","error":"..."}. It watches
-         the configuration file: a valid change applies to the next
-         command; an invalid one is reported on stderr and the last good
-         configuration stays in force.
-convert  prints the Sandbox manifest for kubectl apply.
-ls       lists a directory of the sandbox (default /workspace).
-cp       copies one file in or out; the sandbox side is written with a
-         leading ':' (sandboxctl cp notes.txt :/workspace/), or, for a
-         SessionClaim's sandbox through the exec API, as CLAIM:/path
-         (kubectl sandbox cp notes.txt alice-session-1:/workspace/). Every access
-         inside the sandbox is contained: a symbolic link that leaves its
-         area or mount is refused.
-exec     runs a command in a SessionClaim's sandbox through the controller's
-         exec API (also installed as the kubectl plugin: kubectl sandbox
-         exec CLAIM -- git status). By default through the API server when
-         it serves the aggregated API, with the kubeconfig as it is (--via
-         api-server); else, or with --via node, on the Sandbox's node, where
-         it sends the kubeconfig's client certificate, or a token for the
-         exec API's audience: a service account token is exchanged for one
-         (TokenRequest), others are never forwarded (--api-token-file
-         gives one).
-diff     lists what the sandbox changed in an overlay mount (mode =
-         "overlay"): A added, M changed, D deleted, with each file's mode
-         and SHA-256, relative to the mount, and a digest of the whole set.
-apply    writes those changes to the mount's host source, only if they still
-         have the digest given with --digest; otherwise it changes nothing.
-mcp      serves the agent's sandbox (--agent) or a SessionClaim's (kubectl
-         sandbox mcp CLAIM, through the claim's exec API) as Model Context
-         Protocol tools on stdin and stdout (exec, read_file, write_file,
-         list_directory, remove), for an agent harness that starts it as a
-         local process.
-repair   moves aside (renames to NAME.blocked-TIME, deleting nothing) each
-         symbolic link or file the agent left on the way to a custom mount's
-         destination in its workspace: with one there no sandbox can be
-         built, so run refuses every command until it is gone.
-
-The configuration file is optional: a missing file means the bwrap backend
-with no mounts and no allowed binaries. Agent areas live in
-<areas-root>/<agent>/{workspace,memories,blocks,skills,tasks} and are
-created when missing.
-
-Run "sandboxctl COMMAND -h" for the flags of a command.
-`
-
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
-}
-
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return exitUsage
-	}
-	switch args[0] {
-	case "run":
-		return runCommand(args[1:], stdin, stdout, stderr)
-	case "serve":
-		return serve(args[1:], stdin, stdout, stderr)
-	case "convert":
-		return convert(args[1:], stdout, stderr)
-	case "ls":
-		return listFiles(args[1:], stdout, stderr)
-	case "cp":
-		return copyFiles(args[1:], stdout, stderr)
-	case "exec":
-		return execCommand(args[1:], stdin, stdout, stderr)
-	case "diff", "apply":
-		return overlayCommand(args[0], args[1:], stdout, stderr)
-	case "repair":
-		return repair(args[1:], stdout, stderr)
-	case "mcp":
-		return serveMCP(args[1:], stdin, stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "sandboxctl: unknown command %q\n\n%s", args[0], usage)
-		return exitUsage
-	}
-}
-
 // sandboxFlags are the flags run and serve share.
 type sandboxFlags struct {
 	config    string
@@ -148,7 +48,7 @@ type sandboxFlags struct {
 	allowUnlimited bool
 }
 
-func (f *sandboxFlags) register(fs *flag.FlagSet) {
+func (f *sandboxFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.config, "config", "config/sandbox.toml", "the sandbox.toml to use; a missing file means the defaults")
 	fs.StringVar(&f.agent, "agent", "", "the agent's name (a DNS-1123 label); required")
 	fs.StringVar(&f.areasRoot, "areas-root", defaultAreasRoot(), "the directory holding one directory of areas per agent")
@@ -164,44 +64,6 @@ func defaultAreasRoot() string {
 		return filepath.Join(h, ".local", "share", "cireilclaw", "agents")
 	}
 	return ""
-}
-
-// parseAnywhere parses flags wherever they stand among the arguments, as
-// kubectl does (cp notes.txt claim:/workspace/ -n team), up to "--": what
-// follows it is left as it is. fs.Args() is then the positional
-// arguments; "--" stays among them only after a positional one, where the
-// flag package would have left it too.
-func parseAnywhere(fs *flag.FlagSet, args []string) error {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
-			if len(positional) > 0 {
-				positional = append(positional, "--")
-			}
-			positional = append(positional, rest...)
-			break
-		}
-		positional = append(positional, rest[0])
-		args = rest[1:]
-	}
-	return fs.Parse(append([]string{"--"}, positional...))
-}
-
-func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("sandboxctl "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: sandboxctl %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
 }
 
 // runner builds the bwrap driver and a runner over src; the driver's
@@ -245,18 +107,26 @@ func closeRunner(r *sandboxtoml.Runner, stderr io.Writer) {
 	}
 }
 
-func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func newRunCommand(c *cli) *cobra.Command {
 	var f sandboxFlags
-	fs := newFlagSet("run", "run --config FILE --agent NAME [--areas-root DIR] -- COMMAND [ARG...]", stderr)
-	f.register(fs)
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	argv := fs.Args()
+	cmd := c.verb(&cobra.Command{
+		Use:   "run --config FILE --agent NAME [--areas-root DIR] -- COMMAND [ARG...]",
+		Short: "Run one command in the agent's sandbox",
+		Long: `run runs one command in the agent's sandbox and exits with its exit code;
+its stdin, stdout and stderr are the command's. A refused command runs
+nothing, prints the reason and exits 126; a sandboxctl failure exits 125.`,
+		Example: `  sandboxctl run --config sandbox.toml --agent ada -- git status
+  sandboxctl run --agent ada --config sandbox.toml -- sh -c 'make test'`,
+	}, func(cmd *cobra.Command, args []string) int {
+		return runCommand(cmd, &f, args, c.stdin, c.stdout, c.stderr)
+	})
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func runCommand(cmd *cobra.Command, f *sandboxFlags, argv []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if f.agent == "" || len(argv) == 0 {
-		fmt.Fprintln(stderr, "sandboxctl run: --agent and a command after -- are required")
-		fs.Usage()
-		return exitUsage
+		return usageError(cmd, "--agent and a command after -- are required")
 	}
 	r, err := f.staticRunner(stderr)
 	if err != nil {
@@ -269,7 +139,7 @@ func runCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	st, err := r.Exec(ctx, runtimes.ExecRequest{Argv: argv, Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
-		fmt.Fprint(stderr, repairHint(err, &f))
+		fmt.Fprint(stderr, repairHint(err, f))
 		if runtimes.ReasonOf(err) == runtimes.ReasonRefused {
 			return exitRefused
 		}
@@ -289,18 +159,28 @@ type response struct {
 	Refused bool   `json:"refused,omitempty"`
 }
 
-func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func newServeCommand(c *cli) *cobra.Command {
 	var f sandboxFlags
-	fs := newFlagSet("serve", "serve --config FILE --agent NAME [--areas-root DIR]", stderr)
-	f.register(fs)
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	if f.agent == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "sandboxctl serve: --agent is required and takes no arguments")
-		fs.Usage()
-		return exitUsage
-	}
+	cmd := c.verb(&cobra.Command{
+		Use:   "serve --config FILE --agent NAME [--areas-root DIR]",
+		Short: "Run commands read one a line from stdin, answering in JSON",
+		Long: `serve reads one command a line from stdin as a JSON array of strings
+(["git","status"]) and answers each with one JSON line
+{"exit":0,"stdout":"...","stderr":"...","error":"..."}. It watches the
+configuration file: a valid change applies to the next command; an invalid
+one is reported on stderr and the last good configuration stays in force.`,
+		Example: `  echo '["git","status"]' | sandboxctl serve --config sandbox.toml --agent ada`,
+	}, func(cmd *cobra.Command, args []string) int {
+		if f.agent == "" || len(args) != 0 {
+			return usageError(cmd, "--agent is required and takes no arguments")
+		}
+		return serve(&f, c.stdin, c.stdout, c.stderr)
+	})
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func serve(f *sandboxFlags, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logf := func(format string, a ...any) { fmt.Fprintf(stderr, "sandboxctl: "+format+"\n", a...) }
@@ -368,32 +248,25 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func convert(args []string, stdout, stderr io.Writer) int {
+func newConvertCommand(c *cli) *cobra.Command {
 	var agent, name, namespace string
-	fs := newFlagSet("convert", "convert FILE --agent NAME [--name NAME] [--namespace NS]", stderr)
-	fs.StringVar(&agent, "agent", "", "the agent's name (a DNS-1123 label); required")
-	fs.StringVar(&name, "name", "", "the Sandbox's name (default the agent's name)")
-	fs.StringVar(&namespace, "namespace", "", "the Sandbox's namespace (default: left to kubectl)")
-	// The file comes first in the synopsis; flag stops at it, so the flags
-	// after it are parsed in a second pass.
-	var file string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		file, args = args[0], args[1:]
-	}
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	if file == "" && fs.NArg() == 1 {
-		file = fs.Arg(0)
-	} else if fs.NArg() != 0 {
-		fmt.Fprintf(stderr, "sandboxctl convert: unexpected arguments %q\n", fs.Args())
-		return exitUsage
-	}
-	if file == "" || agent == "" {
-		fmt.Fprintln(stderr, "sandboxctl convert: a FILE and --agent are required")
-		fs.Usage()
-		return exitUsage
-	}
+	cmd := c.verb(&cobra.Command{
+		Use:     "convert FILE --agent NAME [--name NAME] [--namespace NS]",
+		Short:   "Print the Sandbox manifest of a sandbox.toml, for kubectl apply",
+		Example: `  sandboxctl convert sandbox.toml --agent ada --namespace team-a | kubectl apply -f -`,
+	}, func(cmd *cobra.Command, args []string) int {
+		if len(args) != 1 || agent == "" {
+			return usageError(cmd, "a FILE and --agent are required")
+		}
+		return convert(args[0], agent, name, namespace, c.stdout, c.stderr)
+	})
+	cmd.Flags().StringVar(&agent, "agent", "", "the agent's name (a DNS-1123 label); required")
+	cmd.Flags().StringVar(&name, "name", "", "the Sandbox's name (default the agent's name)")
+	cmd.Flags().StringVar(&namespace, "namespace", "", "the Sandbox's namespace (default: left to kubectl)")
+	return cmd
+}
+
+func convert(file, agent, name, namespace string, stdout, stderr io.Writer) int {
 	spec, err := sandboxtoml.Load(file, agent)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)

@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 
 	"github.com/cireilclaw/sandbox-controller/frontends/mcpserver"
@@ -49,23 +50,45 @@ func (l *localSandbox) Describe() mcpserver.Description {
 // agent harness that starts it as a local process: the agent's sandbox on
 // this host (--agent), or a SessionClaim's (kubectl sandbox mcp CLAIM),
 // whose tools the claim's exec API serves over streamable HTTP.
-func serveMCP(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func newMCPCommand(c *cli) *cobra.Command {
 	var f sandboxFlags
-	var cf clusterFlags
-	fs := newFlagSet("mcp", "mcp --config FILE --agent NAME [--areas-root DIR] | mcp CLAIM [-n NAMESPACE] [--via api-server|node]", stderr)
-	f.register(fs)
-	cf.register(fs)
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	if f.agent == "" && fs.NArg() == 1 {
-		return bridgeMCP(cf, fs.Arg(0), stdin, stdout, stderr)
-	}
-	if f.agent == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "sandboxctl mcp: give --agent (a sandbox on this host) or one SessionClaim name, not both")
-		fs.Usage()
-		return exitUsage
-	}
+	cf := newClusterFlags()
+	cmd := c.verb(&cobra.Command{
+		Use:   "mcp CLAIM [-n NS] | mcp --config FILE --agent NAME [--areas-root DIR]",
+		Short: "Serve a sandbox as Model Context Protocol tools on stdin and stdout",
+		Long: `mcp serves a SessionClaim's sandbox (through the claim's exec API, with the
+kubeconfig's credentials) or the agent's sandbox on this host (--agent) as
+Model Context Protocol tools on stdin and stdout: exec, read_file,
+write_file, list_directory, remove, and git_status and git_diff for a claim
+with a worktree. An agent harness starts it as a local process.`,
+		Example: `  kubectl sandbox mcp alice-session-1 -n team-a
+  sandboxctl mcp --config sandbox.toml --agent ada
+
+  # a harness's MCP configuration
+  {"mcpServers": {"sandbox": {"command": "kubectl",
+    "args": ["sandbox", "mcp", "alice-session-1", "-n", "team-a"]}}}`,
+		ValidArgsFunction: func(_ *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			if len(args) > 0 || f.agent != "" {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			return claimNames(cf, toComplete, "")
+		},
+	}, func(cmd *cobra.Command, args []string) int {
+		if f.agent == "" && len(args) == 1 {
+			return bridgeMCP(cf, args[0], c.stdin, c.stdout, c.stderr)
+		}
+		if f.agent == "" || len(args) != 0 {
+			return usageError(cmd, "give --agent (a sandbox on this host) or one SessionClaim name, not both")
+		}
+		return serveMCP(&f, c.stdin, c.stdout, c.stderr)
+	})
+	f.register(cmd.Flags())
+	cf.register(cmd.Flags())
+	registerClusterCompletion(cmd, cf)
+	return cmd
+}
+
+func serveMCP(f *sandboxFlags, stdin io.Reader, stdout, stderr io.Writer) int {
 	in, err := f.instance()
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
@@ -91,7 +114,7 @@ func serveMCP(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // bridgeMCP serves a claim's tools on stdio: it connects to the claim's
 // MCP endpoint with the kubeconfig's credentials (as exec does) and
 // offers the same tools, each call forwarded.
-func bridgeMCP(cf clusterFlags, claim string, stdin io.Reader, stdout, stderr io.Writer) int {
+func bridgeMCP(cf *clusterFlags, claim string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	remote, err := connectClaimMCP(ctx, cf, claim)
@@ -126,7 +149,7 @@ func bridgeMCP(cf clusterFlags, claim string, stdin io.Reader, stdout, stderr io
 }
 
 // connectClaimMCP connects to the MCP endpoint of the claim's exec API.
-func connectClaimMCP(ctx context.Context, cf clusterFlags, claim string) (*mcp.ClientSession, error) {
+func connectClaimMCP(ctx context.Context, cf *clusterFlags, claim string) (*mcp.ClientSession, error) {
 	cfg, ns, base, err := cf.apiConfig(ctx, claim)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 )
@@ -29,34 +31,54 @@ func (f *sandboxFlags) overlayMount(target string) (*overlay.Layers, error) {
 	return nil, fmt.Errorf("no mount with target %q in %s", target, f.config)
 }
 
+func newDiffCommand(c *cli) *cobra.Command {
+	var f sandboxFlags
+	cmd := c.verb(&cobra.Command{
+		Use:   "diff --config FILE --agent NAME [--areas-root DIR] TARGET",
+		Short: "List what the sandbox changed in an overlay mount, with a digest",
+		Long: `diff lists what the sandbox changed in an overlay mount (mode = "overlay"):
+A added, M changed, D deleted, with each file's mode and SHA-256, relative to
+the mount, and a digest of the whole set, for sandboxctl apply.`,
+		Example: `  sandboxctl diff --config sandbox.toml --agent ada project`,
+	}, func(cmd *cobra.Command, args []string) int {
+		if f.agent == "" || len(args) != 1 {
+			return usageError(cmd, "--agent and one overlay mount target are required")
+		}
+		return overlayCommand("diff", &f, args[0], "", c.stdout, c.stderr)
+	})
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func newApplyCommand(c *cli) *cobra.Command {
+	var f sandboxFlags
+	var digest string
+	cmd := c.verb(&cobra.Command{
+		Use:   "apply --config FILE --agent NAME [--areas-root DIR] --digest DIGEST TARGET",
+		Short: "Write an overlay mount's reviewed changes to its host source",
+		Long: `apply writes the changes diff listed to the mount's host source, only if they
+still have the digest given with --digest; otherwise it changes nothing.`,
+		Example: `  sandboxctl diff  --config sandbox.toml --agent ada project
+  sandboxctl apply --config sandbox.toml --agent ada --digest sha256:... project`,
+	}, func(cmd *cobra.Command, args []string) int {
+		if f.agent == "" || len(args) != 1 {
+			return usageError(cmd, "--agent and one overlay mount target are required")
+		}
+		if digest == "" {
+			return usageError(cmd, "--digest is required: run sandboxctl diff, review the changes and pass the digest it printed")
+		}
+		return overlayCommand("apply", &f, args[0], digest, c.stdout, c.stderr)
+	})
+	f.register(cmd.Flags())
+	cmd.Flags().StringVar(&digest, "digest", "", "the digest diff printed for the changes you reviewed; apply refuses, changing nothing, if the changes now differ")
+	return cmd
+}
+
 // overlayCommand is diff (list the sandbox's changes to an overlay mount
 // and their digest) or apply (write them to the host source, only when they
 // still have the reviewed digest).
-func overlayCommand(name string, args []string, stdout, stderr io.Writer) int {
-	var f sandboxFlags
-	var digest string
-	synopsis := name + " --config FILE --agent NAME [--areas-root DIR] TARGET"
-	if name == "apply" {
-		synopsis = "apply --config FILE --agent NAME [--areas-root DIR] --digest DIGEST TARGET"
-	}
-	fs := newFlagSet(name, synopsis, stderr)
-	f.register(fs)
-	if name == "apply" {
-		fs.StringVar(&digest, "digest", "", "the digest diff printed for the changes you reviewed; apply refuses, changing nothing, if the changes now differ")
-	}
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	if f.agent == "" || fs.NArg() != 1 {
-		fmt.Fprintf(stderr, "sandboxctl %s: --agent and one overlay mount target are required\n", name)
-		fs.Usage()
-		return exitUsage
-	}
-	if name == "apply" && digest == "" {
-		fmt.Fprintln(stderr, "sandboxctl apply: --digest is required: run sandboxctl diff, review the changes and pass the digest it printed")
-		return exitUsage
-	}
-	l, err := f.overlayMount(fs.Arg(0))
+func overlayCommand(name string, f *sandboxFlags, target, digest string, stdout, stderr io.Writer) int {
+	l, err := f.overlayMount(target)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
@@ -66,7 +88,7 @@ func overlayCommand(name string, args []string, stdout, stderr io.Writer) int {
 		changes, err = l.Diff()
 	} else {
 		var lower *areas.Root
-		if lower, err = areas.OpenRootAt("/workspace/"+fs.Arg(0), l.LowerDir(), false); err == nil {
+		if lower, err = areas.OpenRootAt("/workspace/"+target, l.LowerDir(), false); err == nil {
 			changes, err = l.Apply(lower, digest)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
@@ -25,11 +26,10 @@ var claimPath = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?):(/.*)$`)
 // remoteCopy copies one file between the local file system and a SessionClaim's
 // sandbox through the exec API's file endpoints, with the kubeconfig's
 // credentials.
-func remoteCopy(f clusterFlags, src, dst string, stderr io.Writer) int {
+func remoteCopy(cmd *cobra.Command, f *clusterFlags, src, dst string, stderr io.Writer) int {
 	ms, md := claimPath.FindStringSubmatch(src), claimPath.FindStringSubmatch(dst)
 	if (ms == nil) == (md == nil) {
-		fmt.Fprintln(stderr, "sandboxctl cp: exactly one of source and destination must be CLAIM:/path")
-		return exitUsage
+		return usageError(cmd, "exactly one of source and destination must be CLAIM:/path")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -51,7 +51,7 @@ func fileURL(base, ns, claim, sandboxPath string) string {
 		url.PathEscape(ns), url.PathEscape(claim), strings.TrimPrefix(path.Clean(sandboxPath), "/"))
 }
 
-func fileRequest(ctx context.Context, f clusterFlags, claim, method, sandboxPath string, body io.Reader) (*http.Response, error) {
+func fileRequest(ctx context.Context, f *clusterFlags, claim, method, sandboxPath string, body io.Reader) (*http.Response, error) {
 	cfg, ns, base, err := f.apiConfig(ctx, claim)
 	if err != nil {
 		return nil, err
@@ -81,7 +81,7 @@ func fileRequest(ctx context.Context, f clusterFlags, claim, method, sandboxPath
 	return resp, nil
 }
 
-func download(ctx context.Context, f clusterFlags, claim, sandboxPath, local string) error {
+func download(ctx context.Context, f *clusterFlags, claim, sandboxPath, local string) error {
 	resp, err := fileRequest(ctx, f, claim, http.MethodGet, sandboxPath, nil)
 	if err != nil {
 		return err
@@ -104,7 +104,7 @@ func download(ctx context.Context, f clusterFlags, claim, sandboxPath, local str
 	return out.Close()
 }
 
-func upload(ctx context.Context, f clusterFlags, local, claim, sandboxPath string) error {
+func upload(ctx context.Context, f *clusterFlags, local, claim, sandboxPath string) error {
 	in, err := os.Open(local)
 	if err != nil {
 		return err

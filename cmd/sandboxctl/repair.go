@@ -6,6 +6,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
 
@@ -20,20 +22,29 @@ func repairHint(err error, f *sandboxFlags) string {
 		"sandboxctl repair --config %s --agent %s --areas-root %s moves it aside (nothing is deleted)\n", f.config, f.agent, f.areasRoot)
 }
 
+func newRepairCommand(c *cli) *cobra.Command {
+	var f sandboxFlags
+	cmd := c.verb(&cobra.Command{
+		Use:   "repair --config FILE --agent NAME [--areas-root DIR]",
+		Short: "Move aside what blocks the way to a custom mount's destination",
+		Long: `repair moves aside (renames to NAME.blocked-TIME, deleting nothing) each
+symbolic link or file the agent left on the way to a custom mount's
+destination in its workspace: with one there no sandbox can be built, so run
+refuses every command until it is gone.`,
+		Example: `  sandboxctl repair --config sandbox.toml --agent ada`,
+	}, func(cmd *cobra.Command, args []string) int {
+		if f.agent == "" || len(args) != 0 {
+			return usageError(cmd, "--agent is required and takes no arguments")
+		}
+		return repair(&f, c.stdout, c.stderr)
+	})
+	f.register(cmd.Flags())
+	return cmd
+}
+
 // repair moves aside what blocks the way to the custom mounts'
 // destinations in the agent's workspace.
-func repair(args []string, stdout, stderr io.Writer) int {
-	var f sandboxFlags
-	fs := newFlagSet("repair", "repair --config FILE --agent NAME [--areas-root DIR]", stderr)
-	f.register(fs)
-	if err := parseAnywhere(fs, args); err != nil {
-		return exitUsage
-	}
-	if f.agent == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "sandboxctl repair: --agent is required and takes no arguments")
-		fs.Usage()
-		return exitUsage
-	}
+func repair(f *sandboxFlags, stdout, stderr io.Writer) int {
 	in, err := f.instance()
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)

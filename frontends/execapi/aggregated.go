@@ -251,6 +251,7 @@ func serveDiscovery(w http.ResponseWriter, r *http.Request) {
 			APIResources: []metav1.APIResource{
 				{Name: "sessionclaims/exec", Namespaced: true, Kind: "SessionClaimExec", Verbs: metav1.Verbs{"get", "create"}},
 				{Name: "sessionclaims/files", Namespaced: true, Kind: "SessionClaimFiles", Verbs: metav1.Verbs{"get", "update", "delete"}},
+				{Name: "sessionclaims/mcp", Namespaced: true, Kind: "SessionClaimMCP", Verbs: metav1.Verbs{"get", "create"}},
 			},
 		}
 	default:

@@ -12,8 +12,10 @@ import (
 	osexec "os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -49,16 +51,28 @@ func execThrough(ctx context.Context, cfg *rest.Config, ns, claim string, argv .
 // grantAggregated lets subject exec and use files of the claims of ns
 // through both groups: the API server checks the aggregated group, the
 // exec API sandbox.cireilclaw.dev.
+// sandboxctlBinary builds sandboxctl once for the suite.
+var sandboxctlBinary = sync.OnceValue(func() string {
+	bin := filepath.Join(env.Dir, "bin", "sandboxctl")
+	Expect(os.MkdirAll(filepath.Dir(bin), 0o755)).To(Succeed())
+	build := osexec.Command("go", "build", "-o", bin, "./cmd/sandboxctl")
+	build.Dir = filepath.Join(testenv.CRDDir(3), "..", "..", "..")
+	out, err := build.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), string(out))
+	return bin
+})
+
 func grantAggregated(ns string, subjects ...rbacv1.Subject) {
 	Expect(env.Client.Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandbox-user-aggregated"},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"create"}},
 			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update"}},
-			// The node path reads the claim's status.endpoint.
-			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims"}, Verbs: []string{"get"}},
+			// The node path reads the claim's status.endpoint; completion lists.
+			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims"}, Verbs: []string{"get", "list"}},
 			{APIGroups: []string{execapi.AggregatedGroup}, Resources: []string{"sessionclaims/exec"}, Verbs: []string{"get", "create"}},
 			{APIGroups: []string{execapi.AggregatedGroup}, Resources: []string{"sessionclaims/files"}, Verbs: []string{"get", "update", "delete"}},
+			{APIGroups: []string{execapi.AggregatedGroup}, Resources: []string{"sessionclaims/mcp"}, Verbs: []string{"get", "create"}},
 		},
 	})).To(Succeed())
 	Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
@@ -114,7 +128,7 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		for _, r := range res.APIResources {
 			names = append(names, r.Name)
 		}
-		Expect(names).To(ConsistOf("sessionclaims/exec", "sessionclaims/files"))
+		Expect(names).To(ConsistOf("sessionclaims/exec", "sessionclaims/files", "sessionclaims/mcp"))
 
 		// The manager's cache may not hold the claim's Ready status yet.
 		Eventually(func() error { return execThrough(ctx, alice, ns, claim, "true").err }, timeout).Should(Succeed())
@@ -148,21 +162,27 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		Expect(body).To(Equal("written through the API server"))
 	})
 
-	It("is what kubectl sandbox exec and cp use by default, with nothing but the kubeconfig", func() {
-		bin := filepath.Join(env.Dir, "sandboxctl")
-		build := osexec.Command("go", "build", "-o", bin, "./cmd/sandboxctl")
-		build.Dir = filepath.Join(testenv.CRDDir(3), "..", "..", "..")
-		out, err := build.CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), string(out))
-		u, err := testEnv.AddUser(envtest.User{Name: "alice", Groups: []string{"developers"}}, nil)
+	// kubeconfigOf writes a kubeconfig for user, with the API server's
+	// address and CA and the user's client certificate.
+	kubeconfigOf := func(user string) string {
+		u, err := testEnv.AddUser(envtest.User{Name: user, Groups: []string{"developers"}}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		kc, err := u.KubeConfig()
 		Expect(err).NotTo(HaveOccurred())
-		kcFile := filepath.Join(env.Dir, "alice-"+ns+".kubeconfig")
+		kcFile := filepath.Join(env.Dir, user+"-"+ns+".kubeconfig")
 		Expect(os.WriteFile(kcFile, kc, 0o600)).To(Succeed())
-		// A CA that verifies no node: only the API server path can work.
-		wrongCA := filepath.Join(env.Dir, "wrong-ca-"+ns+".crt")
-		Expect(os.WriteFile(wrongCA, servingCA, 0o600)).To(Succeed())
+		return kcFile
+	}
+	// wrongCA verifies no node: only the API server path can work.
+	wrongCA := func() string {
+		f := filepath.Join(env.Dir, "wrong-ca-"+ns+".crt")
+		Expect(os.WriteFile(f, servingCA, 0o600)).To(Succeed())
+		return f
+	}
+
+	It("is what kubectl sandbox exec and cp use by default, with nothing but the kubeconfig", func() {
+		bin := sandboxctlBinary()
+		kcFile, wrongCA := kubeconfigOf("alice"), wrongCA()
 		run := func(sub string, args ...string) (string, error) {
 			cmd := osexec.Command(bin, append([]string{sub, "--kubeconfig", kcFile, "-n", ns, "--api-ca-file", wrongCA}, args...)...)
 			b, err := cmd.CombinedOutput()
@@ -184,6 +204,78 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		got, err = run("exec", "--via", "node", claim, "--", "true")
 		Expect(err).To(HaveOccurred())
 		Expect(got).To(ContainSubstring("certificate"))
+	})
+
+	It("serves kubectl sandbox as kubectl users expect: flags anywhere, help per verb, claims completed", func() {
+		bin := sandboxctlBinary()
+		plugin := filepath.Join(filepath.Dir(bin), "kubectl-sandbox")
+		complete := filepath.Join(filepath.Dir(bin), "kubectl_complete-sandbox")
+		for _, l := range []string{plugin, complete} {
+			_ = os.Remove(l)
+			Expect(os.Symlink(bin, l)).To(Succeed())
+		}
+		kcFile, wrongCA := kubeconfigOf("alice"), wrongCA()
+		By("flags after the claim and after the paths")
+		out, err := osexec.Command(plugin, "exec", claim, "-n", ns, "--kubeconfig", kcFile, "--api-ca-file", wrongCA, "--", "echo", "flags", "last").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		Expect(string(out)).To(Equal("flags last\n"))
+		By("help for one verb, with examples, under the plugin's name")
+		out, err = osexec.Command(plugin, "exec", "--help").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		Expect(string(out)).To(And(ContainSubstring("kubectl sandbox exec CLAIM"), ContainSubstring("Examples:"), ContainSubstring("--as-group"), ContainSubstring("--request-timeout")))
+		By("kubectl's completion of the plugin lists the namespace's claims")
+		out, err = osexec.Command(complete, "exec", "--kubeconfig", kcFile, "-n", ns, "").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		Expect(strings.Split(string(out), "\n")).To(ContainElement(claim))
+		out, err = osexec.Command(complete, "cp", "notes.txt", "--kubeconfig", kcFile, "-n", ns, "s").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		Expect(strings.Split(string(out), "\n")).To(ContainElement(claim + ":"))
+		By("a claim that is not there is not offered")
+		out, err = osexec.Command(complete, "exec", "--kubeconfig", kcFile, "-n", ns, "zz").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		Expect(string(out)).NotTo(ContainSubstring(claim))
+	})
+
+	It("serves the claim's MCP tools through the API server to kubectl sandbox mcp, and to no one without the rights", func() {
+		bin := sandboxctlBinary()
+		mcpClient := func(user string) (*mcp.ClientSession, error) {
+			cmd := osexec.Command(bin, "mcp", claim, "--kubeconfig", kubeconfigOf(user), "-n", ns, "--api-ca-file", wrongCA())
+			cmd.Stderr = GinkgoWriter
+			c := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "v0"}, nil)
+			return c.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		}
+		s, err := mcpClient("alice")
+		Expect(err).NotTo(HaveOccurred())
+		defer s.Close()
+		tools, err := s.ListTools(ctx, nil)
+		Expect(err).NotTo(HaveOccurred())
+		var names []string
+		for _, t := range tools.Tools {
+			names = append(names, t.Name)
+			if t.Name == "exec" {
+				Expect(t.Description).To(And(ContainSubstring("Allowed commands:"), ContainSubstring("echo"), ContainSubstring("cat")))
+			}
+		}
+		Expect(names).To(ConsistOf("exec", "read_file", "write_file", "list_directory", "remove"))
+		res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"argv": []string{"echo", "through", "the", "API", "server"}}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.IsError).To(BeFalse())
+		Expect(res.StructuredContent).To(HaveKeyWithValue("stdout", "through the API server\n"))
+		res, err = s.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"argv": []string{"curl", "example.com"}}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.IsError).To(BeTrue(), "a command outside the allowlist is a tool error")
+		res, err = s.CallTool(ctx, &mcp.CallToolParams{Name: "write_file", Arguments: map[string]any{"path": "/workspace/mcp.txt", "content": "by MCP\n"}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.IsError).To(BeFalse())
+		res, err = s.CallTool(ctx, &mcp.CallToolParams{Name: "read_file", Arguments: map[string]any{"path": "/workspace/mcp.txt"}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.StructuredContent).To(HaveKeyWithValue("content", "by MCP\n"))
+
+		By("bob, without RBAC on the aggregated group, gets nothing")
+		if s, err := mcpClient("bob"); err == nil {
+			s.Close()
+			Fail("bob connected to the claim's MCP tools")
+		}
 	})
 
 	It("is refused by the API server for a user without RBAC on the aggregated group", func() {
