@@ -7,6 +7,7 @@ package layers
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os/exec"
 	"strings"
@@ -15,43 +16,67 @@ import (
 
 const module = "github.com/cireilclaw/sandbox-controller/"
 
-// layer of a package of the module, lowest first; -1 for test and tooling
-// packages, which may import anything.
-func layer(pkg string) (int, bool) {
+// layer of a package of the module, lowest first, and its group: the
+// top-level folder it belongs to; -1 for test suites and tooling, which may
+// import anything.
+func layer(pkg string) (int, string, bool) {
 	rel := strings.TrimPrefix(pkg, module)
+	group := ""
 	top := func(prefixes ...string) bool {
 		for _, p := range prefixes {
 			if rel == p || strings.HasPrefix(rel, p+"/") {
+				group = p
 				return true
 			}
 		}
 		return false
 	}
 	switch {
-	case top("internal/testenv", "internal/testharness", "internal/layers", "test", "hack"):
-		return -1, true
+	case top("internal/layers", "test", "hack"):
+		return -1, group, true
 	case top("config"):
-		return 0, true
+		return 0, group, true
 	case top("api", "internal/commandname", "internal/areas", "internal/policy", "internal/overlay",
-		"internal/worktree", "internal/tenancy", "internal/exectoken", "internal/localcp", "internal/servingcert", "internal/sizedfs"):
-		return 0, true
+		"internal/worktree", "internal/tenancy", "internal/exectoken", "internal/localcp", "internal/servingcert", "internal/sizedfs",
+		"internal/testenv"):
+		return 0, group, true
 	case top("runtimes"):
-		return 1, true
+		return 1, group, true
 	case top("internal/instance", "internal/sandboxclass"):
-		return 2, true
-	case top("controllers", "frontends", "cmd", "clients", "examples"):
-		return 3, true
+		return 2, group, true
+	case top("internal/testharness"):
+		// The controllers' test kit: it runs them.
+		return 3, "controllers", true
+	case top("controllers", "frontends"):
+		return 3, group, true
+	case top("cmd", "clients"):
+		return 4, group, true
+	case top("examples"):
+		return 5, group, true
 	}
-	return 0, false
+	return 0, "", false
 }
 
-var names = []string{"the API and host-facing packages", "the drivers", "where the API meets the drivers", "controllers, front ends and commands"}
+// siblingsApart are the layers whose groups never import one another: a
+// front end never reaches into the controllers (nor they into it), and a
+// command never into the clients.
+var siblingsApart = map[int]bool{3: true, 4: true}
+
+var names = []string{"the API and host-facing packages", "the drivers", "where the API meets the drivers",
+	"controllers and front ends", "commands and clients", "examples"}
+
+// testsReach is the one allowance for tests: a driver's tests describe
+// their instances from real specs, through the bridge above the drivers
+// (internal/instance), which the driver itself never imports.
+var testsReach = map[int]int{1: 2}
 
 // goPackage is what go list says of a package.
 type goPackage struct {
-	ImportPath string
-	Imports    []string
-	Deps       []string
+	ImportPath   string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
+	Deps         []string
 }
 
 // goList lists patterns (relative to this directory) with their imports
@@ -62,7 +87,7 @@ func goList(t *testing.T, patterns ...string) []goPackage {
 	if err != nil {
 		t.Fatalf("the go tool lists the packages' imports: %v", err)
 	}
-	cmd := exec.Command(goTool, append([]string{"list", "-json=ImportPath,Imports,Deps"}, patterns...)...)
+	cmd := exec.Command(goTool, append([]string{"list", "-json=ImportPath,Imports,TestImports,XTestImports,Deps"}, patterns...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
@@ -84,10 +109,31 @@ func goList(t *testing.T, patterns ...string) []goPackage {
 	}
 }
 
+// misplaced says why a package (at own, in group) may not import imp,
+// or ""; reach is the highest layer it may import.
+func misplaced(own, reach int, group, imp string) string {
+	if !strings.HasPrefix(imp, module) {
+		return ""
+	}
+	l, g, ok := layer(imp)
+	switch {
+	case !ok || l < 0:
+		return ""
+	case l > reach:
+		return fmt.Sprintf("%s, a layer above it (%s)", imp, names[l])
+	case l == own && g != group && siblingsApart[own]:
+		return fmt.Sprintf("%s, of %s beside it in %s: those never import one another", imp, g, names[l])
+	}
+	return ""
+}
+
+// Production code and test files alike: a test of a driver that pulls in
+// the controllers (through a test kit) breaks its layer as much as the
+// driver would.
 func TestPackagesImportOnlyFromTheirLayerOrBelow(t *testing.T) {
 	checked := 0
 	for _, p := range goList(t, "../../...") {
-		own, ok := layer(p.ImportPath)
+		own, group, ok := layer(p.ImportPath)
 		if !ok {
 			t.Errorf("%s has no layer: give it one here and in docs/architecture.md", p.ImportPath)
 			continue
@@ -97,17 +143,62 @@ func TestPackagesImportOnlyFromTheirLayerOrBelow(t *testing.T) {
 		}
 		checked++
 		for _, imp := range p.Imports {
-			if !strings.HasPrefix(imp, module) {
+			if why := misplaced(own, own, group, imp); why != "" {
+				t.Errorf("%s (%s) imports %s", p.ImportPath, names[own], why)
+			}
+		}
+		for _, imp := range append(p.TestImports, p.XTestImports...) {
+			if imp == p.ImportPath {
 				continue
 			}
-			l, ok := layer(imp)
-			if ok && l > own {
-				t.Errorf("%s (%s) imports %s (%s), a layer above it", p.ImportPath, names[own], imp, names[l])
+			reach := own
+			if r, ok := testsReach[own]; ok {
+				reach = r
+			}
+			if why := misplaced(own, reach, group, imp); why != "" {
+				t.Errorf("the tests of %s (%s) import %s", p.ImportPath, names[own], why)
 			}
 		}
 	}
 	if checked < 20 {
 		t.Fatalf("go list reported %d layered packages; expected the whole module", checked)
+	}
+}
+
+// A driver's tests may reach the bridge, and no higher.
+func TestDriverTestsReachTheBridgeOnly(t *testing.T) {
+	own, group, _ := layer(module + "runtimes/bwrap")
+	if why := misplaced(own, testsReach[own], group, module+"internal/instance"); why != "" {
+		t.Errorf("a driver's test describing an instance: %s", why)
+	}
+	if why := misplaced(own, testsReach[own], group, module+"controllers"); why == "" {
+		t.Error("a driver's test may import the controllers")
+	}
+}
+
+// The rule itself: each kind of break is caught.
+func TestMisplacedImportsAreNamed(t *testing.T) {
+	for _, tc := range []struct {
+		pkg, imp string
+		bad      bool
+	}{
+		{"frontends/execapi", "controllers", true},
+		{"controllers", "frontends/execapi", true},
+		{"cmd/sandboxctl", "clients/go/sandboxclient", true},
+		{"runtimes/bwrap", "internal/testharness", true},
+		{"runtimes/bwrap", "internal/instance", true},
+		{"frontends/execapi", "internal/testharness", true},
+		{"controllers", "internal/instance", false},
+		{"cmd/sandboxctl", "frontends/execapi", false},
+		{"clients/go/sandboxtest", "controllers", false},
+		{"runtimes/bwrap", "runtimes/runtimetest", false},
+		{"frontends/execapi", "frontends/mcpserver", false},
+		{"controllers", "internal/testharness", false},
+	} {
+		own, group, _ := layer(module + tc.pkg)
+		if got := misplaced(own, own, group, module+tc.imp) != ""; got != tc.bad {
+			t.Errorf("%s importing %s: misplaced %v, want %v", tc.pkg, tc.imp, got, tc.bad)
+		}
 	}
 }
 
