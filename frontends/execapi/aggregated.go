@@ -248,11 +248,7 @@ func serveDiscovery(w http.ResponseWriter, r *http.Request) {
 		body = metav1.APIResourceList{
 			TypeMeta:     metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
 			GroupVersion: gv.GroupVersion,
-			APIResources: []metav1.APIResource{
-				{Name: "sessionclaims/exec", Namespaced: true, Kind: "SessionClaimExec", Verbs: metav1.Verbs{"get", "create"}},
-				{Name: "sessionclaims/files", Namespaced: true, Kind: "SessionClaimFiles", Verbs: metav1.Verbs{"get", "update", "delete"}},
-				{Name: "sessionclaims/mcp", Namespaced: true, Kind: "SessionClaimMCP", Verbs: metav1.Verbs{"get", "create"}},
-			},
+			APIResources: discoveredResources(),
 		}
 	default:
 		writeStatus(w, &apiError{code: http.StatusNotFound, msg: "no such path: " + r.URL.Path})
@@ -299,4 +295,14 @@ func (s *Server) authenticateVia(r *http.Request) (*authenticator.Response, via,
 		errs = append(errs, err.Error())
 	}
 	return nil, viaCredentials, errs
+}
+
+// discoveredResources are the aggregated API's resources: one per verb of
+// a claim the routes serve.
+func discoveredResources() []metav1.APIResource {
+	out := make([]metav1.APIResource, 0, len(subresources))
+	for _, sr := range subresources {
+		out = append(out, metav1.APIResource{Name: "sessionclaims/" + sr.name, Namespaced: true, Kind: sr.kind, Verbs: metav1.Verbs(sr.verbs)})
+	}
+	return out
 }

@@ -105,17 +105,36 @@ const (
 	aggregatedClaimPath = AggregatedPrefix + "/namespaces/{namespace}/sessionclaims/{name}"
 )
 
+// subresource is one verb of a claim the exec API serves: its paths below
+// the claim (under both prefixes) and what the aggregated API's discovery
+// says of it.
+type subresource struct {
+	name, kind string
+	verbs      []string
+	paths      []string
+	handler    func(*Server) http.HandlerFunc
+}
+
+// subresources are every verb of a claim; the routes and the discovery
+// document are both made from this list.
+var subresources = []subresource{
+	{name: "exec", kind: "SessionClaimExec", verbs: []string{"get", "create"}, paths: []string{"/exec"},
+		handler: func(s *Server) http.HandlerFunc { return s.serveExec }},
+	{name: "files", kind: "SessionClaimFiles", verbs: []string{"get", "update", "delete"}, paths: []string{"/files/{area}", "/files/{area}/{path...}"},
+		handler: func(s *Server) http.HandlerFunc { return s.serveFiles }},
+	{name: "mcp", kind: "SessionClaimMCP", verbs: []string{"get", "create"}, paths: []string{"/mcp"},
+		handler: func(s *Server) http.HandlerFunc { return s.serveMCP }},
+}
+
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc(claimPath+"/exec", s.serveExec)
-	mux.HandleFunc(claimPath+"/mcp", s.serveMCP)
-	mux.HandleFunc(claimPath+"/files/{area}", s.serveFiles)
-	mux.HandleFunc(claimPath+"/files/{area}/{path...}", s.serveFiles)
-	// The same handlers under the aggregated API's paths, and its discovery.
-	mux.HandleFunc(aggregatedClaimPath+"/exec", s.serveExec)
-	mux.HandleFunc(aggregatedClaimPath+"/mcp", s.serveMCP)
-	mux.HandleFunc(aggregatedClaimPath+"/files/{area}", s.serveFiles)
-	mux.HandleFunc(aggregatedClaimPath+"/files/{area}/{path...}", s.serveFiles)
+	// Each verb on a node's own paths and under the aggregated API's.
+	for _, sr := range subresources {
+		for _, p := range sr.paths {
+			mux.HandleFunc(claimPath+p, sr.handler(s))
+			mux.HandleFunc(aggregatedClaimPath+p, sr.handler(s))
+		}
+	}
 	mux.HandleFunc("GET /apis", serveDiscovery)
 	mux.HandleFunc("GET /apis/{$}", serveDiscovery)
 	mux.HandleFunc("GET /apis/"+AggregatedGroup, serveDiscovery)

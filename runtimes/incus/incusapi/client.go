@@ -129,10 +129,6 @@ func IsNotFound(err error) bool { return hasCode(err, http.StatusNotFound) }
 // IsConflict says whether err is the daemon answering 409 (already exists).
 func IsConflict(err error) bool { return hasCode(err, http.StatusConflict) }
 
-// IsPreconditionFailed says whether err is an ETag mismatch: the object
-// changed since it was read.
-func IsPreconditionFailed(err error) bool { return hasCode(err, http.StatusPreconditionFailed) }
-
 func hasCode(err error, code int) bool {
 	var se *StatusError
 	return errors.As(err, &se) && se.Code == code

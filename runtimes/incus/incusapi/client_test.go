@@ -110,7 +110,7 @@ func TestErrorBodies(t *testing.T) {
 			if se.Code != tt.wantCode || !strings.Contains(se.Message, tt.wantMsg) {
 				t.Fatalf("got code %d message %q; want %d containing %q", se.Code, se.Message, tt.wantCode, tt.wantMsg)
 			}
-			if IsNotFound(err) != tt.notFound || IsConflict(err) != tt.conflict || IsPreconditionFailed(err) != tt.staleETag {
+			if IsNotFound(err) != tt.notFound || IsConflict(err) != tt.conflict || hasCode(err, http.StatusPreconditionFailed) != tt.staleETag {
 				t.Fatalf("classification wrong for %v", err)
 			}
 			if IsUnavailable(err) {
@@ -194,7 +194,7 @@ func TestETagRoundTrip(t *testing.T) {
 	if err := c.UpdateInstance(ctx, "x", inst.Writable(), etag); err != nil {
 		t.Fatalf("update with the read ETag: %v", err)
 	}
-	if err := c.UpdateInstance(ctx, "x", inst.Writable(), `"stale"`); !IsPreconditionFailed(err) {
+	if err := c.UpdateInstance(ctx, "x", inst.Writable(), `"stale"`); !hasCode(err, http.StatusPreconditionFailed) {
 		t.Fatalf("update with a stale ETag: want 412, got %v", err)
 	}
 }
