@@ -116,11 +116,6 @@ type sandboxScope struct {
 	state    runtimes.State
 	// gitDirs are the worktrees' git directories the instance must mount.
 	gitDirs []string
-	// spec and host are what checkClass allows: the spec with the class
-	// applied (resolved mount sources, default limits) and the host
-	// options that give the agent an id of its class.
-	spec *v1alpha1.SandboxSpec
-	host instance.Host
 	// facts are what the phases found; the status is derived from them
 	// once, at the end (sandboxConditions).
 	facts sandboxFacts
@@ -174,7 +169,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		return r.reconcileDelete(ctx, s)
 	}
 	for _, phase := range []func(context.Context, *sandboxScope) (bool, error){
-		r.checkBackend, r.checkEnforcement, r.checkClass, r.checkSpec, r.checkNameConflict, r.inspect,
+		r.checkBackend, r.checkEnforcement, r.describe, r.checkNameConflict, r.inspect,
 	} {
 		if stop, err := phase(ctx, s); stop || err != nil {
 			return ctrl.Result{}, err
@@ -236,21 +231,6 @@ func (r *SandboxReconciler) enabledBackends() []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func (r *SandboxReconciler) checkSpec(_ context.Context, s *sandboxScope) (bool, error) {
-	in, err := instance.FromSandbox(s.sb, s.spec, s.host)
-	if err != nil {
-		s.facts.fail(v1alpha1.ReasonInvalidSpec, err.Error())
-		return true, nil
-	}
-	var mounted []string
-	if conditionTrue(s.sb.Status.Conditions, v1alpha1.ConditionReady) {
-		mounted = s.sb.Status.MountedGitDirs
-	}
-	in = instance.WithGitDirs(in, gitDirsToBind(s.claims, mounted))
-	s.instance, s.gitDirs = in, instance.GitDirs(in)
-	return false, nil
 }
 
 func (r *SandboxReconciler) inspect(ctx context.Context, s *sandboxScope) (bool, error) {

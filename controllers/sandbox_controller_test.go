@@ -241,7 +241,7 @@ var _ = Describe("Name conflicts", func() {
 	It("does not bind a claim on a Sandbox whose instance something else owns", func() {
 		ns := newNamespace()
 		const agent = "foreign-owned"
-		foreign, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "elsewhere", Name: "foreign"}, Spec: v1alpha1.SandboxSpec{Agent: agent}}, nil, instance.Host{AreasRoot: areasRoot})
+		foreign, err := testharness.DescribeAs(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "elsewhere", Name: "foreign"}, Spec: v1alpha1.SandboxSpec{Agent: agent}}, instance.Host{AreasRoot: areasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		_, err = mgr.rt.Ensure(ctx, foreign)
 		Expect(err).NotTo(HaveOccurred())
@@ -298,7 +298,7 @@ var _ = Describe("Controller restart", Ordered, func() {
 
 		By("an instance whose Sandbox is gone is left behind while the controller is down")
 		ghostSpec := &v1alpha1.SandboxSpec{Agent: "ghost"}
-		ghost, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "nowhere", Name: "ghost"}, Spec: *ghostSpec}, nil, instance.Host{AreasRoot: areasRoot})
+		ghost, err := testharness.DescribeAs(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "nowhere", Name: "ghost"}, Spec: *ghostSpec}, instance.Host{AreasRoot: areasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		mgr.stop()
 		_, err = mgr.rt.Ensure(ctx, ghost)

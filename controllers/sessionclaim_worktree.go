@@ -17,7 +17,6 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -51,17 +50,10 @@ func (r *SessionClaimReconciler) resolveRepo(ctx context.Context, c *v1alpha1.Se
 	}
 	// Host git runs in the mount only when the Sandbox's class allows the
 	// mount, and in the source the class checked (links resolved).
-	res, violations, err := sandboxclass.Resolve(ctx, r.Client, &sb.Spec, r.Host)
-	if err != nil {
-		return nil, err
-	}
-	if len(violations) > 0 {
-		return nil, fmt.Errorf("the SandboxClass of Sandbox %s forbids its spec: %s", sb.Name, strings.Join(violations, "; "))
-	}
 	// The claim's side reads only the instance's name, its identity and
 	// the Sandbox's own mounts; the git directory binds are the Sandbox's
 	// side (sandbox_worktrees.go).
-	in, err := instance.FromSandbox(sb, res.Spec, res.Host)
+	in, _, err := sandboxclass.Describe(ctx, r.Client, sb, r.Host)
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -73,7 +73,7 @@ func (s *shutdownStopper) Start(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		in, err := instance.FromSandbox(sb, nil, s.opts.Host)
+		in, _, err := sandboxclass.Describe(stopCtx, s.reader, sb, s.opts.Host)
 		if err != nil || !in.StopOnExit {
 			continue
 		}

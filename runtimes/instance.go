@@ -266,13 +266,11 @@ func (in Instance) LayoutAreas() error {
 	return areas.Layout(in.AgentDir, names, in.Identity.UID)
 }
 
-// FileView lays out the areas and opens the contained view of the areas and
-// custom mounts, as the sandbox sees them, for the controller's own file
-// access: every access acts as the agent's identity.
+// FileView opens the contained view of the areas and custom mounts, as the
+// sandbox sees them, for the controller's own file access: every access
+// acts as the agent's identity. It creates nothing: the areas are laid out
+// before (instance.Prepare, a driver's Ensure).
 func (in Instance) FileView() (*areas.View, error) {
-	if err := in.LayoutAreas(); err != nil {
-		return nil, err
-	}
 	binds := make([]areas.Binding, 0, len(in.Areas)+len(in.Mounts))
 	for _, b := range append(slices.Clone(in.Areas), in.Mounts...) {
 		binds = append(binds, areas.Binding{Target: b.Target, Dir: in.SourceDir(b), ReadOnly: b.ReadOnly})

@@ -70,6 +70,10 @@ func execClusterWithAreas(t *testing.T) (string, string) {
 		&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "ada"}, Spec: v1alpha1.SandboxSpec{Agent: "ada", Binaries: []v1alpha1.BinaryName{"echo", "cat", "fail"}}, Status: v1alpha1.SandboxStatus{Conditions: ready}},
 		&v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "s1"}, Spec: v1alpha1.SessionClaimSpec{SandboxName: "ada"}, Status: v1alpha1.SessionClaimStatus{Conditions: bound}},
 	).WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SessionClaim{}).Build()
+	// The Sandbox reconciler prepares the agent: its id and its areas.
+	if err := instance.Prepare(&v1alpha1.SandboxSpec{Agent: "ada"}, instance.Host{AreasRoot: areasRoot}); err != nil {
+		t.Fatal(err)
+	}
 	authn := bearertoken.New(authenticator.TokenFunc(func(_ context.Context, tok string) (*authenticator.Response, bool, error) {
 		if tok == kubeconfigToken {
 			t.Errorf("the exec API was sent the kubeconfig's token, which the API server accepts")

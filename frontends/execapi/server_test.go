@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -151,7 +152,13 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 		claim("unbound", "ada", false),
 		sandbox("sleepy", false), claim("waiting", "sleepy", true),
 		worktreeClaim("wt", "ada"),
+		sandbox("fresh", true), claim("f1", "fresh", true),
 	).WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SessionClaim{}).Build()
+	// The Sandbox reconciler prepares an agent (its id and areas); ada's
+	// is, fresh's is not yet.
+	if err := instance.Prepare(&sandbox("ada", true).Spec, instance.Host{AreasRoot: f.areas, Home: "/nonexistent"}); err != nil {
+		t.Fatal(err)
+	}
 
 	tokens := map[string]string{"alice-token": "alice", "bob-token": "bob"}
 	authn := bearertoken.New(authenticator.TokenFunc(func(_ context.Context, tok string) (*authenticator.Response, bool, error) {
@@ -479,4 +486,34 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// A request never creates, renames or chowns anything for an agent: the
+// Sandbox reconciler prepares it (instance.Prepare). Until it has, the
+// agent's files and commands are refused, and its directory stays absent.
+func TestRequestsCreateNothingForAnAgent(t *testing.T) {
+	f := newFixture(t, Config{})
+	for _, p := range []string{"workspace", "workspace/notes.txt"} {
+		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/f1/files/"+p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer alice-token")
+		resp, err := f.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode < 400 || !strings.Contains(string(b), "not prepared on this node yet") {
+			t.Errorf("GET %s of an agent not prepared: %d %s", p, resp.StatusCode, b)
+		}
+	}
+	res := f.exec(context.Background(), "alice-token", "f1", nil, "echo", "hi")
+	if res.err == nil || !strings.Contains(res.err.Error(), "not prepared on this node yet") {
+		t.Errorf("exec in an agent not prepared: %v", res.err)
+	}
+	if _, err := os.Lstat(filepath.Join(f.areas, "fresh")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the requests made the agent's directory: %v", err)
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -84,15 +83,18 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 	// The file endpoints do not wait for Ready, so they must hold the
 	// Sandbox to its class here as the controller does: never a view of a
 	// mount its class forbids, and the sources the class checked.
-	res, violations, err := sandboxclass.Resolve(ctx, s.opts.Reader, &sb.Spec, s.opts.Host)
-	if err != nil {
+	in, _, err := sandboxclass.Describe(ctx, s.opts.Reader, &sb, s.opts.Host)
+	var forbidden *sandboxclass.ForbiddenError
+	switch {
+	case errors.As(err, &forbidden):
+		return nil, notReady("%s", err.Error())
+	case errors.Is(err, sandboxclass.ErrClassUnavailable):
 		return nil, &apiError{code: http.StatusServiceUnavailable, msg: err.Error()}
-	}
-	if len(violations) > 0 {
-		return nil, notReady("the SandboxClass of Sandbox %s/%s forbids its spec: %s", ns, sb.Name, strings.Join(violations, "; "))
-	}
-	in, err := instance.FromSandbox(&sb, res.Spec, res.Host)
-	if err != nil {
+	case errors.Is(err, instance.ErrNotPrepared):
+		// Requests never create anything for an agent: the Sandbox
+		// reconciler prepares it first.
+		return nil, notReady("Sandbox %s/%s is not prepared on this node yet (%v); try again once its controller has seen it", ns, sb.Name, err)
+	case err != nil:
 		return nil, &apiError{code: http.StatusConflict, msg: err.Error()}
 	}
 	return &target{claim: &claim, sandbox: &sb, instance: in, runtime: rt}, nil

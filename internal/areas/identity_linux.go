@@ -88,6 +88,22 @@ func NewIdentities(root string, ids IDRange) (*Identities, error) {
 // Range is the range ids come from.
 func (a *Identities) Range() IDRange { return a.ids }
 
+// ErrNoIdentity is wrapped when an agent has not been given an id yet (its
+// directory is missing, or not owned by an id of the range).
+var ErrNoIdentity = errors.New("the agent has no host identity yet")
+
+// Lookup returns the id agent was given, reading only: it never creates,
+// chowns or renames anything. An agent without one is ErrNoIdentity.
+func (a *Identities) Lookup(agent string) (uint32, error) {
+	if agent == "" || strings.ContainsAny(agent, "/\x00") || agent == "." || agent == ".." {
+		return 0, fmt.Errorf("agent name %q is not a directory name", agent)
+	}
+	if id, ok := a.owned(filepath.Join(a.root, agent)); ok {
+		return id, nil
+	}
+	return 0, fmt.Errorf("agent %s in %s: %w", agent, a.root, ErrNoIdentity)
+}
+
 // For returns the id of agent, allocating the lowest free one and creating
 // the agent's directory (mode 0700, owned by it) when the agent has none.
 // An existing directory owned by an id outside the range (areas laid out

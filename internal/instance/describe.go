@@ -43,12 +43,14 @@ func StandaloneOwner(agent string) string { return "sandboxctl/" + agent }
 
 // FromSandbox describes the instance of Sandbox sb. spec is sb's spec with
 // its class applied (sandboxclass.Resolve); nil means sb.Spec as it is.
-// The description holds no git directory binds: only the Sandbox
-// reconciler, which converges the instance and compares hashes, adds them
-// (WithGitDirs). Every other caller (a claim's worktree, the exec API, the
-// shutdown path) reads the instance's name, identity and mounts, and runs
-// commands in the instance the driver recorded; it never compares this
-// ConfigHash.
+// It is pure: it reads the agent's host id and creates nothing; an agent
+// that has none yet is ErrNotPrepared (Prepare, the Sandbox reconciler's
+// step, gives it one). The description holds no git directory binds: only
+// the Sandbox reconciler, which converges the instance and compares
+// hashes, adds them (WithGitDirs). Every other caller (a claim's worktree,
+// the exec API, the shutdown path) reads the instance's name, identity and
+// mounts, and runs commands in the instance the driver recorded; it never
+// compares this ConfigHash.
 func FromSandbox(sb *v1alpha1.Sandbox, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Instance, error) {
 	if spec == nil {
 		spec = &sb.Spec
@@ -56,9 +58,42 @@ func FromSandbox(sb *v1alpha1.Sandbox, spec *v1alpha1.SandboxSpec, host Host) (r
 	return describe(Owner(sb.Namespace, sb.Name), spec, host)
 }
 
+// ErrNotPrepared is wrapped when the agent of a spec has no host identity
+// and no areas yet: Prepare has not run for it.
+var ErrNotPrepared = areas.ErrNoIdentity
+
+// Prepare gives the agent of spec its host id and its directory of areas,
+// laid out: the one step that creates, renames or chowns anything for an
+// agent, taken by the Sandbox reconciler (and by Standalone) once the
+// spec's class allows it. Describing is pure after it.
+func Prepare(spec *v1alpha1.SandboxSpec, host Host) error {
+	if !filepath.IsAbs(host.AreasRoot) {
+		return fmt.Errorf("areas root %q must be an absolute path", host.AreasRoot)
+	}
+	id, err := identityFor(spec.Agent, host, true)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(runtimes.StandardAreas))
+	for _, a := range runtimes.StandardAreas {
+		names = append(names, a.Name)
+	}
+	if err := areas.Layout(filepath.Join(host.AreasRoot, spec.Agent), names, id.UID); err != nil {
+		return fmt.Errorf("laying out the areas of agent %s: %w", spec.Agent, err)
+	}
+	return nil
+}
+
 // Standalone describes the instance of a sandbox configured without a
-// Sandbox object (sandbox.toml), owned by StandaloneOwner.
+// Sandbox object (sandbox.toml), owned by StandaloneOwner. Having no
+// reconciler, it prepares the agent first.
 func Standalone(spec *v1alpha1.SandboxSpec, host Host) (runtimes.Instance, error) {
+	if errs := v1alpha1.ValidateSandboxSpec(spec); len(errs) > 0 {
+		return runtimes.Instance{}, fmt.Errorf("sandbox %s: %w", StandaloneOwner(spec.Agent), errs.ToAggregate())
+	}
+	if err := Prepare(spec, host); err != nil {
+		return runtimes.Instance{}, err
+	}
 	return describe(StandaloneOwner(spec.Agent), spec, host)
 }
 
@@ -112,7 +147,7 @@ func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Ins
 		return runtimes.Instance{}, fmt.Errorf("areas root %q must be an absolute path", host.AreasRoot)
 	}
 	agentDir := filepath.Join(host.AreasRoot, spec.Agent)
-	id, err := identityFor(spec.Agent, host)
+	id, err := identityFor(spec.Agent, host, false)
 	if err != nil {
 		return runtimes.Instance{}, err
 	}
@@ -262,8 +297,9 @@ func size(q *resource.Quantity) *runtimes.Size {
 	return &runtimes.Size{Bytes: q.Value(), Text: q.String()}
 }
 
-// identityFor is the host identity of agent on host.
-func identityFor(agent string, host Host) (runtimes.Identity, error) {
+// identityFor is the host identity of agent on host: read, or given when
+// allocate is set (Prepare).
+func identityFor(agent string, host Host, allocate bool) (runtimes.Identity, error) {
 	ids := host.Identities
 	if ids == nil {
 		if uid := os.Geteuid(); uid != 0 {
@@ -274,9 +310,15 @@ func identityFor(agent string, host Host) (runtimes.Identity, error) {
 			return runtimes.Identity{}, err
 		}
 	}
-	id, err := ids.For(agent)
+	var id uint32
+	var err error
+	if allocate {
+		id, err = ids.For(agent)
+	} else {
+		id, err = ids.Lookup(agent)
+	}
 	if err != nil {
-		return runtimes.Identity{}, fmt.Errorf("giving agent %s a host identity: %w", agent, err)
+		return runtimes.Identity{}, fmt.Errorf("the host identity of agent %s: %w", agent, err)
 	}
 	return runtimes.Identity{UID: id, GID: id}, nil
 }

@@ -52,6 +52,9 @@ func TestEncodingIsTheOneOfTheAPITypes(t *testing.T) {
 				t.Fatal(err)
 			}
 			sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: tc.name}, Spec: *tc.spec}
+			if err := Prepare(tc.spec, Host{AreasRoot: root, Identities: ids}); err != nil {
+				t.Fatal(err)
+			}
 			in, err := FromSandbox(sb, nil, Host{AreasRoot: root, Identities: ids})
 			if err != nil {
 				t.Fatal(err)

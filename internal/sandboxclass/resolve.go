@@ -2,9 +2,11 @@ package sandboxclass
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -12,6 +14,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 // Resolved is what a Sandbox is described from (instance.FromSandbox) under
@@ -97,4 +100,38 @@ func agentID(root, agent string, controller areas.IDRange) (uint32, bool) {
 		return 0, false
 	}
 	return st.Uid, true
+}
+
+// ErrClassUnavailable is wrapped when the cluster's SandboxClasses cannot
+// be read: nothing can be described until they can.
+var ErrClassUnavailable = errors.New("the SandboxClasses cannot be read")
+
+// ForbiddenError is a Sandbox whose spec its class forbids: each violation
+// names a field and the class's rule.
+type ForbiddenError struct {
+	Sandbox    string
+	Violations []string
+}
+
+func (e *ForbiddenError) Error() string {
+	return fmt.Sprintf("the SandboxClass of Sandbox %s forbids its spec: %s", e.Sandbox, strings.Join(e.Violations, "; "))
+}
+
+// Describe is the one way from a Sandbox to its instance: its class
+// resolved (Resolve), its spec held to it, and the instance described
+// (instance.FromSandbox) from the spec with the class applied and beneath
+// the roots the class allows. It is pure: it reads the classes and the
+// agent's host id and creates nothing. Its errors: ErrClassUnavailable,
+// *ForbiddenError, instance.ErrNotPrepared (the agent has no id yet; only
+// the Sandbox reconciler prepares one), or the spec's own error.
+func Describe(ctx context.Context, c client.Reader, sb *v1alpha1.Sandbox, host instance.Host) (runtimes.Instance, Resolved, error) {
+	res, violations, err := Resolve(ctx, c, &sb.Spec, host)
+	if err != nil {
+		return runtimes.Instance{}, Resolved{}, fmt.Errorf("%w: %w", ErrClassUnavailable, err)
+	}
+	if len(violations) > 0 {
+		return runtimes.Instance{}, Resolved{}, &ForbiddenError{Sandbox: sb.Namespace + "/" + sb.Name, Violations: violations}
+	}
+	in, err := instance.FromSandbox(sb, res.Spec, res.Host)
+	return in, res, err
 }

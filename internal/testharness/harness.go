@@ -304,3 +304,13 @@ func (r *Recorder) Usage(name string) (runtimes.Usage, error) {
 	}
 	return ur.Usage(name)
 }
+
+// DescribeAs prepares sb's agent as the Sandbox reconciler would (its host
+// id and areas) and describes sb's instance, with no class: for tests that
+// act as another owner of an agent, or call a driver directly.
+func DescribeAs(sb *v1alpha1.Sandbox, host instance.Host) (runtimes.Instance, error) {
+	if err := instance.Prepare(&sb.Spec, host); err != nil {
+		return runtimes.Instance{}, err
+	}
+	return instance.FromSandbox(sb, nil, host)
+}

@@ -141,7 +141,7 @@ func driverEnsureCold(n int) []time.Duration {
 	for i := range n {
 		spec := &v1alpha1.SandboxSpec{Agent: fmt.Sprintf("bench-driver-%d", i), Backend: v1alpha1.BackendContainerd,
 			Binaries: []v1alpha1.BinaryName{"true"}, Containerd: &v1alpha1.ContainerdSpec{Image: image}}
-		in, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "driver"}, Spec: *spec}, nil, instance.Host{AreasRoot: env.AreasRoot})
+		in, err := testharness.DescribeAs(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "driver"}, Spec: *spec}, instance.Host{AreasRoot: env.AreasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		start := time.Now()
 		_, err = drv.Ensure(ctx, in)

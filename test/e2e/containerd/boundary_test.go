@@ -23,6 +23,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
 )
@@ -62,7 +63,7 @@ var _ = Describe("containerd mount destinations against the agent", Ordered, fun
 			Containerd: &v1alpha1.ContainerdSpec{Image: img},
 			Mounts:     mounts,
 		}
-		in, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "boundary", Name: agent}, Spec: *spec}, nil, instance.Host{AreasRoot: areasRoot})
+		in, err := testharness.DescribeAs(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "boundary", Name: agent}, Spec: *spec}, instance.Host{AreasRoot: areasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(d.Delete(ctx, in.Name)).To(Succeed()) })
 		return in

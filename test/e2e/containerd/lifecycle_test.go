@@ -197,7 +197,7 @@ var _ = Describe("containerd Sandbox lifecycle", func() {
 
 	It("removes a container whose Sandbox is gone and keeps its areas", func() {
 		spec := &v1alpha1.SandboxSpec{Agent: "ctr-orphan", Backend: v1alpha1.BackendContainerd, Containerd: &v1alpha1.ContainerdSpec{Image: image}}
-		orphan, err := instance.FromSandbox(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "gone", Name: "orphan"}, Spec: *spec}, nil, instance.Host{AreasRoot: env.AreasRoot})
+		orphan, err := testharness.DescribeAs(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "gone", Name: "orphan"}, Spec: *spec}, instance.Host{AreasRoot: env.AreasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		// Made while no controller runs, as after a Sandbox deleted behind
 		// its back: a running collector could remove it mid-Ensure.

@@ -162,7 +162,7 @@ func claimToReady(ns, sandbox string, fresh bool, claimName ...string) time.Dura
 // the REST client alone.
 func rawInstance(ns, name string) incusapi.InstancesPost {
 	sb := newSandbox(ns, name)
-	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
+	in, err := testharness.DescribeAs(sb, instance.Host{AreasRoot: env.AreasRoot})
 	Expect(err).NotTo(HaveOccurred())
 	for _, a := range in.Areas {
 		Expect(os.MkdirAll(a.Source, 0o755)).To(Succeed())
@@ -181,7 +181,7 @@ func rawInstance(ns, name string) incusapi.InstancesPost {
 // for a Sandbox that is not in the API server.
 func driverInstance(ns, name string) runtimes.Instance {
 	sb := newSandbox(ns, name)
-	in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
+	in, err := testharness.DescribeAs(sb, instance.Host{AreasRoot: env.AreasRoot})
 	Expect(err).NotTo(HaveOccurred())
 	return in
 }

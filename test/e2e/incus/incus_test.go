@@ -501,7 +501,7 @@ var _ = Describe("Incus overlay mounts", func() {
 		src := runtimetest.OverlaySource(GinkgoT())
 		sb := newSandbox(ns, "ovl")
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: src, Target: "project", Mode: v1alpha1.MountOverlay, SizeLimit: ptr.To(resource.MustParse("100Ki"))}}
-		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
+		in, err := testharness.DescribeAs(sb, instance.Host{AreasRoot: env.AreasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
 		// The driver alone: a running controller would collect an
@@ -524,7 +524,7 @@ var _ = Describe("Incus git directory binds", func() {
 		Expect(os.WriteFile(filepath.Join(secret, "HEAD"), []byte("host secret\n"), 0o644)).To(Succeed())
 		sb := newSandbox(ns, "gd")
 		sb.Spec.Mounts = []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}}
-		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
+		in, err := testharness.DescribeAs(sb, instance.Host{AreasRoot: env.AreasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		withGit := in
 		withGit.Mounts = slices.Clone(in.Mounts)
@@ -577,7 +577,7 @@ var _ = Describe("Incus resource limits, through the driver", func() {
 		sb.Spec.Binaries = []v1alpha1.BinaryName{"sh", "sleep"}
 		sb.Spec.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](runtimetest.LimitedPids),
 			Limits: v1alpha1.ResourceAmounts{Memory: resource.NewQuantity(runtimetest.LimitedMemory, resource.BinarySI)}}
-		in, err := instance.FromSandbox(sb, nil, instance.Host{AreasRoot: env.AreasRoot})
+		in, err := testharness.DescribeAs(sb, instance.Host{AreasRoot: env.AreasRoot})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
 		mgr.Stop()

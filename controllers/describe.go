@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -10,35 +11,57 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
 )
 
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxclasses,verbs=get;list;watch
 
-// checkClass holds the Sandbox to its SandboxClass before anything of it
-// starts, whatever admission let in: the admission policy may not be
-// installed, and a class may have changed since the Sandbox was written.
-// It runs before checkSpec, whose Describe gives the agent an id and a
-// directory, so a forbidden spec creates nothing on the host. A running
-// instance is left to the phases after only when the class allows it;
-// otherwise it is stopped, since what it binds is no longer allowed.
-func (r *SandboxReconciler) checkClass(ctx context.Context, s *sandboxScope) (bool, error) {
-	res, violations, err := sandboxclass.Resolve(ctx, r.Client, &s.sb.Spec, r.Host)
-	if err != nil {
+// describe holds the Sandbox to its SandboxClass and describes its
+// instance (sandboxclass.Describe, the one way every caller takes), before
+// anything of it starts, whatever admission let in: the admission policy
+// may not be installed, and a class may have changed since the Sandbox was
+// written. An agent without a host id yet is prepared here, the one place
+// that creates anything for it (instance.Prepare), and only once its class
+// allows its spec, so a forbidden spec creates nothing on the host. A
+// running instance is left to the phases after only when the class allows
+// it; otherwise it is stopped, since what it binds is no longer allowed.
+func (r *SandboxReconciler) describe(ctx context.Context, s *sandboxScope) (bool, error) {
+	in, res, err := sandboxclass.Describe(ctx, r.Client, s.sb, r.Host)
+	if err == nil || errors.Is(err, instance.ErrNotPrepared) {
+		// Its class allows the spec: the agent gets its id, its directory
+		// and its areas, if it has not (idempotent, a few stats when all
+		// is there), so that the exec API's file requests find them.
+		if perr := instance.Prepare(res.Spec, res.Host); perr != nil {
+			err = perr
+		} else if err != nil {
+			in, _, err = sandboxclass.Describe(ctx, r.Client, s.sb, r.Host)
+		}
+	}
+	var forbidden *sandboxclass.ForbiddenError
+	switch {
+	case errors.Is(err, sandboxclass.ErrClassUnavailable):
 		return false, err
+	case errors.As(err, &forbidden):
+		msg := strings.Join(forbidden.Violations, "; ")
+		if c := findCondition(s.sb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != v1alpha1.ReasonClassForbids || c.Message != msg {
+			r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonClassForbids, msg)
+			log.FromContext(ctx).Info("the Sandbox's class forbids its spec; nothing starts", "problem", msg)
+		}
+		s.facts.fail(v1alpha1.ReasonClassForbids, msg)
+		return true, r.stopForbidden(ctx, s, msg)
+	case err != nil:
+		s.facts.fail(v1alpha1.ReasonInvalidSpec, err.Error())
+		return true, nil
 	}
-	if len(violations) == 0 {
-		s.spec, s.host = res.Spec, res.Host
-		r.warnDeprecated(s.sb)
-		return false, nil
+	r.warnDeprecated(s.sb)
+	var mounted []string
+	if conditionTrue(s.sb.Status.Conditions, v1alpha1.ConditionReady) {
+		mounted = s.sb.Status.MountedGitDirs
 	}
-	msg := strings.Join(violations, "; ")
-	if c := findCondition(s.sb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != v1alpha1.ReasonClassForbids || c.Message != msg {
-		r.Recorder.Event(s.sb, "Warning", v1alpha1.ReasonClassForbids, msg)
-		log.FromContext(ctx).Info("the Sandbox's class forbids its spec; nothing starts", "problem", msg)
-	}
-	s.facts.fail(v1alpha1.ReasonClassForbids, msg)
-	return true, r.stopForbidden(ctx, s, msg)
+	in = instance.WithGitDirs(in, gitDirsToBind(s.claims, mounted))
+	s.instance, s.gitDirs = in, instance.GitDirs(in)
+	return false, nil
 }
 
 // warnDeprecated says, once per generation, which deprecated fields a
