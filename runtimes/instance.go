@@ -1,8 +1,6 @@
 package runtimes
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -128,10 +126,6 @@ type Devices struct {
 // ContainerdConfig is what the containerd driver takes beyond the fields
 // every driver shares.
 type ContainerdConfig struct {
-	// Image repeats Instance.Image, where drivers read it: the encoding of
-	// an Instance (its ConfigHash, the description a container records)
-	// has always carried it here too.
-	Image string `json:"image"`
 	// MemoryLimit caps the container's memory; nil for no limit.
 	MemoryLimit *Size `json:"memoryLimit,omitempty"`
 	// PidsLimit caps the container's processes; zero for no limit.
@@ -144,16 +138,13 @@ type ContainerdConfig struct {
 // IncusConfig is what the Incus driver takes beyond the fields every
 // driver shares.
 type IncusConfig struct {
-	// Image repeats Instance.Image, where drivers read it (see
-	// ContainerdConfig.Image).
-	Image string `json:"image"`
 	// Profiles are applied when the instance is created.
 	Profiles []string `json:"profiles,omitempty"`
 	// Project is the Incus project; empty for the client's current one.
 	Project string `json:"project,omitempty"`
 	// ShutdownOnExit is the Sandbox's setting as written (nil when unset).
-	// No driver reads it, the controller reads Instance.StopOnExit; it is
-	// here because the encoding of an Instance has always carried it.
+	// No driver reads it, the controller reads Instance.StopOnExit; the
+	// ConfigHash (version 1) does, where it tells unset from true.
 	ShutdownOnExit *bool `json:"shutdownOnExit,omitempty"`
 	// RootSizeLimit is what the root volume may hold before the health
 	// check reports it; nil for no limit.
@@ -209,20 +200,6 @@ type Identity struct {
 
 // Areas is id as the identity file access acts as.
 func (id Identity) Areas() areas.Identity { return areas.Identity{UID: id.UID, GID: id.GID} }
-
-// Hash identifies the configuration of in, everything but its owner and
-// its ConfigHash; the describer sets ConfigHash to it.
-func (in Instance) Hash() string {
-	// Owner is not part of the configuration: adopting an instance under the
-	// same owner must not look like a change.
-	in.Owner = ""
-	b, err := json.Marshal(in)
-	if err != nil {
-		panic(fmt.Sprintf("marshalling an instance description: %v", err))
-	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8])
-}
 
 // AddBinds adds binds at absolute targets outside /workspace (the git
 // directories of session worktrees, mounted where their worktrees' .git

@@ -266,7 +266,6 @@ func resources(spec *v1alpha1.SandboxSpec) runtimes.Resources {
 
 func containerdConfig(c *v1alpha1.ContainerdSpec) *runtimes.ContainerdConfig {
 	out := &runtimes.ContainerdConfig{
-		Image:           c.Image,
 		MemoryLimit:     size(c.MemoryLimit),
 		RootfsSizeLimit: size(c.RootfsSizeLimit),
 	}
@@ -278,7 +277,6 @@ func containerdConfig(c *v1alpha1.ContainerdSpec) *runtimes.ContainerdConfig {
 
 func incusConfig(c *v1alpha1.IncusSpec) *runtimes.IncusConfig {
 	out := &runtimes.IncusConfig{
-		Image:         c.Image,
 		Profiles:      slices.Clone(c.Profiles),
 		Project:       c.Project,
 		RootSizeLimit: size(c.RootSizeLimit),

@@ -1,6 +1,8 @@
 package instance
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -16,9 +18,10 @@ import (
 
 // The encodings below are what runtimes.Describe gave, with the API's types
 // in the Instance, before the drivers got types of their own. The
-// ConfigHash is the hash of this encoding, and the containerd and incus
-// drivers record it on their instances: while it holds, no running instance
-// restarts for the change of types. $ROOT is the areas root.
+// ConfigHash is the hash of this encoding (runtimes' ConfigHash version 1
+// writes it out field by field), and the containerd and incus drivers
+// record it on their instances: while it holds, no running instance
+// restarts for a change of the Instance's shape. $ROOT is the areas root.
 var encodings = []struct {
 	name string
 	spec *v1alpha1.SandboxSpec
@@ -60,24 +63,31 @@ func TestEncodingIsTheOneOfTheAPITypes(t *testing.T) {
 				t.Fatal(err)
 			}
 			in = WithGitDirs(in, []string{"/srv/rw/repo/.git"})
-			hash := in.ConfigHash
-			in.Owner = ""
-			b, err := json.Marshal(in)
+			// The ConfigHash is still the hash of the recorded encoding
+			// (runtimes' ConfigHash version 1 input), whatever shape the
+			// Instance has now.
+			recorded := strings.ReplaceAll(tc.want, "$ROOT", root)
+			sum := sha256.Sum256([]byte(recorded))
+			if want := hex.EncodeToString(sum[:8]); in.ConfigHash != want || in.Hash() != want {
+				t.Errorf("ConfigHash %s (hash %s) is not the hash of the recorded encoding (%s): every such instance would restart", in.ConfigHash, in.Hash(), want)
+			}
+			// A description a driver recorded in that encoding decodes to
+			// the same configuration.
+			var back runtimes.Instance
+			if err := json.Unmarshal([]byte(recorded), &back); err != nil {
+				t.Fatalf("a recorded description does not decode: %v", err)
+			}
+			if back.Hash() != in.ConfigHash {
+				t.Errorf("a recorded description hashes to %s, not %s", back.Hash(), in.ConfigHash)
+			}
+			// And one recorded now decodes to it too.
+			now, err := json.Marshal(in)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := strings.ReplaceAll(string(b), root, "$ROOT"); got != tc.want {
-				t.Errorf("encoding changed, so would the ConfigHash of every such instance:\n got %s\nwant %s", got, tc.want)
-			}
-			if hash != in.Hash() {
-				t.Errorf("ConfigHash %s is not the hash of the encoding (%s)", hash, in.Hash())
-			}
-			var back runtimes.Instance
-			if err := json.Unmarshal(b, &back); err != nil {
-				t.Fatalf("a recorded description does not decode: %v", err)
-			}
-			if back.Hash() != hash {
-				t.Errorf("a decoded description hashes to %s, not %s", back.Hash(), hash)
+			back = runtimes.Instance{}
+			if err := json.Unmarshal(now, &back); err != nil || back.Hash() != in.ConfigHash {
+				t.Errorf("a description recorded now hashes to %s (%v), not %s", back.Hash(), err, in.ConfigHash)
 			}
 		})
 	}

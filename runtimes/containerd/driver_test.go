@@ -591,7 +591,7 @@ func TestUnreachableDaemonIsUnavailable(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	in := runtimes.Instance{Name: "cireilclaw-nobody", Owner: "ns/nobody", Image: "x", Containerd: &runtimes.ContainerdConfig{Image: "x"},
+	in := runtimes.Instance{Name: "cireilclaw-nobody", Owner: "ns/nobody", Image: "x", Containerd: &runtimes.ContainerdConfig{},
 		AgentDir: filepath.Join(t.TempDir(), "nobody"), Areas: []runtimes.Bind{{Source: filepath.Join(t.TempDir(), "workspace"), Target: "/workspace"}},
 		Identity: runtimes.Identity{UID: 2000000000, GID: 2000000000}}
 	calls := map[string]func() error{

@@ -35,7 +35,7 @@ func TestRootIdentityIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []runtimes.Identity{{}, {UID: 0, GID: 2000000000}, {UID: 2000000000, GID: 0}} {
-		in := runtimes.Instance{Name: "cireilclaw-root", Image: "busybox", Incus: &runtimes.IncusConfig{Image: "busybox"}, Identity: id}
+		in := runtimes.Instance{Name: "cireilclaw-root", Image: "busybox", Incus: &runtimes.IncusConfig{}, Identity: id}
 		_, err := r.Ensure(t.Context(), in)
 		if runtimes.ReasonOf(err) != runtimes.ReasonRefused || !strings.Contains(err.Error(), "never run as host root") {
 			t.Errorf("Ensure with identity %+v: %v, want %v", id, err, runtimes.ReasonRefused)

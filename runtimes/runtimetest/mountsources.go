@@ -32,6 +32,13 @@ func MountSourcesRefused(t T, rt runtimes.Runtime, describe func(src string) run
 		{loop, "symbolic link loop"},
 	} {
 		in := describe(tc.src)
+		// Whatever the describer prepared, the driver must lay out nothing
+		// before it refuses: the areas go first.
+		for _, a := range in.Areas {
+			if err := os.RemoveAll(a.Source); err != nil {
+				t.Fatal(err)
+			}
+		}
 		_, err := rt.Ensure(context.Background(), in)
 		if runtimes.ReasonOf(err) != runtimes.ReasonMountSourceMissing {
 			t.Fatalf("Ensure with mount source %s: %v (reason %s), want %s", tc.src, err, runtimes.ReasonOf(err), runtimes.ReasonMountSourceMissing)
