@@ -39,8 +39,6 @@ import (
 // controller suites' containers.
 const testNamespace = "sandbox-controller-unit"
 
-const howToStart = `start the test daemon: eval "$(hack/containerd.sh start)"`
-
 var (
 	importOnce  sync.Once
 	importErr   error
@@ -51,11 +49,9 @@ var (
 // or fails (CI) or skips (elsewhere) when there is none.
 func daemon(t *testing.T, mutate func(*containerd.Config)) (*containerd.Runtime, string) {
 	t.Helper()
-	addr, tar := os.Getenv("CONTAINERD_ADDRESS"), os.Getenv("CONTAINERD_TEST_IMAGE_TAR")
-	if addr == "" || tar == "" {
-		testenv.Missing(t, "containerd (CONTAINERD_ADDRESS, CONTAINERD_TEST_IMAGE_TAR)", howToStart)
-	}
-	cfg := containerd.Config{Address: addr, Namespace: testNamespace, FIFODir: os.Getenv("CONTAINERD_FIFO_DIR")}
+	ce := testenv.ContainerdEnv(t, true)
+	addr, tar := ce.Address, ce.ImageTar
+	cfg := containerd.Config{Address: addr, Namespace: testNamespace, FIFODir: ce.FIFODir}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -74,7 +70,7 @@ func daemon(t *testing.T, mutate func(*containerd.Config)) (*containerd.Runtime,
 		importNames, importErr = rt.Import(context.Background(), f)
 	})
 	if runtimes.ReasonOf(importErr) == runtimes.ReasonUnavailable {
-		testenv.Missing(t, "a running containerd at "+addr, howToStart)
+		testenv.Missing(t, "a running containerd at "+addr, testenv.ContainerdHowToStart)
 	}
 	if importErr != nil || len(importNames) == 0 {
 		t.Fatalf("importing the test image %s: %v (names %q)", tar, importErr, importNames)

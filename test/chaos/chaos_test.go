@@ -165,8 +165,8 @@ func TestChaos(t *testing.T) {
 		testenv.Missing(t, "envtest binaries", p)
 	}
 	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
-	if cfg.containerd && os.Getenv("CONTAINERD_ADDRESS") == "" {
-		testenv.Missing(t, "containerd", "CHAOS_BACKENDS has containerd: start it with eval \"$(hack/containerd.sh start)\"")
+	if cfg.containerd {
+		testenv.ContainerdEnv(t, false)
 	}
 	t.Logf("chaos: seed %d (rerun with CHAOS_SEED=%d), churn %s, API server outages %v, containerd %v", cfg.seed, cfg.seed, cfg.duration, cfg.outages, cfg.containerd)
 	r := start(t, cfg)
@@ -264,7 +264,7 @@ func start(t *testing.T, cfg config) *run {
 		if ns == "" {
 			ns = containerd.DefaultNamespace
 		}
-		cd, err := containerd.New(context.Background(), containerd.Config{Address: os.Getenv("CONTAINERD_ADDRESS"), Namespace: ns})
+		cd, err := containerd.New(context.Background(), containerd.Config{Address: os.Getenv(testenv.ContainerdAddressEnv), Namespace: ns})
 		if err != nil {
 			t.Fatal(err)
 		}

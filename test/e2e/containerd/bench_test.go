@@ -194,7 +194,7 @@ func rawExecTrue(c *containerdclient.Client, nsCtx context.Context, inst string,
 	p := *spec.Process
 	p.Args = []string{"true"}
 	proc, err := task.Exec(nsCtx, fmt.Sprintf("bench-raw-%d", i), &p,
-		cio.NewCreator(cio.WithStreams(nil, &strings.Builder{}, &strings.Builder{}), cio.WithFIFODir(os.Getenv("CONTAINERD_FIFO_DIR"))))
+		cio.NewCreator(cio.WithStreams(nil, &strings.Builder{}, &strings.Builder{}), cio.WithFIFODir(os.Getenv(testenv.ContainerdFIFODirEnv))))
 	Expect(err).NotTo(HaveOccurred())
 	exited, err := proc.Wait(nsCtx)
 	Expect(err).NotTo(HaveOccurred())

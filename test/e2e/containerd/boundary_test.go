@@ -44,10 +44,11 @@ var _ = Describe("containerd mount destinations against the agent", Ordered, fun
 
 	BeforeAll(func() {
 		var err error
-		d, err = containerd.New(ctx, containerd.Config{Address: os.Getenv("CONTAINERD_ADDRESS"), Namespace: boundaryNamespace, FIFODir: os.Getenv("CONTAINERD_FIFO_DIR")})
+		ce := testenv.ContainerdEnv(GinkgoT(), true)
+		d, err = containerd.New(ctx, containerd.Config{Address: ce.Address, Namespace: boundaryNamespace, FIFODir: ce.FIFODir})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(d.Close)
-		img = importImage(d, os.Getenv("CONTAINERD_TEST_IMAGE_TAR"))
+		img = importImage(d, ce.ImageTar)
 		// Searchable by the agents' ids, as an areas root on a host is.
 		areasRoot = filepath.Join(sharedDir(), "areas")
 		helper = buildExchange()

@@ -28,8 +28,6 @@ import (
 // the daemon, the driver's own tests included.
 const e2eNamespace = "sandbox-controller-e2e"
 
-const howToStart = `start the test daemon first: eval "$(hack/containerd.sh start)"`
-
 // Intervals short enough that health and orphan checks happen within a
 // test's Eventually.
 const (
@@ -52,12 +50,9 @@ func TestContainerd(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
-	addr, tar := os.Getenv("CONTAINERD_ADDRESS"), os.Getenv("CONTAINERD_TEST_IMAGE_TAR")
-	if addr == "" || tar == "" {
-		testenv.Missing(GinkgoT(), "containerd (CONTAINERD_ADDRESS and CONTAINERD_TEST_IMAGE_TAR are not set)", howToStart)
-	}
-	drv = newDriver(addr)
-	image = importImage(drv, tar)
+	ce := testenv.ContainerdEnv(GinkgoT(), true)
+	drv = newDriver(ce.Address)
+	image = importImage(drv, ce.ImageTar)
 	env = testharness.Start()
 	k8s = env.Client
 	mgr = startManager()
@@ -80,7 +75,7 @@ var _ = AfterSuite(func() {
 })
 
 func newDriver(addr string) *containerd.Runtime {
-	d, err := containerd.New(ctx, containerd.Config{Address: addr, Namespace: e2eNamespace, FIFODir: os.Getenv("CONTAINERD_FIFO_DIR")})
+	d, err := containerd.New(ctx, containerd.Config{Address: addr, Namespace: e2eNamespace, FIFODir: os.Getenv(testenv.ContainerdFIFODirEnv)})
 	Expect(err).NotTo(HaveOccurred())
 	return d
 }
@@ -93,7 +88,7 @@ func importImage(d *containerd.Runtime, tar string) string {
 	defer f.Close()
 	names, err := d.Import(ctx, f)
 	if runtimes.ReasonOf(err) == runtimes.ReasonUnavailable {
-		testenv.Missing(GinkgoT(), "a running containerd: "+err.Error(), howToStart)
+		testenv.Missing(GinkgoT(), "a running containerd: "+err.Error(), testenv.ContainerdHowToStart)
 	}
 	Expect(err).NotTo(HaveOccurred())
 	Expect(names).NotTo(BeEmpty())

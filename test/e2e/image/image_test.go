@@ -29,10 +29,8 @@ const (
 )
 
 func TestImageImportsAndRuns(t *testing.T) {
-	addr := os.Getenv("CONTAINERD_ADDRESS")
-	if addr == "" {
-		testenv.Missing(t, "containerd", "run the tests with `make test`, or hack/containerd.sh start and eval \"$(hack/containerd.sh env)\"")
-	}
+	ce := testenv.ContainerdEnv(t, false)
+	addr := ce.Address
 	tarball := filepath.Join(t.TempDir(), "image.tar")
 	build := exec.Command("make", "--no-print-directory", "-C", "../../..", "image", "VERSION="+version, "IMAGE_TAR="+tarball)
 	if out, err := build.CombinedOutput(); err != nil {
@@ -104,7 +102,7 @@ func run(ctx context.Context, t *testing.T, c *containerd.Client, img containerd
 	defer func() { _ = ctr.Delete(context.WithoutCancel(ctx), containerd.WithSnapshotCleanup) }()
 	var stdout, stderr bytes.Buffer
 	creator := cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr))
-	if dir := os.Getenv("CONTAINERD_FIFO_DIR"); dir != "" {
+	if dir := os.Getenv(testenv.ContainerdFIFODirEnv); dir != "" {
 		creator = cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr), cio.WithFIFODir(dir))
 	}
 	task, err := ctr.NewTask(ctx, creator)
