@@ -240,13 +240,7 @@ func TestUploadConcurrencyLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first upload holds the only slot once its temporary file exists.
-	deadline := time.Now().Add(30 * time.Second)
-	for !hasUploadTemp(f.workspace()) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first upload never started writing")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "the first upload started writing", func() bool { return hasUploadTemp(f.workspace()) })
 	before := f.refusals(refusalTooManyUploads)
 	code, msg := f.put(context.Background(), "workspace/second", strings.NewReader("x"), 1)
 	if code != http.StatusTooManyRequests || !strings.Contains(msg, "1 uploads are in progress, the most this controller receives at once (--api-max-uploads)") {

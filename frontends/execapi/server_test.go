@@ -35,6 +35,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -304,10 +305,7 @@ func TestExecCancelKillsTheCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan execResult, 1)
 	go func() { done <- f.exec(ctx, "alice-token", "s1", nil, "sleep", "1000") }()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(f.rt.commands()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the command started", func() bool { return len(f.rt.commands()) > 0 })
 	cancel()
 	select {
 	case got := <-f.rt.killed:
@@ -334,10 +332,7 @@ func TestExecLimitPerClaim(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go f.exec(ctx, "alice-token", "s1", nil, "sleep", "1")
-	deadline := time.Now().Add(10 * time.Second)
-	for len(f.rt.commands()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the first command started", func() bool { return len(f.rt.commands()) > 0 })
 	res := f.exec(context.Background(), "alice-token", "s1", nil, "echo")
 	if res.err == nil || !strings.Contains(res.err.Error(), "the most one claim may run at once") {
 		t.Fatalf("want the per-claim limit, got %v", res.err)

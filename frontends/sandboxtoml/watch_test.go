@@ -19,17 +19,6 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 )
 
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // replace writes content the way editors that save atomically do: a new
 // file renamed over the old one.
@@ -90,17 +79,17 @@ func TestWatcherReloads(t *testing.T) {
 
 	t.Run("reload/in-place write", func(t *testing.T) {
 		writeFile(t, path, "[bwrap]\nbinaries = [\"git\", \"python3\"]\n")
-		eventually(t, 5*time.Second, "the in-place edit is not applied", func() bool { return binariesOf(w) == "git,python3" })
+		testenv.Eventually(t, 5*time.Second, "the in-place edit is not applied", func() bool { return binariesOf(w) == "git,python3" })
 	})
 	t.Run("reload/rename over the file", func(t *testing.T) {
 		replace(t, path, "[bwrap]\nbinaries = [\"make\"]\n")
-		eventually(t, 5*time.Second, "the renamed-over file is not applied", func() bool { return binariesOf(w) == "make" })
+		testenv.Eventually(t, 5*time.Second, "the renamed-over file is not applied", func() bool { return binariesOf(w) == "make" })
 	})
 	t.Run("reload/invalid edit keeps the last good configuration and reports", func(t *testing.T) {
 		gen := w.Current().Generation
 		before := rep.errCount()
 		replace(t, path, "[bwrap]\nbinaries = [\"make\", \"rm -rf\"]\nbogus = 1\n")
-		eventually(t, 5*time.Second, "the invalid edit is not reported", func() bool { return rep.errCount() > before })
+		testenv.Eventually(t, 5*time.Second, "the invalid edit is not reported", func() bool { return rep.errCount() > before })
 		if got := binariesOf(w); got != "make" || w.Current().Generation != gen {
 			t.Fatalf("after an invalid edit the configuration is %q generation %d, want the last good one (make, %d)", got, w.Current().Generation, gen)
 		}
@@ -111,7 +100,7 @@ func TestWatcherReloads(t *testing.T) {
 			}
 		}
 		replace(t, path, "[bwrap]\nbinaries = [\"make\"]\n[devices]\nusb = true\n")
-		eventually(t, 5*time.Second, "the fixed file is not applied", func() bool { return w.Current().Spec.Devices.USB })
+		testenv.Eventually(t, 5*time.Second, "the fixed file is not applied", func() bool { return w.Current().Spec.Devices.USB })
 	})
 	t.Run("reload/an unchanged rewrite is not a new generation", func(t *testing.T) {
 		gen := w.Current().Generation
@@ -119,7 +108,7 @@ func TestWatcherReloads(t *testing.T) {
 		writeFile(t, path, "[bwrap]\nbinaries = [\"make\"]\n[devices]\nusb = true\n")
 		writeFile(t, path+".other", "unrelated")
 		replace(t, path, "[bwrap]\nbinaries = [\"cargo\"]\n")
-		eventually(t, 5*time.Second, "the last edit is not applied", func() bool { return binariesOf(w) == "cargo" })
+		testenv.Eventually(t, 5*time.Second, "the last edit is not applied", func() bool { return binariesOf(w) == "cargo" })
 		if g := w.Current().Generation; g != gen+1 || rep.errCount() != before {
 			t.Fatalf("generation %d after one real change from %d (%d errors)", g, gen, rep.errCount()-before)
 		}
@@ -128,7 +117,7 @@ func TestWatcherReloads(t *testing.T) {
 		if err := os.Remove(path); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "the removal is not applied", func() bool { return binariesOf(w) == "" })
+		testenv.Eventually(t, 5*time.Second, "the removal is not applied", func() bool { return binariesOf(w) == "" })
 		if b := w.Current().Spec.BackendOrDefault(); b != v1alpha1.BackendBwrap {
 			t.Fatalf("backend after removal %s", b)
 		}
@@ -243,7 +232,7 @@ func TestReloadUnderRunningCommands(t *testing.T) {
 	}
 
 	replace(t, path, configB)
-	eventually(t, 5*time.Second, "the final configuration B does not reach the next command", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the final configuration B does not reach the next command", func() bool {
 		var out bytes.Buffer
 		_, err := runner.Exec(context.Background(), runtimes.ExecRequest{Argv: []string{"env"}, Stdout: &out})
 		return err == nil && strings.Contains(out.String(), "B1=b1") && !strings.Contains(out.String(), "A1=")
