@@ -19,7 +19,6 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 )
 
-
 // replace writes content the way editors that save atomically do: a new
 // file renamed over the old one.
 func replace(t *testing.T, path, content string) {
