@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,7 +131,7 @@ func (a *Identities) For(agent string) (uint32, error) {
 	if id, ok := a.owned(dir); ok {
 		return id, nil
 	}
-	id, err := a.free()
+	id, commit, err := a.free(agent)
 	if err != nil {
 		return 0, err
 	}
@@ -150,10 +151,18 @@ func (a *Identities) For(agent string) (uint32, error) {
 			_ = os.Remove(tmp)
 			return 0, fmt.Errorf("creating agent directory %s: %w", dir, err)
 		}
+		// The index knows this new directory: the root as it is now is
+		// what it describes.
+		if err := commit(); err != nil {
+			return 0, err
+		}
 		return id, nil
 	}
 	if err := giveTree(dir, id); err != nil {
 		return 0, fmt.Errorf("giving agent directory %s to id %d: %w", dir, id, err)
+	}
+	if err := commit(); err != nil {
+		return 0, err
 	}
 	return id, nil
 }
@@ -171,24 +180,174 @@ func (a *Identities) owned(dir string) (uint32, bool) {
 	return st.Uid, true
 }
 
-// free is the lowest id of the range no agent directory in the root owns.
-func (a *Identities) free() (uint32, error) {
-	entries, err := os.ReadDir(a.root)
-	if err != nil {
-		return 0, fmt.Errorf("listing agent directories in %s: %w", a.root, err)
+// The index of allocated ids lives beside the agents' directories, in
+// indexDir (a name no agent can have: agent names never start with a dot):
+// one symbolic link per id, named by the id, pointing at the agent's name.
+// Claiming an id is creating its link, which fails when it exists, so two
+// allocators never take one id, and an allocation costs a few system
+// calls whatever the number of agents. The owners of the agents'
+// directories stay the record: the index is rebuilt from them when this
+// process has not built it yet or the root changed behind its back (an
+// agent directory made or removed by anything but this process's
+// allocations), and a link naming an agent whose directory that id no
+// longer owns (the agent was removed, or an allocation died before making
+// its directory) is stale and taken again. Per range, allocation starts
+// after the last id handed out, so ids come in order and those of removed
+// agents come back once the range has wrapped.
+const indexDir = ".ids"
+
+// indexMemo is what this process knows of a root's index.
+type indexMemo struct {
+	// stamp is the root as it was when the index last knew it.
+	stamp string
+	// owned are the ids the index's last rebuild found, sorted.
+	owned []uint32
+	// next is, per range, the id the next allocation tries first.
+	next map[IDRange]uint32
+}
+
+var (
+	indexMemosMu sync.Mutex
+	indexMemos   = map[string]*indexMemo{}
+)
+
+// rootStamp says what the root directory looks like now: its times, link
+// count and inode change whenever an entry is added, removed or renamed
+// there.
+func (a *Identities) rootStamp() (string, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(a.root, &st); err != nil {
+		return "", fmt.Errorf("reading %s: %w", a.root, err)
 	}
-	used := map[uint32]bool{}
-	for _, e := range entries {
-		if id, ok := a.owned(filepath.Join(a.root, e.Name())); ok {
-			used[id] = true
+	return fmt.Sprintf("%d.%09d %d.%09d %d %d", st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec, st.Nlink, st.Ino), nil
+}
+
+// free claims an id of the range for agent in the index and returns it,
+// with commit to call once the agent's directory is made. The caller holds
+// the lock file.
+func (a *Identities) free(agent string) (uint32, func() error, error) {
+	indexMemosMu.Lock()
+	defer indexMemosMu.Unlock()
+	memo, err := a.ensureIndex()
+	if err != nil {
+		return 0, nil, err
+	}
+	start, ok := memo.next[a.ids]
+	if !ok {
+		// After the highest id of the range the rebuild found.
+		start = a.ids.First
+		for _, id := range memo.owned {
+			if a.ids.Contains(id) {
+				start = id + 1
+			}
+		}
+		if !a.ids.Contains(start) {
+			start = a.ids.First
 		}
 	}
 	for i := uint32(0); i < a.ids.Count; i++ {
-		if !used[a.ids.First+i] {
-			return a.ids.First + i, nil
+		id := a.ids.First + (start-a.ids.First+i)%a.ids.Count
+		ok, err := a.claim(id, agent)
+		if err != nil {
+			return 0, nil, err
+		}
+		if !ok {
+			continue
+		}
+		commit := func() error {
+			indexMemosMu.Lock()
+			defer indexMemosMu.Unlock()
+			memo.next[a.ids] = a.ids.First + (id-a.ids.First+1)%a.ids.Count
+			stamp, err := a.rootStamp()
+			if err != nil {
+				return err
+			}
+			memo.stamp = stamp
+			return nil
+		}
+		return id, commit, nil
+	}
+	return 0, nil, fmt.Errorf("agent id range %s is exhausted: every id has an agent directory in %s; give the controller a larger range", a.ids, a.root)
+}
+
+// claim takes id for agent in the index: false when another agent holds
+// it.
+func (a *Identities) claim(id uint32, agent string) (bool, error) {
+	link := filepath.Join(a.root, indexDir, strconv.FormatUint(uint64(id), 10))
+	for range 2 {
+		err := os.Symlink(agent, link)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return false, fmt.Errorf("claiming agent id %d in %s: %w", id, filepath.Dir(link), err)
+		}
+		holder, rerr := os.Readlink(link)
+		if rerr != nil {
+			// Not a link: something else sits there; leave the id alone.
+			return false, nil //nolint:nilerr // an id whose entry cannot be read is taken, not an error
+		}
+		if holder == agent {
+			return true, nil
+		}
+		if got, ok := a.owned(filepath.Join(a.root, filepath.Base(holder))); ok && got == id {
+			return false, nil
+		}
+		// Stale: its agent's directory is gone or has another id.
+		if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("releasing stale agent id %d in %s: %w", id, filepath.Dir(link), err)
 		}
 	}
-	return 0, fmt.Errorf("agent id range %s is exhausted: %d agents in %s; give the controller a larger range", a.ids, len(used), a.root)
+	return false, nil
+}
+
+// ensureIndex builds the index from the owners of the agents' directories
+// when this process has not, or the root changed since it last knew it.
+// Every directory owned by an id (uid and gid equal, not root) is marked,
+// whatever the range: ranges of different classes share the root. The
+// caller holds indexMemosMu and the lock file.
+func (a *Identities) ensureIndex() (*indexMemo, error) {
+	stamp, err := a.rootStamp()
+	if err != nil {
+		return nil, err
+	}
+	memo := indexMemos[a.root]
+	if memo != nil && memo.stamp == stamp {
+		return memo, nil
+	}
+	dir := filepath.Join(a.root, indexDir)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("removing the stale agent id index %s: %w", dir, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the agent id index %s: %w", dir, err)
+	}
+	entries, err := os.ReadDir(a.root)
+	if err != nil {
+		return nil, fmt.Errorf("listing agent directories in %s: %w", a.root, err)
+	}
+	fresh := &indexMemo{next: map[IDRange]uint32{}}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		var fi unix.Stat_t
+		if err := unix.Lstat(filepath.Join(a.root, e.Name()), &fi); err != nil || fi.Mode&unix.S_IFMT != unix.S_IFDIR || fi.Uid != fi.Gid || fi.Uid == 0 {
+			continue
+		}
+		link := filepath.Join(dir, strconv.FormatUint(uint64(fi.Uid), 10))
+		if err := os.Symlink(e.Name(), link); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("indexing agent %s: %w", e.Name(), err)
+		}
+		fresh.owned = append(fresh.owned, fi.Uid)
+	}
+	slices.Sort(fresh.owned)
+	// Made after the index directory: the root as the index knows it.
+	if fresh.stamp, err = a.rootStamp(); err != nil {
+		return nil, err
+	}
+	indexMemos[a.root] = fresh
+	return fresh, nil
 }
 
 func lockFile(path string) (func(), error) {
