@@ -197,9 +197,55 @@ func tool(img *os.File, argv ...string) error {
 	return nil
 }
 
-// attachAndMount attaches the image to a free loop device, which goes
-// away by itself once the file system is unmounted, and mounts it on dir.
+// attachedDevice finds a loop device that backs img already, and holds
+// it open so that it can be neither cleared nor given another file while
+// the caller mounts it. Unmount is lazy: a file system some other mount
+// still holds (a mount tree's clone of an overlay on it) lives on, with
+// changes not yet written to the image. Mounting the image through a
+// second loop device would give a second, stale file system over the
+// same blocks; mounting this device gives the live one.
+func attachedDevice(img *os.File) (lfd int, dev string, ok bool) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(img.Fd()), &st); err != nil {
+		return -1, "", false
+	}
+	entries, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return -1, "", false
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "loop") {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/sys/block", e.Name(), "loop")); err != nil {
+			continue // no file attached
+		}
+		dev := "/dev/" + e.Name()
+		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		info, err := unix.IoctlLoopGetStatus64(fd)
+		if err == nil && info.Device == st.Dev && info.Inode == st.Ino {
+			return fd, dev, true
+		}
+		unix.Close(fd)
+	}
+	return -1, "", false
+}
+
+// attachAndMount mounts the image on dir: through the loop device that
+// backs it already, when one does, or else attached to a free loop
+// device, which goes away by itself once the file system is unmounted.
 func attachAndMount(img, dir *os.File) error {
+	if lfd, dev, ok := attachedDevice(img); ok {
+		err := unix.Mount(dev, "/proc/self/fd/"+strconv.Itoa(int(dir.Fd())), "ext4", unix.MS_NOSUID|unix.MS_NODEV, "nodelalloc")
+		unix.Close(lfd)
+		if err != nil {
+			return fmt.Errorf("mounting %s, which holds %s already, on %s: %w", dev, img.Name(), dir.Name(), err)
+		}
+		return nil
+	}
 	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("%w: opening /dev/loop-control: %w", ErrUnsupported, err)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -112,5 +114,58 @@ func TestASizeBelowTheSmallestIsRefused(t *testing.T) {
 	f := sized(t, sizedfs.MinSize-1)
 	if _, err := f.Mount(); err == nil {
 		t.Fatal("a file system below the smallest size was made")
+	}
+}
+
+// loopsBacking counts the loop devices whose file is image.
+func loopsBacking(t *testing.T, image string) int {
+	t.Helper()
+	n := 0
+	entries, _ := os.ReadDir("/sys/block")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop", "backing_file"))
+		if err == nil && strings.TrimSpace(string(b)) == image {
+			n++
+		}
+	}
+	return n
+}
+
+// A file system still held elsewhere when it is unmounted (a mount tree's
+// clone of an overlay on it) lives on with changes the image does not
+// have yet. The next Mount gives that live file system, never a second
+// one read from the image: with two, the changes made just before the
+// stop were missing after the start.
+func TestMountAfterALazyUnmountGivesTheLiveFileSystem(t *testing.T) {
+	f := sized(t, 1<<20)
+	if _, err := f.Mount(); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := filepath.Join(t.TempDir(), "held")
+	if err := os.Mkdir(elsewhere, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(f.Dir, elsewhere, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = syscall.Unmount(elsewhere, syscall.MNT_DETACH) }()
+	for i := range 20 {
+		if err := os.WriteFile(filepath.Join(f.Dir, "file-"+strconv.Itoa(i)), []byte("just written\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Mount(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if b, err := os.ReadFile(filepath.Join(f.Dir, "file-"+strconv.Itoa(i))); err != nil || string(b) != "just written\n" {
+			t.Fatalf("file-%d after the unmount and mount: %q, %v", i, b, err)
+		}
+	}
+	if n := loopsBacking(t, f.Image()); n != 1 {
+		t.Fatalf("%d loop devices back the image; one file system must have one", n)
 	}
 }
