@@ -12,9 +12,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/labels"
@@ -457,6 +455,8 @@ func (h *nodeHeartbeat) renew(ctx context.Context) error {
 // placer places Sandboxes and handles lost nodes, on the coordinator.
 type placer struct {
 	client.Client
+	// status is the one writer of statuses, as the reconcilers'.
+	status   statusWriter
 	opts     Options
 	recorder record.EventRecorder
 	// clock is when this process saw each node's Lease renewed; the
@@ -603,47 +603,48 @@ const recentFor = time.Minute
 // are set when sb is moving off a lost node.
 func (p *placer) place(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, now time.Time, lost, lostMsg string) (ctrl.Result, error) {
 	node, why := v.choose(sb, lost)
-	before := sb.DeepCopy()
-	ready := metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: sb.Generation}
+	f := placementFacts{generation: sb.Generation, node: node, lost: lost, lostMsg: lostMsg, why: why}
 	switch {
 	case node == "" && lost != "":
-		ready.Reason, ready.Message = v1alpha1.ReasonNodeLost, boundedMessage(lostMsg+"; no other node can take it: "+why)
+		f.outcome = stranded
 	case node == "":
-		ready.Reason, ready.Message = v1alpha1.ReasonUnschedulable, boundedMessage("no node can take this Sandbox now: "+why)
+		f.outcome = unschedulable
 	case lost != "":
-		sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: now}
-		ready.Reason, ready.Message = v1alpha1.ReasonNodeLost, boundedMessage(fmt.Sprintf(
-			"%s; moved to node %s (onNodeLost: Move): the agent's areas on %s stay there, and on %s it starts with the areas %s has", lostMsg, node, lost, node, node))
+		f.outcome = movedOff
 	default:
-		sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: now}
-		ready.Reason, ready.Message = v1alpha1.ReasonPlaced, fmt.Sprintf("placed on node %s; waiting for its controller", node)
+		f.outcome = placedOn
 	}
-	meta.SetStatusCondition(&sb.Status.Conditions, ready)
-	if equalStatus(before, sb) {
-		if node == "" {
-			return p.markClaims(ctx, sb)
-		}
-		return ctrl.Result{}, nil
-	}
-	// With the resourceVersion read: a node's controller or another
-	// coordinator that wrote first wins, and this pass is retried.
-	if err := p.Status().Update(ctx, sb); err != nil {
-		return requeueOnConflict(err)
-	}
+	read := sb.DeepCopy()
 	if node != "" {
-		p.remember(sb.UID, node, now)
-		log.FromContext(ctx).Info("placed Sandbox", "node", node, "from", lost)
+		sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: now}
 	}
-	switch {
-	case lost != "":
-		p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, ready.Message)
-	case node == "":
-		p.recorder.Event(sb, "Warning", v1alpha1.ReasonUnschedulable, ready.Message)
+	applyConditions(&sb.Status.Conditions, placementConditions(f))
+	if !equalStatus(read, sb) {
+		// Only over the Sandbox as read: a node's controller or another
+		// coordinator that wrote first wins, and this pass is retried.
+		if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
+			return requeueOnConflict(err)
+		}
+		p.announce(ctx, sb, f, now)
 	}
 	if node == "" {
 		return p.markClaims(ctx, sb)
 	}
 	return ctrl.Result{}, nil
+}
+
+// announce tells of a placement just written: the log, and a Warning
+// Event when the Sandbox lost its node or no node can take it.
+func (p *placer) announce(ctx context.Context, sb *v1alpha1.Sandbox, f placementFacts, now time.Time) {
+	if f.node != "" {
+		p.remember(sb.UID, f.node, now)
+		log.FromContext(ctx).Info("placed Sandbox", "node", f.node, "from", f.lost)
+	}
+	ready := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+	if ready == nil || f.outcome == placedOn {
+		return
+	}
+	p.recorder.Event(sb, "Warning", ready.Reason, ready.Message)
 }
 
 // nodeLost marks sb NodeLost, and moves it when its policy allows.
@@ -652,16 +653,13 @@ func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView,
 	if sb.Spec.NodeName == "" && sb.Spec.OnNodeLost == v1alpha1.NodeLostMove {
 		return p.place(ctx, sb, v, now, n.name, msg)
 	}
-	if c := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonNodeLost {
+	if c := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonNodeLost {
 		return p.markClaims(ctx, sb)
 	}
-	stay := "it stays (onNodeLost: Stay) and runs again when the node's controller is back"
-	if sb.Spec.NodeName != "" {
-		stay = "it stays: spec.nodeName pins it there"
-	}
-	meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse,
-		ObservedGeneration: sb.Generation, Reason: v1alpha1.ReasonNodeLost, Message: boundedMessage(msg + "; " + stay)})
-	if err := p.Status().Update(ctx, sb); err != nil {
+	read := sb.DeepCopy()
+	applyConditions(&sb.Status.Conditions, placementConditions(placementFacts{
+		generation: sb.Generation, outcome: staysOn, lost: n.name, lostMsg: msg, pinned: sb.Spec.NodeName != ""}))
+	if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
 		return requeueOnConflict(err)
 	}
 	p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, msg)
@@ -710,16 +708,12 @@ func (p *placer) markClaims(ctx context.Context, sb *v1alpha1.Sandbox) (ctrl.Res
 			continue
 		}
 		f.generation = c.Generation
-		before := c.DeepCopy()
+		read := c.DeepCopy()
 		applyConditions(&c.Status.Conditions, claimConditions(f))
-		if equality.Semantic.DeepEqual(before.Status.Conditions, c.Status.Conditions) {
-			continue
-		}
-		// With the resourceVersion read: a node that came back and wrote
+		// Only over the claim as read: a node that came back and wrote
 		// first wins.
-		err := p.Status().Patch(ctx, c, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-		if err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err))
+		if err := p.status.writeStatus(ctx, read, c, unlessChanged); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

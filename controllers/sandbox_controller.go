@@ -36,6 +36,8 @@ type SandboxReconciler struct {
 	Options
 	Recorder record.EventRecorder
 	gate     *shutdownGate
+	// status is the one writer of the Sandbox's status.
+	status statusWriter
 	// warned holds, by Sandbox UID, the last generation told it uses a
 	// deprecated field, so the warning is one Event a change.
 	warned sync.Map
@@ -142,7 +144,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		return requeueOnConflict(patchFinalizer(ctx, r.Client, sb, true))
 	}
 
-	read := snapshot(sb)
+	read := sb.DeepCopy()
 	s := &sandboxScope{sb: sb, owner: instance.Owner(req.Namespace, req.Name)}
 	sb.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	if r.NodeName != "" {
@@ -155,7 +157,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		if retErr == nil {
 			sb.Status.ObservedGeneration = sb.Generation
 		}
-		if err := read.write(ctx, r.Client, sb); err != nil {
+		if err := r.status.writeStatus(ctx, read, sb, mergeConditions); err != nil {
 			retErr = errors.Join(retErr, err)
 		}
 	}()

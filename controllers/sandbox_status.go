@@ -221,3 +221,63 @@ func applyConditions(conds *[]metav1.Condition, changes []conditionChange) {
 		meta.SetStatusCondition(conds, c.condition)
 	}
 }
+
+// placement is what the placer decided for a Sandbox that no live node
+// runs.
+type placement int
+
+const (
+	// placedOn: given the node.
+	placedOn placement = iota + 1
+	// unschedulable: no node can take it now.
+	unschedulable
+	// movedOff: its node is lost and it moved to the node.
+	movedOff
+	// stranded: its node is lost and no other node can take it.
+	stranded
+	// staysOn: its node is lost and it stays there (onNodeLost: Stay, or
+	// spec.nodeName pins it).
+	staysOn
+)
+
+// placementFacts is what one pass of the placer found of a Sandbox.
+type placementFacts struct {
+	generation int64
+	outcome    placement
+	// node is where it is placed (placedOn, movedOff).
+	node string
+	// lost is the node it was on, lostMsg since when and why it is lost.
+	lost, lostMsg string
+	// why no node can take it (unschedulable, stranded).
+	why string
+	// pinned says spec.nodeName holds it on its lost node (staysOn).
+	pinned bool
+}
+
+// placementConditions computes the Ready condition the placer reports
+// while no node's controller runs the Sandbox; that node's controller
+// derives it again (sandboxConditions) once it does.
+func placementConditions(f placementFacts) []conditionChange {
+	changes := &conditionChanges{generation: f.generation}
+	notReady := func(reason, msg string) {
+		changes.set(v1alpha1.ConditionReady, false, reason, boundedMessage(msg))
+	}
+	switch f.outcome {
+	case placedOn:
+		notReady(v1alpha1.ReasonPlaced, fmt.Sprintf("placed on node %s; waiting for its controller", f.node))
+	case unschedulable:
+		notReady(v1alpha1.ReasonUnschedulable, "no node can take this Sandbox now: "+f.why)
+	case movedOff:
+		notReady(v1alpha1.ReasonNodeLost, fmt.Sprintf(
+			"%s; moved to node %s (onNodeLost: Move): the agent's areas on %s stay there, and on %s it starts with the areas %s has", f.lostMsg, f.node, f.lost, f.node, f.node))
+	case stranded:
+		notReady(v1alpha1.ReasonNodeLost, f.lostMsg+"; no other node can take it: "+f.why)
+	case staysOn:
+		stay := "it stays (onNodeLost: Stay) and runs again when the node's controller is back"
+		if f.pinned {
+			stay = "it stays: spec.nodeName pins it there"
+		}
+		notReady(v1alpha1.ReasonNodeLost, f.lostMsg+"; "+stay)
+	}
+	return changes.list
+}

@@ -25,6 +25,8 @@ type SessionClaimReconciler struct {
 	client.Client
 	Options
 	Recorder record.EventRecorder
+	// status is the one writer of the claim's status.
+	status statusWriter
 }
 
 // A claim is updated for its finalizer and owner reference, its status only
@@ -61,7 +63,7 @@ func (r *SessionClaimReconciler) claimsOf(ctx context.Context, o client.Object) 
 }
 
 // Reconcile binds one claim.
-func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	claim := &v1alpha1.SessionClaim{}
 	if err := r.Get(ctx, req.NamespacedName, claim); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -84,116 +86,117 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		return ctrl.Result{}, r.release(ctx, claim, owner)
 	}
-	// One pass, at most two writes: the claim's status, derived once from
-	// what the pass found (claimConditions), and its metadata when it
-	// binds; observedGeneration moves only when the pass succeeded.
+	read := claim.DeepCopy()
 	f := claimFacts{generation: claim.Generation, sandbox: claim.Spec.SandboxName, namespace: claim.Namespace}
-	oldStatus := claim.Status.DeepCopy()
-	complete, statusWritten := false, false
-	writeStatus := func(done bool) error {
-		f.instance = claim.Status.Instance
-		applyConditions(&claim.Status.Conditions, claimConditions(f))
-		claim.Status.ObservedGeneration = oldStatus.ObservedGeneration
-		if done {
-			claim.Status.ObservedGeneration = claim.Generation
-		}
-		// Against the claim as it is now (metadata included, after an
-		// Update) but with the status as read: only the status changes go.
-		asRead := claim.DeepCopy()
-		asRead.Status = *oldStatus
-		statusWritten = true
-		return snapshot(asRead).write(ctx, r.Client, claim)
+	pass := r.bind(ctx, claim, sb, found, &f)
+	res, err := r.write(ctx, read, claim, sb, &f, pass)
+	if err != nil {
+		return requeueOnConflict(err)
 	}
-	defer func() {
-		if statusWritten {
-			return
-		}
-		if err := writeStatus(retErr == nil && complete); err != nil {
-			retErr = errors.Join(retErr, err)
-		}
-	}()
+	return res, nil
+}
+
+// claimPass is what one pass of a claim decided besides its facts.
+type claimPass struct {
+	err error
+	// complete says the pass got as far as it can for this generation;
+	// with no error, observedGeneration moves to it.
+	complete bool
+	// metadataAfter says the claim's finalizer and owner reference go
+	// after its status.
+	metadataAfter bool
+	res           ctrl.Result
+}
+
+// bind finds what the claim is to its Sandbox and records it in f and in
+// the claim's status fields; it writes nothing, except the metadata a
+// worktree needs before it is made.
+func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox, found bool, f *claimFacts) claimPass {
 	switch {
 	case !found:
-		f.binding, complete = bindingNoSandbox, true
+		f.binding = bindingNoSandbox
 		claim.Status.Instance = ""
-		return ctrl.Result{}, nil
+		return claimPass{complete: true}
 	case !sb.DeletionTimestamp.IsZero():
-		f.binding, complete = bindingSandboxDeleting, true
-		return ctrl.Result{}, nil
+		f.binding = bindingSandboxDeleting
+		return claimPass{complete: true}
 	}
 	// A Sandbox that does not own its agent has nothing to bind to: the
 	// instance and the areas are another Sandbox's, maybe another namespace's.
 	conflict, err := claimConflict(ctx, r.Client, r.Host.AreasRoot, sb)
 	if err != nil {
-		return ctrl.Result{}, err
+		return claimPass{err: err}
 	}
 	if conflict != "" {
-		f.binding, f.conflict, complete = bindingConflict, conflict, true
+		f.binding, f.conflict = bindingConflict, conflict
 		claim.Status.Instance, claim.Status.Endpoint = "", ""
-		return ctrl.Result{}, nil
+		return claimPass{complete: true}
 	}
 
 	f.binding, f.sandboxReady = bindingBound, sandboxReadyCondition(sb)
-	// The finalizer (a worktree is released before the claim goes) and the
-	// owner reference (the claim goes with its Sandbox), in one write; set
-	// on the object as it is just before that write (a status write
-	// answers with the stored object).
-	metadata := func() (bool, error) {
-		changed := controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
-		if !isOwnedBy(claim, sb) {
-			if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
-				return false, fmt.Errorf("making Sandbox %s the owner of claim %s: %w", sb.Name, req, err)
-			}
-			changed = true
-		}
-		return changed, nil
-	}
+	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
+	claim.Status.Endpoint = r.Endpoint
 	if claim.Spec.Worktree == nil {
-		// Without a worktree the status goes first, final: the Sandbox
-		// counts its claims by name from the moment they exist, so being
-		// bound waits for no other write, and a claim on a running
-		// Sandbox is Ready after this one. The metadata follows; should
-		// it fail, observedGeneration is put back.
+		// Without a worktree the status goes first: the Sandbox counts its
+		// claims by name from the moment they exist, so being bound waits
+		// for no other write, and a claim on a running Sandbox is Ready
+		// after this one. Should the metadata then fail, the pass is
+		// retried and only the metadata goes.
 		claim.Status.Worktree = nil
-		claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
-		claim.Status.Endpoint = r.Endpoint
 		f.worktree = worktreeNone
-		if err := writeStatus(true); err != nil {
-			return ctrl.Result{}, err
-		}
-		changed, err := metadata()
-		if err == nil && !changed {
-			return ctrl.Result{}, nil
-		}
-		if err == nil {
-			err = r.Update(ctx, claim)
-		}
-		if err != nil {
-			read := claim.DeepCopy()
-			claim.Status.ObservedGeneration = oldStatus.ObservedGeneration
-			return requeueOnConflict(errors.Join(err, snapshot(read).write(ctx, r.Client, claim)))
-		}
-		return ctrl.Result{}, nil
+		return claimPass{complete: true, metadataAfter: true}
 	}
 	// With a worktree the metadata goes first: the finalizer must be there
 	// before a worktree exists to release. Update answers with the stored
 	// status, so the status this pass derives is set after it.
-	changed, err := metadata()
+	status := claim.Status.DeepCopy()
+	changed, err := r.metadata(claim, sb)
+	if err == nil && changed {
+		err = r.Update(ctx, claim)
+	}
+	claim.Status = *status
 	if err != nil {
-		return ctrl.Result{}, err
+		return claimPass{err: err}
 	}
-	if changed {
-		if err := r.Update(ctx, claim); err != nil {
-			claim.Status = *oldStatus.DeepCopy()
-			return requeueOnConflict(err)
+	res, err := r.reconcileWorktree(ctx, claim, sb, f)
+	return claimPass{err: err, complete: err == nil, res: res}
+}
+
+// write sends what the pass found: the claim's status, derived once from
+// the facts (claimConditions), then, when the pass left them for after,
+// its finalizer and owner reference. At most two writes on every path.
+func (r *SessionClaimReconciler) write(ctx context.Context, read, claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox, f *claimFacts, pass claimPass) (ctrl.Result, error) {
+	f.instance = claim.Status.Instance
+	applyConditions(&claim.Status.Conditions, claimConditions(*f))
+	if pass.err == nil && pass.complete {
+		claim.Status.ObservedGeneration = claim.Generation
+	}
+	if err := r.status.writeStatus(ctx, read, claim, mergeConditions); err != nil {
+		return ctrl.Result{}, errors.Join(pass.err, err)
+	}
+	if pass.err != nil || !pass.metadataAfter {
+		return pass.res, pass.err
+	}
+	// On the object as the status write answered it.
+	changed, err := r.metadata(claim, sb)
+	if err == nil && changed {
+		err = client.IgnoreNotFound(r.Update(ctx, claim))
+	}
+	return pass.res, err
+}
+
+// metadata sets the claim's finalizer (a worktree is released before the
+// claim goes) and its owner reference (the claim goes with its Sandbox),
+// and says whether either changed.
+func (r *SessionClaimReconciler) metadata(claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) (bool, error) {
+	changed := controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
+	if !isOwnedBy(claim, sb) {
+		if err := controllerutil.SetControllerReference(sb, claim, r.Scheme()); err != nil {
+			return false, fmt.Errorf("making Sandbox %s the owner of claim %s/%s: %w", sb.Name, claim.Namespace, claim.Name, err)
 		}
-		claim.Status = *oldStatus.DeepCopy()
+		changed = true
 	}
-	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
-	claim.Status.Endpoint = r.Endpoint
-	res, err := r.reconcileWorktree(ctx, claim, sb, &f)
-	complete = err == nil
-	return res, err
+	return changed, nil
 }
 
 // release removes the claim's worktree (or keeps it when dirty) and lets
@@ -202,9 +205,9 @@ func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.Se
 	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
 		return nil
 	}
-	read := snapshot(claim)
+	read := claim.DeepCopy()
 	r.releaseWorktree(ctx, claim, sb)
-	if err := read.write(ctx, r.Client, claim); err != nil {
+	if err := r.status.writeStatus(ctx, read, claim, mergeConditions); err != nil {
 		return err
 	}
 	controllerutil.RemoveFinalizer(claim, v1alpha1.Finalizer)

@@ -137,7 +137,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("indexing Sandboxes by agent: %w", err)
 	}
 	gate := &shutdownGate{}
-	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
+	status := statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader()}
+	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate, status: status} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
 	if err := sr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Sandbox controller: %w", err)
 	}
@@ -157,12 +158,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		if err := mgr.Add(&nodeHeartbeat{client: mgr.GetClient(), reader: mgr.GetAPIReader(), opts: opts}); err != nil {
 			return fmt.Errorf("adding the node Lease: %w", err)
 		}
-		p := &placer{Client: mgr.GetClient(), opts: opts, clock: &leaseClock{}, recorder: mgr.GetEventRecorderFor("sandbox-placement")} //nolint:staticcheck // as above
+		p := &placer{Client: mgr.GetClient(), status: status, opts: opts, clock: &leaseClock{}, recorder: mgr.GetEventRecorderFor("sandbox-placement")} //nolint:staticcheck // as above
 		if err := p.setup(mgr); err != nil {
 			return fmt.Errorf("setting up placement: %w", err)
 		}
 	}
-	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller")} //nolint:staticcheck // as above
+	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), status: status} //nolint:staticcheck // as above
 	if err := cr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the SessionClaim controller: %w", err)
 	}

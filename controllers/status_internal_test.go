@@ -377,3 +377,29 @@ func TestApplyConditionsKeepsTransitionTimes(t *testing.T) {
 		t.Fatalf("Ready = %+v, want its old transition time and the new message", ready)
 	}
 }
+
+func TestPlacementConditions(t *testing.T) {
+	const gen = 4
+	F := metav1.ConditionFalse
+	lost := "node b lost since 2026-01-02T03:04:05Z: lease expired"
+	for _, tc := range []struct {
+		name  string
+		facts placementFacts
+		want  want
+	}{
+		{"placed", placementFacts{outcome: placedOn, node: "a"}, want{status: F, reason: v1alpha1.ReasonPlaced, message: "placed on node a; waiting for its controller"}},
+		{"unschedulable", placementFacts{outcome: unschedulable, why: "node a is full"}, want{status: F, reason: v1alpha1.ReasonUnschedulable, message: "no node can take this Sandbox now: node a is full"}},
+		{"moved", placementFacts{outcome: movedOff, node: "a", lost: "b", lostMsg: lost}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; moved to node a (onNodeLost: Move): the agent's areas on b stay there"}},
+		{"stranded", placementFacts{outcome: stranded, lost: "b", lostMsg: lost, why: "node a is full"}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; no other node can take it: node a is full"}},
+		{"stays", placementFacts{outcome: staysOn, lost: "b", lostMsg: lost}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; it stays (onNodeLost: Stay)"}},
+		{"pinned", placementFacts{outcome: staysOn, lost: "b", lostMsg: lost, pinned: true}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; it stays: spec.nodeName pins it there"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.facts.generation = gen
+			checkConditions(t, placementConditions(tc.facts), gen, map[string]want{v1alpha1.ConditionReady: tc.want})
+		})
+	}
+	if got := placementConditions(placementFacts{generation: gen}); len(got) != 0 {
+		t.Errorf("no outcome derived %v, want nothing", got)
+	}
+}

@@ -1,0 +1,180 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+)
+
+// Every status write of a Sandbox or a SessionClaim goes through
+// writeStatus: the reconcilers, the placer and the claim release all
+// derive conditions from facts (sandboxConditions, placementConditions,
+// claimConditions), set them on the object, and hand writeStatus the
+// object as read and as it should be. Nothing else calls Status().
+
+// writeMode says what a write does when the object changed since it was
+// read.
+type writeMode int
+
+const (
+	// mergeConditions keeps what another writer did meanwhile: the
+	// conditions this pass changed (set or removed, by type) go onto the
+	// stored list, which the API declares a map list keyed by type, and
+	// the other fields this pass changed go as they are. The write carries
+	// the resourceVersion only when conditions changed, so that a list
+	// read stale never replaces a newer one; on a conflict it reads the
+	// object again, uncached, and merges again.
+	mergeConditions writeMode = iota
+	// unlessChanged writes only over the object as read: a conflict is
+	// returned, for the caller to requeue and decide again against what
+	// the other writer did (the placer: a node's controller that wrote
+	// first wins).
+	unlessChanged
+)
+
+// mergeAttempts bounds the merges after conflicts in one write.
+const mergeAttempts = 5
+
+// statusWriter writes the status of Sandboxes and SessionClaims.
+type statusWriter struct {
+	client client.Client
+	// reader reads an object again after a conflict, past the cache; nil
+	// means client.
+	reader client.Reader
+}
+
+// writeStatus sends what changed in after's status since before (the
+// object as the pass read it), and nothing at all when nothing changed,
+// so steady-state passes write nothing. after then holds the stored
+// object. An object deleted meanwhile is not an error.
+func (w statusWriter) writeStatus(ctx context.Context, before, after client.Object, mode writeMode) error {
+	patch, err := statusPatch(before, after)
+	if err != nil || patch == nil {
+		return err
+	}
+	changes := conditionDiff(conditionsOf(before), conditionsOf(after))
+	lock := mode == unlessChanged || len(changes) > 0
+	for attempt := 1; ; attempt++ {
+		err := w.send(ctx, after, patch, lock)
+		switch {
+		case err == nil || apierrors.IsNotFound(err):
+			return nil
+		case !apierrors.IsConflict(err) || mode == unlessChanged || attempt == mergeAttempts:
+			return fmt.Errorf("writing status of %T %s/%s: %w", after, after.GetNamespace(), after.GetName(), err)
+		}
+		if err := w.rebase(ctx, after, patch, changes); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+	}
+}
+
+// send patches the status with patch, stamped with after's
+// resourceVersion when lock is set.
+func (w statusWriter) send(ctx context.Context, after client.Object, patch map[string]any, lock bool) error {
+	body := map[string]any{"status": patch}
+	if lock {
+		body["metadata"] = map[string]any{"resourceVersion": after.GetResourceVersion()}
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	return w.client.Status().Patch(ctx, after, client.RawPatch(types.MergePatchType, data))
+}
+
+// rebase reads the stored object into after and puts this pass's
+// condition changes onto its list in patch.
+func (w statusWriter) rebase(ctx context.Context, after client.Object, patch map[string]any, changes []conditionChange) error {
+	r := w.reader
+	if r == nil {
+		r = w.client
+	}
+	if err := r.Get(ctx, client.ObjectKeyFromObject(after), after); err != nil {
+		return err
+	}
+	conds := conditionsOf(after)
+	applyConditions(conds, changes)
+	patch["conditions"] = *conds
+	return nil
+}
+
+// statusPatch is the JSON merge patch of the status from before to
+// after; nil when nothing changed.
+func statusPatch(before, after client.Object) (map[string]any, error) {
+	data, err := client.MergeFrom(before).Data(after)
+	if err != nil {
+		return nil, fmt.Errorf("computing the status patch of %T %s/%s: %w", after, after.GetNamespace(), after.GetName(), err)
+	}
+	var all struct {
+		Status map[string]any `json:"status"`
+	}
+	if err := json.Unmarshal(data, &all); err != nil {
+		return nil, fmt.Errorf("reading the status patch of %T %s/%s: %w", after, after.GetNamespace(), after.GetName(), err)
+	}
+	if len(all.Status) == 0 {
+		return nil, nil
+	}
+	return all.Status, nil
+}
+
+// conditionsOf is the conditions list of a kind whose status this package
+// writes.
+func conditionsOf(obj client.Object) *[]metav1.Condition {
+	switch o := obj.(type) {
+	case *v1alpha1.Sandbox:
+		return &o.Status.Conditions
+	case *v1alpha1.SessionClaim:
+		return &o.Status.Conditions
+	}
+	panic(fmt.Sprintf("no status writer for %T", obj))
+}
+
+// conditionDiff is what turns the list before into the list after, by
+// type: the conditions set or changed, and the types removed.
+func conditionDiff(before, after *[]metav1.Condition) []conditionChange {
+	var changes []conditionChange
+	for _, c := range *after {
+		if old := meta.FindStatusCondition(*before, c.Type); old == nil || *old != c {
+			changes = append(changes, conditionChange{condition: c})
+		}
+	}
+	for _, c := range *before {
+		if meta.FindStatusCondition(*after, c.Type) == nil {
+			changes = append(changes, conditionChange{condition: metav1.Condition{Type: c.Type}, remove: true})
+		}
+	}
+	return changes
+}
+
+// conflictRetry is how soon a write that lost to another is tried again;
+// the watch bringing the newer object usually comes first.
+const conflictRetry = 50 * time.Millisecond
+
+// requeueOnConflict turns a write that lost to another (the cache was a
+// step behind) into a prompt retry rather than a logged error.
+func requeueOnConflict(err error) (ctrl.Result, error) {
+	if apierrors.IsConflict(err) {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// conditionTrue reports whether the condition of that type is True.
+func conditionTrue(conds []metav1.Condition, typ string) bool {
+	return meta.IsStatusConditionTrue(conds, typ)
+}
+
+// findCondition returns the condition of that type, or nil.
+func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
+	return meta.FindStatusCondition(conds, typ)
+}
