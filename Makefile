@@ -46,7 +46,7 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
 
 .PHONY: vet
 vet: ## go vet and gofmt.
-	go vet ./...
+	go vet -tags $(ALL_TAGS) ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 
@@ -61,10 +61,14 @@ $(CONTROLLER_GEN):
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"; print "Usage: make <target>"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-# Packages that need a daemon of their own (containerd, incusd) or run the
-# controller as a process under faults; the rest is the fast loop.
-E2E_PKGS  := ./runtimes/containerd/ ./test/e2e/containerd/ ./test/e2e/incus/ ./test/e2e/image/ ./test/chaos/
-UNIT_PKGS  = $(shell go list ./... | grep -v -e '/runtimes/containerd$$' -e '/test/e2e/containerd$$' -e '/test/e2e/incus$$' -e '/test/e2e/image$$' -e '/test/chaos$$' -e '/test/e2e/realcluster$$')
+# Test tiers are build tags (README, "The two commands"): untagged tests are the fast
+# loop (unit, envtest, the real bwrap and git); `e2e` marks the tests that
+# need a daemon of their own (containerd, incusd) or run the controller as
+# a process under faults; `realcluster` and `scale` are opt-in suites of
+# their own. The e2e packages are those with a file under the tag.
+E2E_TAGS  := e2e
+ALL_TAGS  := e2e,realcluster,scale
+E2E_PKGS   = $(shell grep -rl --include='*_test.go' '^//go:build e2e$$' . | xargs -n1 dirname | sort -u)
 
 ##@ Test
 
@@ -87,7 +91,7 @@ test: manifests generate vet ## Everything (the README's command; CI runs it): u
 test-unit: manifests generate vet ## The fast loop: unit tests and envtest suites with the real bwrap and git; no daemons.
 	@hack/install-deps.sh
 	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
-	KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) $(UNIT_PKGS)
+	KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-e2e
 test-e2e: manifests generate ## The suites that need containerd, incusd or a controller process under faults (starts them; stops containerd after).
@@ -95,7 +99,7 @@ test-e2e: manifests generate ## The suites that need containerd, incusd or a con
 	@hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
-	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) $(E2E_PKGS); rc=$$?; hack/containerd.sh stop; exit $$rc
+	eval "$$(hack/containerd.sh env)"; set +e; KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -tags $(E2E_TAGS) $(GO_TEST_FLAGS) $(E2E_PKGS); rc=$$?; hack/containerd.sh stop; exit $$rc
 
 TEST_CLUSTER_TIMEOUT ?= 40m
 
@@ -114,7 +118,7 @@ test-chaos: build ## Long chaos run (CHAOS_DURATION, default 7m): claims churn w
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
 	@hack/containerd.sh start >/dev/null
-	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_CONTROLLER_BIN="$(BIN)/sandbox-controller" CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_OUTAGES="$(CHAOS_OUTAGES)" CHAOS_BACKENDS="$(CHAOS_BACKENDS)" CHAOS_REPORT="$(BIN)/chaos-report.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 90m -v -run '^TestChaos$$' ./test/chaos/; rc=$$?; hack/containerd.sh stop; exit $$rc
+	eval "$$(hack/containerd.sh env)"; set +e; SANDBOX_CONTROLLER_BIN="$(BIN)/sandbox-controller" CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_OUTAGES="$(CHAOS_OUTAGES)" CHAOS_BACKENDS="$(CHAOS_BACKENDS)" CHAOS_REPORT="$(BIN)/chaos-report.md" KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -tags $(E2E_TAGS) -count=1 -timeout 90m -v -run '^TestChaos$$' ./test/chaos/; rc=$$?; hack/containerd.sh stop; exit $$rc
 
 .PHONY: cluster-up
 cluster-up: ## A real single-node cluster built from source (hack/cluster.sh start: control plane, kubelet, kube-proxy, a CRI containerd of its own); hack/cluster.sh env prints KUBECONFIG and the rest a caller needs.
@@ -166,13 +170,13 @@ bench-claims: ## Claim latency of the default backend, one at a time and in burs
 bench-containerd: ## Claim and exec latency of the containerd backend beside raw-client baselines; writes docs/benchmarks-containerd.md.
 	@hack/envtest-assets.sh >/dev/null
 	@hack/containerd.sh start >/dev/null
-	eval "$$(hack/containerd.sh env)"; set +e; $(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/containerd/ -ginkgo.label-filter=bench -ginkgo.v; rc=$$?; hack/containerd.sh stop; exit $$rc
+	eval "$$(hack/containerd.sh env)"; set +e; $(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -tags $(E2E_TAGS) -count=1 -timeout 20m ./test/e2e/containerd/ -ginkgo.label-filter=bench -ginkgo.v; rc=$$?; hack/containerd.sh stop; exit $$rc
 
 .PHONY: bench-incus
 bench-incus: ## Claim and exec latency of the incus backend beside raw REST baselines; writes docs/benchmarks-incus.md.
 	@hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
-	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
+	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -tags $(E2E_TAGS) -count=1 -timeout 30m ./test/e2e/incus/ -ginkgo.label-filter=bench
 
 .PHONY: bench-execapi
 bench-execapi: ## Exec of true through the exec API (the node's endpoint), through the API server (aggregated API) and the runtime called directly; writes docs/benchmarks-execapi.md.

@@ -23,11 +23,12 @@ pass() {
 	if ((r != 0)); then rc=$r; fi
 }
 
-SANDBOX_RACE_STARTS=300 pass go test "$@" ./...
+# Every tier but the opt-in suites: untagged tests and the e2e tag.
+SANDBOX_RACE_STARTS=300 pass go test -tags e2e "$@" ./...
 # The image builder is a module of its own (hack/image): ./... above does
 # not reach it.
 image_module() { (cd hack/image && GOWORK=off go test "$@" ./...); }
 pass image_module "$@"
 SANDBOX_RACE_STARTS=10000 pass go test "$@" -run '^TestMountDestinationExchangeRace$' ./runtimes/bwrap/
-SANDBOX_RACE_STARTS=10000 pass go test "$@" ./test/e2e/containerd/ -ginkgo.focus 'exchanges its parent'
+SANDBOX_RACE_STARTS=10000 pass go test -tags e2e "$@" ./test/e2e/containerd/ -ginkgo.focus 'exchanges its parent'
 exit $rc

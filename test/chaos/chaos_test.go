@@ -1,7 +1,9 @@
+//go:build e2e
+
 // Package chaos_test churns SessionClaims against the real controller
 // binary while killing it, kube-apiserver and (when enabled) containerd
 // with SIGKILL at random moments, and checks the controller's invariants
-// all along and once things settle. `go test ./test/chaos/` is the short
+// all along and once things settle. `go test -tags e2e ./test/chaos/` is the short
 // run CI does (about a minute of churn, bwrap, controller kills and one
 // API server outage); `make test-chaos` is the long one. Knobs:
 //

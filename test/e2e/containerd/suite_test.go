@@ -1,3 +1,5 @@
+//go:build e2e
+
 // Package containerd_test runs the controllers over the containerd driver
 // against a real API server (envtest) and a real containerd: the daemon
 // that `hack/containerd.sh start` runs, named by the variables its `env`

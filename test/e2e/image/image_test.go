@@ -1,3 +1,5 @@
+//go:build e2e
+
 // Package image proves `make image`: the OCI archive it writes imports into
 // a real containerd, and the controller, bwrap and git run from it (the
 // binaries find their libraries without the host's).

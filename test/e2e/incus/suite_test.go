@@ -1,3 +1,5 @@
+//go:build e2e
+
 // Package incus_test runs the controllers against a real API server
 // (envtest) and a real incusd, with the incus driver: the seed's Incus
 // sentences, each one checked end to end. Under CI=true a missing incusd or
