@@ -298,25 +298,19 @@ func TestExamples(t *testing.T) {
 	// instance's mount trees before the test's directories go.
 	t.Cleanup(func() {
 		_ = cp.k8s.Delete(ctx, sb)
-		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-			if err := cp.k8s.Get(ctx, client.ObjectKeyFromObject(sb), &v1alpha1.Sandbox{}); err != nil {
-				return
-			}
-		}
-		t.Error("the Sandbox was not deleted")
+		testenv.Eventually(t, time.Minute, "the Sandbox is deleted", func() bool {
+			return cp.k8s.Get(ctx, client.ObjectKeyFromObject(sb), &v1alpha1.Sandbox{}) != nil
+		})
 	})
 	// The agent runs as a host id of its own, the owner of its areas
 	// directory: the project is given to it, as a user would.
 	var owner *syscall.Stat_t
-	for deadline := time.Now().Add(time.Minute); owner == nil || owner.Uid == 0; {
+	testenv.Eventually(t, time.Minute, "the agent's areas directory is given its host id", func() bool {
 		if fi, err := os.Stat(filepath.Join(cp.areasRoot, "ex-demo")); err == nil {
 			owner = fi.Sys().(*syscall.Stat_t)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the agent's areas directory was not given its host id")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return owner != nil && owner.Uid != 0
+	})
 	if out, err := exec.Command("chown", "-R", fmt.Sprintf("%d:%d", owner.Uid, owner.Gid), demo).CombinedOutput(); err != nil {
 		t.Fatalf("chown: %v\n%s", err, out)
 	}
