@@ -64,29 +64,18 @@ func (s *SandboxSpec) BackendOrDefault() Backend {
 	return s.Backend
 }
 
-// ValidateSandboxSpec applies the admission rules to a spec that did not
-// come through the API server (sandbox.toml), and again in the controller so
-// that a CRD installed without its rules cannot widen a sandbox.
+// ValidateSandboxSpec applies the admission rules every backend shares to
+// a spec that did not come through the API server (sandbox.toml), and again
+// in the controller so that a CRD installed without its rules cannot widen
+// a sandbox. Whether spec.backend names a backend, and that backend's own
+// rules, are the backend registry's (internal/backend.ValidateSpec, which
+// calls this): the API cannot know which backends a build registers.
 func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 	var errs field.ErrorList
 	p := field.NewPath("spec")
 
 	if msg := CheckAgent(spec.Agent); msg != "" {
 		errs = append(errs, field.Invalid(p.Child("agent"), spec.Agent, msg))
-	}
-	switch spec.BackendOrDefault() {
-	case BackendBwrap:
-	case BackendIncus:
-		if spec.Incus == nil || spec.Incus.Image == "" {
-			errs = append(errs, field.Required(p.Child("incus"), MsgIncusRequired))
-		}
-	case BackendContainerd:
-		if spec.Containerd == nil || spec.Containerd.Image == "" {
-			errs = append(errs, field.Required(p.Child("containerd"), MsgContainerdRequired))
-		}
-	default:
-		errs = append(errs, field.NotSupported(p.Child("backend"), spec.Backend,
-			[]string{string(BackendBwrap), string(BackendContainerd), string(BackendIncus)}))
 	}
 
 	mp := p.Child("mounts")

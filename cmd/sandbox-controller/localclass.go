@@ -10,17 +10,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/backend"
 )
 
-// permissiveClass allows everything a Sandbox can ask for: on a
-// single-user machine the user is the administrator, and the product
-// behaves as it does without classes. config/samples/sandboxclass_default.yaml
+// permissiveClass allows everything a Sandbox can ask for, every
+// registered backend included: on a single-user machine the user is the
+// administrator, and the product behaves as it does without classes. config/samples/sandboxclass_default.yaml
 // is the same class.
 func permissiveClass() *v1alpha1.SandboxClass {
 	return &v1alpha1.SandboxClass{
 		ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{v1alpha1.DefaultClassLabel: "true"}},
 		Spec: v1alpha1.SandboxClassSpec{
-			AllowedBackends:         []v1alpha1.Backend{v1alpha1.BackendBwrap, v1alpha1.BackendContainerd, v1alpha1.BackendIncus},
+			AllowedBackends:         backend.Names(),
 			AllowedMountSourceRoots: []string{"/"},
 			AllowedEnv:              []string{"*"},
 			Devices:                 v1alpha1.ClassDevices{USB: true, All: true},

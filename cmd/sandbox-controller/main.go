@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -31,21 +30,13 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
-	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
-	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 )
 
 type flags struct {
 	areasRoot, stateDir, nodeName, backends string
-	cgroupParent                            string
-	allowUnlimited                          bool
+	drivers                                 map[v1alpha1.Backend]runtimes.Constructor
 	agentIDs                                string
 	sandboxWorkers, claimWorkers            int
-	containerdAddress, containerdNamespace  string
-	containerdFIFODir                       string
-	containerdMountNS                       string
-	incusSocket                             string
 	metricsAddr, probeAddr                  string
 	leaderElect                             bool
 	local                                   bool
@@ -70,14 +61,8 @@ func main() {
 	flag.IntVar(&f.capacity, "node-capacity", 0, "with --node-name: how many Sandboxes this node takes when Sandboxes without spec.nodeName are placed (pinned ones count too and are never refused); 0 means no limit")
 	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --node-name: how long a node's controller may go without renewing its Lease (or its Node stay not Ready) before its Sandboxes report NodeLost and those with onNodeLost: Move are placed elsewhere; this node renews every quarter of it")
 	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node Leases, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
-	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: bwrap, containerd, incus")
-	flag.StringVar(&f.cgroupParent, "cgroup-parent", "", "cgroup (a path from the root of each hierarchy) below which the bwrap backend makes each instance's cgroup with its resource limits; empty: below the controller's own cgroup (in a pod, the pod's)")
-	flag.BoolVar(&f.allowUnlimited, "allow-unlimited-sandboxes", false, "let bwrap Sandboxes run WITHOUT resource limits where no cgroup can be made, with a warning; without it such a Sandbox is Ready=False (LimitsUnavailable)")
-	flag.StringVar(&f.incusSocket, "incus-socket", incus.DefaultSocket(), "incusd's unix socket for the incus backend (default $INCUS_SOCKET, else under $INCUS_DIR, else /var/lib/incus/unix.socket)")
-	flag.StringVar(&f.containerdAddress, "containerd-address", envOr("CONTAINERD_ADDRESS", "/run/containerd/containerd.sock"), "containerd socket for the containerd backend (default $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock)")
-	flag.StringVar(&f.containerdNamespace, "containerd-namespace", envOr("CONTAINERD_NAMESPACE", containerd.DefaultNamespace), "containerd namespace of the containers and their images")
-	flag.StringVar(&f.containerdFIFODir, "containerd-fifo-dir", os.Getenv("CONTAINERD_FIFO_DIR"), "directory for the exec FIFOs shared with containerd's shims (default: containerd's)")
-	flag.StringVar(&f.containerdMountNS, "containerd-mount-namespace", os.Getenv("CONTAINERD_MOUNT_NAMESPACE"), "mount namespace of containerd and its runc, where the containerd backend builds its containers' mount trees: "+containerd.DaemonMountNamespace+" (that of the process answering --containerd-address, found each time; a controller in a pod needs hostPID), or a namespace file such as /proc/PID/ns/mnt (default $CONTAINERD_MOUNT_NAMESPACE; empty: the controller's own, for a controller on the node)")
+	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: "+backendList())
+	f.drivers = bindBackendFlags(flag.CommandLine)
 	flag.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "address the metrics endpoint binds to (loopback by default: the controller runs on the node's network, and its metrics name tenants' objects); 0 disables it")
 	flag.StringVar(&f.probeAddr, "health-probe-bind-address", "127.0.0.1:8081", "address the health and readiness probes bind to (loopback by default, where the node's kubelet probes a host-network pod); 0 disables them")
 	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader so only one replica reconciles at a time")
@@ -298,46 +283,6 @@ Ctrl-C stops the controller and the control plane.
 		return fmt.Errorf("running the manager: %w", err)
 	}
 	return nil
-}
-
-func enableBackends(ctx context.Context, f flags, stateDir string) (map[v1alpha1.Backend]runtimes.Runtime, func(), error) {
-	rts := map[v1alpha1.Backend]runtimes.Runtime{}
-	var closers []func()
-	closeAll := func() {
-		for _, c := range closers {
-			c()
-		}
-	}
-	for _, b := range strings.Split(f.backends, ",") {
-		switch v1alpha1.Backend(strings.TrimSpace(b)) {
-		case v1alpha1.BackendBwrap:
-			rt, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(stateDir, "bwrap"), CgroupParent: f.cgroupParent, AllowUnlimited: f.allowUnlimited})
-			if err != nil {
-				closeAll()
-				return nil, nil, err
-			}
-			rts[v1alpha1.BackendBwrap] = rt
-		case v1alpha1.BackendContainerd:
-			rt, err := containerd.New(ctx, containerd.Config{Address: f.containerdAddress, Namespace: f.containerdNamespace, FIFODir: f.containerdFIFODir, MountNamespace: f.containerdMountNS})
-			if err != nil {
-				closeAll()
-				return nil, nil, fmt.Errorf("--backends containerd: %w", err)
-			}
-			closers = append(closers, func() { _ = rt.Close() })
-			rts[v1alpha1.BackendContainerd] = rt
-		case v1alpha1.BackendIncus:
-			rt, err := incus.New(incus.Config{Socket: f.incusSocket})
-			if err != nil {
-				closeAll()
-				return nil, nil, fmt.Errorf("--backends incus: %w", err)
-			}
-			rts[v1alpha1.BackendIncus] = rt
-		default:
-			closeAll()
-			return nil, nil, fmt.Errorf("--backends: unknown backend %q (available: bwrap, containerd, incus)", b)
-		}
-	}
-	return rts, closeAll, nil
 }
 
 func envOr(key, def string) string {

@@ -5,9 +5,10 @@
 // whatever configuration is current.
 //
 // It must never invent a rule of its own (every rule comes from
-// api/v1alpha1), never accept a key it does not know, and never replace a
-// good configuration with a broken one: an invalid edit keeps the last good
-// configuration, so a typo can never turn the sandbox off.
+// api/v1alpha1 and the backend registry, internal/backend), never accept a
+// key it does not know, and never replace a good configuration with a
+// broken one: an invalid edit keeps the last good configuration, so a typo
+// can never turn the sandbox off.
 package sandboxtoml
 
 import (
@@ -27,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/backend"
 )
 
 // file is sandbox.toml as written. Every key the file may hold is a toml
@@ -320,10 +322,11 @@ func toSpec(f file, agent string) (*v1alpha1.SandboxSpec, field.ErrorList) {
 // two differ.
 var specToKey = map[string]string{"binaries": "bwrap.binaries", "agent": "agent (from the command line)"}
 
-// validate applies v1alpha1.ValidateSandboxSpec, the one table of rules,
-// and re-labels its errors with sandbox.toml's keys and positions.
+// validate applies backend.ValidateSpec, the one table of rules (the API's
+// and the backend's), and re-labels its errors with sandbox.toml's keys and
+// positions.
 func validate(name string, spec *v1alpha1.SandboxSpec, loc *locator) error {
-	fieldErrs := v1alpha1.ValidateSandboxSpec(spec)
+	fieldErrs := backend.ValidateSpec(spec)
 	if len(fieldErrs) == 0 {
 		return nil
 	}

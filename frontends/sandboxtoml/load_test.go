@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/backend"
 )
 
 // The seed's own samples, word for word.
@@ -222,7 +223,7 @@ func TestRulesAreTheAPIsRules(t *testing.T) {
 			spec := Default("ada")
 			c.spec(spec)
 			var apiMsgs []string
-			for _, fe := range v1alpha1.ValidateSandboxSpec(spec) {
+			for _, fe := range backend.ValidateSpec(spec) {
 				apiMsgs = append(apiMsgs, fe.Detail)
 			}
 			if !slices.Contains(apiMsgs, c.msg) {

@@ -9,12 +9,14 @@ import (
 	"strings"
 	"sync"
 
-	"k8s.io/apimachinery/pkg/api/resource"
-
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/backend"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+
+	// Every path to an instance knows the backends this module ships.
+	_ "github.com/cireilclaw/sandbox-controller/internal/backend/all"
 )
 
 // Host are the facts of this host an instance is described with.
@@ -88,7 +90,7 @@ func Prepare(spec *v1alpha1.SandboxSpec, host Host) error {
 // Sandbox object (sandbox.toml), owned by StandaloneOwner. Having no
 // reconciler, it prepares the agent first.
 func Standalone(spec *v1alpha1.SandboxSpec, host Host) (runtimes.Instance, error) {
-	if errs := v1alpha1.ValidateSandboxSpec(spec); len(errs) > 0 {
+	if errs := backend.ValidateSpec(spec); len(errs) > 0 {
 		return runtimes.Instance{}, fmt.Errorf("sandbox %s: %w", StandaloneOwner(spec.Agent), errs.ToAggregate())
 	}
 	if err := Prepare(spec, host); err != nil {
@@ -137,10 +139,11 @@ func WithGitDirs(in runtimes.Instance, dirs []string) runtimes.Instance {
 }
 
 // describe builds the Instance for a Sandbox spec. It applies the admission
-// rules again and refuses a spec that breaks one, so a CRD installed
-// without its CEL rules cannot widen a sandbox.
+// rules again (the API's and the backend's, backend.ValidateSpec) and
+// refuses a spec that breaks one, so a CRD installed without its CEL rules
+// cannot widen a sandbox.
 func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Instance, error) {
-	if errs := v1alpha1.ValidateSandboxSpec(spec); len(errs) > 0 {
+	if errs := backend.ValidateSpec(spec); len(errs) > 0 {
 		return runtimes.Instance{}, fmt.Errorf("sandbox %s: %w", owner, errs.ToAggregate())
 	}
 	if !filepath.IsAbs(host.AreasRoot) {
@@ -203,15 +206,7 @@ func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Ins
 	}
 	sort.Strings(in.Env)
 	in.Resources = resources(spec)
-	switch spec.BackendOrDefault() {
-	case v1alpha1.BackendContainerd:
-		in.Image = spec.Containerd.Image
-		in.Containerd = containerdConfig(spec.Containerd)
-	case v1alpha1.BackendIncus:
-		in.Image = spec.Incus.Image
-		in.Incus = incusConfig(spec.Incus)
-		in.StopOnExit = spec.Incus.ShutdownOnExit == nil || *spec.Incus.ShutdownOnExit
-	}
+	describeBackend(spec, &in)
 	in.ConfigHash = in.Hash()
 	return in, nil
 }
@@ -264,35 +259,12 @@ func resources(spec *v1alpha1.SandboxSpec) runtimes.Resources {
 	return out
 }
 
-func containerdConfig(c *v1alpha1.ContainerdSpec) *runtimes.ContainerdConfig {
-	out := &runtimes.ContainerdConfig{
-		MemoryLimit:     size(c.MemoryLimit),
-		RootfsSizeLimit: size(c.RootfsSizeLimit),
+// describeBackend lets the spec's backend add its own settings to in (its
+// image and config). The spec is valid, so its backend is registered.
+func describeBackend(spec *v1alpha1.SandboxSpec, in *runtimes.Instance) {
+	if b, ok := backend.Lookup(spec.BackendOrDefault()); ok && b.Describe != nil {
+		b.Describe(spec, in)
 	}
-	if c.PidsLimit != nil {
-		out.PidsLimit = *c.PidsLimit
-	}
-	return out
-}
-
-func incusConfig(c *v1alpha1.IncusSpec) *runtimes.IncusConfig {
-	out := &runtimes.IncusConfig{
-		Profiles:      slices.Clone(c.Profiles),
-		Project:       c.Project,
-		RootSizeLimit: size(c.RootSizeLimit),
-	}
-	if c.ShutdownOnExit != nil {
-		v := *c.ShutdownOnExit
-		out.ShutdownOnExit = &v
-	}
-	return out
-}
-
-func size(q *resource.Quantity) *runtimes.Size {
-	if q == nil {
-		return nil
-	}
-	return &runtimes.Size{Bytes: q.Value(), Text: q.String()}
 }
 
 // identityFor is the host identity of agent on host: read, or given when

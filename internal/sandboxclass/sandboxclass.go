@@ -28,6 +28,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/backend"
 )
 
 // Select picks the class of spec among classes, the cluster's
@@ -91,9 +92,8 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 	name := class.Name
 	var v []string
 
-	backend := spec.BackendOrDefault()
-	if !slices.Contains(cs.AllowedBackends, backend) {
-		v = append(v, fmt.Sprintf("spec.backend: SandboxClass %q allows the backends [%s], not %q", name, joinBackends(cs.AllowedBackends), backend))
+	if b := spec.BackendOrDefault(); !slices.Contains(cs.AllowedBackends, b) {
+		v = append(v, fmt.Sprintf("spec.backend: SandboxClass %q allows the backends [%s], not %q", name, joinBackends(cs.AllowedBackends), b))
 	}
 
 	if cs.MaxMounts != nil && len(spec.Mounts) > int(*cs.MaxMounts) {
@@ -131,22 +131,9 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 		v = append(v, fmt.Sprintf("spec.devices.all: SandboxClass %q does not allow the host /dev", name))
 	}
 
-	switch backend {
-	case v1alpha1.BackendContainerd:
-		if c := spec.Containerd; c != nil {
-			if !imageAllowed(c.Image, cs.AllowedImages.Containerd) {
-				v = append(v, fmt.Sprintf("spec.containerd.image: SandboxClass %q does not allow the image %q (allowed: [%s])", name, c.Image, strings.Join(cs.AllowedImages.Containerd, ", ")))
-			}
-			oc := out.Containerd
-			v = append(v, quantityLimit(name, "spec.containerd.rootfsSizeLimit", &oc.RootfsSizeLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.RootfsSizeLimit })...)
-		}
-	case v1alpha1.BackendIncus:
-		if c := spec.Incus; c != nil {
-			if !imageAllowed(c.Image, cs.AllowedImages.Incus) {
-				v = append(v, fmt.Sprintf("spec.incus.image: SandboxClass %q does not allow the image %q (allowed: [%s])", name, c.Image, strings.Join(cs.AllowedImages.Incus, ", ")))
-			}
-			v = append(v, quantityLimit(name, "spec.incus.rootSizeLimit", &out.Incus.RootSizeLimit, cs.DefaultLimits, cs.MaxLimits, func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.RootSizeLimit })...)
-		}
+	// The backend's own settings (an image, a disk size) follow its rules.
+	if b, ok := backend.Lookup(spec.BackendOrDefault()); ok && b.Class != nil {
+		v = append(v, b.Class(class, spec, out)...)
 	}
 	v = append(v, applyResources(class, spec, out)...)
 	if len(v) > 0 {
@@ -310,42 +297,6 @@ func envAllowed(name string, allowed []string) bool {
 		}
 	}
 	return false
-}
-
-func imageAllowed(image string, allowed []string) bool {
-	for _, a := range allowed {
-		if p, ok := strings.CutSuffix(a, "*"); ok {
-			if strings.HasPrefix(image, p) {
-				return true
-			}
-		} else if image == a {
-			return true
-		}
-	}
-	return false
-}
-
-// quantityLimit checks *q against the class's maximum and fills in the
-// default (else the maximum) where the Sandbox sets none.
-func quantityLimit(class, field string, q **resource.Quantity, def, max *v1alpha1.ClassLimits, get func(*v1alpha1.ClassLimits) *resource.Quantity) []string {
-	var d, m *resource.Quantity
-	if def != nil {
-		d = get(def)
-	}
-	if max != nil {
-		m = get(max)
-	}
-	switch {
-	case *q != nil && m != nil && (*q).Cmp(*m) > 0:
-		return []string{fmt.Sprintf("%s: %s is above the maximum %s of SandboxClass %q", field, (*q).String(), m.String(), class)}
-	case *q == nil && d != nil:
-		c := d.DeepCopy()
-		*q = &c
-	case *q == nil && m != nil:
-		c := m.DeepCopy()
-		*q = &c
-	}
-	return nil
 }
 
 func joinBackends(backends []v1alpha1.Backend) string {

@@ -1,0 +1,26 @@
+package bwrap
+
+import (
+	"context"
+	"flag"
+	"path/filepath"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Flags binds the driver's cgroup flags on fs; the driver keeps its state
+// in <state-dir>/bwrap.
+func Flags(fs *flag.FlagSet) runtimes.Constructor {
+	var cfg Config
+	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "cgroup (a path from the root of each hierarchy) below which the bwrap backend makes each instance's cgroup with its resource limits; empty: below the controller's own cgroup (in a pod, the pod's)")
+	fs.BoolVar(&cfg.AllowUnlimited, "allow-unlimited-sandboxes", false, "let bwrap Sandboxes run WITHOUT resource limits where no cgroup can be made, with a warning; without it such a Sandbox is Ready=False (LimitsUnavailable)")
+	return func(_ context.Context, stateDir string) (runtimes.Runtime, func(), error) {
+		c := cfg
+		c.StateDir = filepath.Join(stateDir, "bwrap")
+		rt, err := New(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rt, nil, nil
+	}
+}
