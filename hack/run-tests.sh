@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The body of `make test`: every suite (the image builder's module too),
 # then the two mount-destination race tests once more each, alone and at
-# full strength (10,000 command starts, see internal/testenv.RaceStarts).
+# full strength (10,000 command starts, see testkit/testenv.RaceStarts).
 # In the parallel pass they make a few hundred starts; alone they do not
 # compete with the other suites for the kernel's mount table, which is
 # what their starts wait on.

@@ -15,7 +15,7 @@ import (
 // Version 1 is the encoding an Instance had when the hash was first
 // recorded; it never changes. A change that must restart instances makes a
 // version 2 beside it (hashed with a prefix), never an edit of version 1.
-// internal/instance's encoding test holds version 1 to its recorded form.
+// bridge/instance's encoding test holds version 1 to its recorded form.
 
 // configV1 is the input of ConfigHash version 1.
 type configV1 struct {

@@ -94,7 +94,7 @@ type ExitStatus struct {
 // Reason is what a driver says about an instance: why an operation failed
 // (Error) or how its storage is (Health). It is the driver's word, not a
 // condition reason: the controller maps each Reason to the API's condition
-// reason (internal/instance/reasons.go), and a test there fails for a Reason
+// reason (bridge/instance/reasons.go), and a test there fails for a Reason
 // without one, so that every reason string is written once, in the API.
 type Reason int
 

@@ -163,7 +163,7 @@ var _ = Describe("Sandbox admission", func() {
 	})
 
 	// A backend's own rules are the backend registry's in Go
-	// (internal/backend, whose tests hold the same messages), which the API
+	// (bridge/backend, whose tests hold the same messages), which the API
 	// cannot import: here only the CEL side.
 	DescribeTable("rejects a backend without its table with the backend's message",
 		func(mut func(*v1alpha1.SandboxSpec), msg string) {

@@ -68,7 +68,7 @@ func (s *SandboxSpec) BackendOrDefault() Backend {
 // a spec that did not come through the API server (sandbox.toml), and again
 // in the controller so that a CRD installed without its rules cannot widen
 // a sandbox. Whether spec.backend names a backend, and that backend's own
-// rules, are the backend registry's (internal/backend.ValidateSpec, which
+// rules, are the backend registry's (bridge/backend.ValidateSpec, which
 // calls this): the API cannot know which backends a build registers.
 func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 	var errs field.ErrorList

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/backend"
+	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
@@ -27,7 +27,7 @@ func backendList() string {
 
 // The drivers this manager runs: one line per backend, whose flags and
 // constructor live in its driver package. Describing and validating a spec
-// go through the backends internal/instance registers, which link no
+// go through the backends bridge/instance registers, which link no
 // driver.
 func init() {
 	backend.RegisterDriver(v1alpha1.BackendBwrap, bwrap.Flags)

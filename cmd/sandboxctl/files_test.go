@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 func TestCopyAndListThroughContainedAccess(t *testing.T) {

@@ -20,8 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // pattern is an endless body that costs no memory: byte i is i mod 251.

@@ -5,7 +5,7 @@
 // whatever configuration is current.
 //
 // It must never invent a rule of its own (every rule comes from
-// api/v1alpha1 and the backend registry, internal/backend), never accept a
+// api/v1alpha1 and the backend registry, bridge/backend), never accept a
 // key it does not know, and never replace a good configuration with a
 // broken one: an invalid edit keeps the last good configuration, so a typo
 // can never turn the sandbox off.
@@ -28,7 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/backend"
+	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 )
 
 // file is sandbox.toml as written. Every key the file may hold is a toml

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/backend"
+	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 )
 
 // The seed's own samples, word for word.

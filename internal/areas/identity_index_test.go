@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // forgetIndex is a process starting: it knows nothing of the index.

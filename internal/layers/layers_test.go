@@ -32,20 +32,17 @@ func layer(pkg string) (int, string, bool) {
 		return false
 	}
 	switch {
-	case top("internal/layers", "test", "hack"):
+	case top("internal/layers", "test", "hack", "testkit/cluster"):
 		return -1, group, true
 	case top("config"):
 		return 0, group, true
-	case top("api", "internal/commandname", "internal/areas", "internal/policy", "internal/overlay",
-		"internal/worktree", "internal/tenancy", "internal/exectoken", "internal/localcp", "internal/servingcert", "internal/sizedfs",
-		"internal/testenv"):
+	case top("api", "internal", "testkit/testenv"):
 		return 0, group, true
-	case top("runtimes"):
+	case top("runtimes", "testkit/runtimetest"):
 		return 1, group, true
-	case top("internal/instance", "internal/sandboxclass", "internal/backend"):
-		// internal/backend's packages each import their own driver.
+	case top("bridge"):
 		return 2, group, true
-	case top("internal/testharness"):
+	case top("testkit/testharness"):
 		// The controllers' test kit: it runs them.
 		return 3, "controllers", true
 	case top("controllers", "frontends"):
@@ -68,10 +65,9 @@ var names = []string{"the API and host-facing packages", "the drivers", "where t
 
 // testsReach is the one allowance for tests: a driver's tests describe
 // their instances from real specs, through the bridge above the drivers
-// (internal/instance), which the driver itself never imports. The bridge
-// imports every driver through the backend registry, so only a driver's
-// external tests (package <driver>_test) can; they hand it on to the
-// tests inside the package.
+// (bridge/instance), which the driver itself never imports. The bridge
+// links no driver (the manager registers them), so the tests inside a
+// driver's package can too.
 var testsReach = map[int]int{1: 2}
 
 // goPackage is what go list says of a package.
@@ -172,7 +168,7 @@ func TestPackagesImportOnlyFromTheirLayerOrBelow(t *testing.T) {
 // A driver's tests may reach the bridge, and no higher.
 func TestDriverTestsReachTheBridgeOnly(t *testing.T) {
 	own, group, _ := layer(module + "runtimes/bwrap")
-	if why := misplaced(own, testsReach[own], group, module+"internal/instance"); why != "" {
+	if why := misplaced(own, testsReach[own], group, module+"bridge/instance"); why != "" {
 		t.Errorf("a driver's test describing an instance: %s", why)
 	}
 	if why := misplaced(own, testsReach[own], group, module+"controllers"); why == "" {
@@ -189,19 +185,23 @@ func TestMisplacedImportsAreNamed(t *testing.T) {
 		{"frontends/execapi", "controllers", true},
 		{"controllers", "frontends/execapi", true},
 		{"cmd/sandboxctl", "clients/go/sandboxclient", true},
-		{"runtimes/bwrap", "internal/testharness", true},
-		{"runtimes/bwrap", "internal/instance", true},
-		{"runtimes/bwrap", "internal/backend", true},
-		{"internal/backend/bwrap", "runtimes/bwrap", false},
-		{"internal/instance", "internal/backend/all", false},
-		{"internal/backend", "controllers", true},
-		{"frontends/execapi", "internal/testharness", true},
-		{"controllers", "internal/instance", false},
+		{"runtimes/bwrap", "testkit/testharness", true},
+		{"runtimes/bwrap", "bridge/instance", true},
+		{"runtimes/bwrap", "bridge/backend", true},
+		{"bridge/backend/bwrap", "runtimes/bwrap", false},
+		{"internal/areas", "bridge/instance", true},
+		{"internal/areas", "runtimes", true},
+		{"testkit/testenv", "testkit/testharness", true},
+		{"testkit/runtimetest", "bridge/instance", true},
+		{"bridge/instance", "bridge/backend/all", false},
+		{"bridge/backend", "controllers", true},
+		{"frontends/execapi", "testkit/testharness", true},
+		{"controllers", "bridge/instance", false},
 		{"cmd/sandboxctl", "frontends/execapi", false},
 		{"clients/go/sandboxtest", "controllers", false},
-		{"runtimes/bwrap", "runtimes/runtimetest", false},
+		{"runtimes/bwrap", "testkit/runtimetest", false},
 		{"frontends/execapi", "frontends/mcpserver", false},
-		{"controllers", "internal/testharness", false},
+		{"controllers", "testkit/testharness", false},
 	} {
 		own, group, _ := layer(module + tc.pkg)
 		if got := misplaced(own, own, group, module+tc.imp) != ""; got != tc.bad {
@@ -212,14 +212,14 @@ func TestMisplacedImportsAreNamed(t *testing.T) {
 
 // Drivers see only runtimes types: no package under runtimes/, nor the
 // exec policy they call, may depend on the API, directly or through
-// another package. internal/instance maps the API to runtimes types above
+// another package. bridge/instance maps the API to runtimes types above
 // the drivers.
 func TestDriversDoNotDependOnTheAPI(t *testing.T) {
 	pkgs := goList(t, "../../runtimes/...", "../policy")
 	for _, p := range pkgs {
 		for _, d := range p.Deps {
 			if strings.HasPrefix(d, module+"api/") {
-				t.Errorf("%s depends on %s; drivers and the exec policy take runtimes types only (map in internal/instance)", p.ImportPath, d)
+				t.Errorf("%s depends on %s; drivers and the exec policy take runtimes types only (map in bridge/instance)", p.ImportPath, d)
 			}
 		}
 	}

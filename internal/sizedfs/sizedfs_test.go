@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/internal/sizedfs"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 func sized(t *testing.T, size int64) sizedfs.FS {

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // gitAccepts runs git check-ref-format with args and says whether git

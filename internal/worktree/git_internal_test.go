@@ -13,7 +13,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // secretConf is a git configuration file whose value stands for a host

@@ -14,8 +14,8 @@ import (
 	"github.com/go-logr/stdr"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // ctx logs what the controller would log (host git's stderr) to stderr.

@@ -10,11 +10,11 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
+	"github.com/cireilclaw/sandbox-controller/testkit/runtimetest"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 func overlayInstance(t *testing.T) (*bwrap.Runtime, runtimes.Instance, string) {

@@ -6,10 +6,10 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
-	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
+	"github.com/cireilclaw/sandbox-controller/testkit/runtimetest"
 )
 
 // The check runs on the host before the daemon is asked anything, so this

@@ -5,10 +5,10 @@ import (
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
-	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
+	"github.com/cireilclaw/sandbox-controller/testkit/runtimetest"
 )
 
 // The check runs on the host before incusd is asked anything, so this test

@@ -41,11 +41,11 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
-	"github.com/cireilclaw/sandbox-controller/test/e2e/cluster"
+	"github.com/cireilclaw/sandbox-controller/testkit/cluster"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 const (

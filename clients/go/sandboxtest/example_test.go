@@ -19,7 +19,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/clients/go/sandboxclient"
 	"github.com/cireilclaw/sandbox-controller/clients/go/sandboxtest"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // A platform's envtest suite, whole: the project's CRDs in envtest, the

@@ -28,8 +28,8 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
-	"github.com/cireilclaw/sandbox-controller/internal/testharness"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
 
 // aggregatedURL is the API server's URL of a claim's subresource.

@@ -17,12 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
-	"github.com/cireilclaw/sandbox-controller/internal/testharness"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
 
 // The latency table of docs/benchmarks-incus.md: each path through the

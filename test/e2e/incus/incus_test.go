@@ -22,13 +22,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
-	"github.com/cireilclaw/sandbox-controller/internal/testharness"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
-	"github.com/cireilclaw/sandbox-controller/runtimes/runtimetest"
+	"github.com/cireilclaw/sandbox-controller/testkit/runtimetest"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
 
 var (

@@ -24,11 +24,11 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
-	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
 
 const timeout = testharness.Timeout

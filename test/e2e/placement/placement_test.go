@@ -23,12 +23,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/controllers"
-	"github.com/cireilclaw/sandbox-controller/internal/instance"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
-	"github.com/cireilclaw/sandbox-controller/internal/testharness"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
+	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
 
 const (

@@ -13,8 +13,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // The containerd backend from the DaemonSet, through the node's own

@@ -12,9 +12,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/backend"
-	_ "github.com/cireilclaw/sandbox-controller/internal/backend/all"
-	"github.com/cireilclaw/sandbox-controller/internal/sandboxclass"
+	"github.com/cireilclaw/sandbox-controller/bridge/backend"
+	_ "github.com/cireilclaw/sandbox-controller/bridge/backend/all"
+	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 

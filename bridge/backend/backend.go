@@ -2,10 +2,10 @@
 // the drivers. A backend package describes itself in one Backend: the rules
 // its part of a spec must follow, what it adds to the runtimes.Instance of
 // a spec, what a SandboxClass holds it to, and how the manager builds its
-// driver from its command-line flags. The callers (internal/instance,
-// internal/sandboxclass, the sandbox.toml loader, the manager) look a
+// driver from its command-line flags. The callers (bridge/instance,
+// bridge/sandboxclass, the sandbox.toml loader, the manager) look a
 // backend up here and never name one, so a new backend is its own package
-// and one Register line (internal/backend/all).
+// and one Register line (bridge/backend/all).
 //
 // The rules common to every backend stay in api/v1alpha1
 // (ValidateSandboxSpec), which cannot import this package.

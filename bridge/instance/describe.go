@@ -10,13 +10,13 @@ import (
 	"sync"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
-	"github.com/cireilclaw/sandbox-controller/internal/backend"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 
 	// Every path to an instance knows the backends this module ships.
-	_ "github.com/cireilclaw/sandbox-controller/internal/backend/all"
+	_ "github.com/cireilclaw/sandbox-controller/bridge/backend/all"
 )
 
 // Host are the facts of this host an instance is described with.

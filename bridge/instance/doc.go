@@ -4,7 +4,7 @@
 // instance records), and the one place a driver's runtimes.Reason becomes a
 // reason of the API (Reason). What a backend adds to a description (its
 // rules, its image and config) is that backend's, looked up in the
-// registry (internal/backend); this package names no backend.
+// registry (bridge/backend); this package names no backend.
 //
 // Nothing under runtimes/ may import the API; everything a driver needs of
 // a Sandbox passes through here. This package never talks to a runtime.

@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
-	"github.com/cireilclaw/sandbox-controller/internal/testenv"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // T is what the tests need of *testing.T, so Ginkgo suites can run them

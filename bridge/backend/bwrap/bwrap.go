@@ -6,7 +6,7 @@ package bwrap
 
 import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/internal/backend"
+	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 )
 
 // Backend describes the bwrap backend to the registry.
