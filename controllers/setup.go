@@ -137,7 +137,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("indexing Sandboxes by agent: %w", err)
 	}
 	gate := &shutdownGate{}
-	status := statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader()}
+	// With a node name the placer writes conditions too.
+	status := statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader(), shared: opts.NodeName != ""}
 	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate, status: status} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
 	if err := sr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Sandbox controller: %w", err)

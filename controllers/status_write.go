@@ -30,10 +30,13 @@ const (
 	// mergeConditions keeps what another writer did meanwhile: the
 	// conditions this pass changed (set or removed, by type) go onto the
 	// stored list, which the API declares a map list keyed by type, and
-	// the other fields this pass changed go as they are. The write carries
-	// the resourceVersion only when conditions changed, so that a list
-	// read stale never replaces a newer one; on a conflict it reads the
-	// object again, uncached, and merges again.
+	// the other fields this pass changed go as they are. Where the
+	// conditions have another writer (shared: the placer, on a cluster),
+	// the write carries the resourceVersion when conditions changed, so
+	// that a list read stale never replaces a newer one; on a conflict it
+	// reads the object again, uncached, and merges again. Without one, the
+	// list this process read is the stored one, or older only by its own
+	// writes, which the pass derives again.
 	mergeConditions writeMode = iota
 	// unlessChanged writes only over the object as read: a conflict is
 	// returned, for the caller to requeue and decide again against what
@@ -51,6 +54,9 @@ type statusWriter struct {
 	// reader reads an object again after a conflict, past the cache; nil
 	// means client.
 	reader client.Reader
+	// shared says the conditions have another writer: on a cluster, the
+	// placer writes Ready while no node runs a Sandbox, and a claim's.
+	shared bool
 }
 
 // writeStatus sends what changed in after's status since before (the
@@ -63,7 +69,7 @@ func (w statusWriter) writeStatus(ctx context.Context, before, after client.Obje
 		return err
 	}
 	changes := conditionDiff(conditionsOf(before), conditionsOf(after))
-	lock := mode == unlessChanged || len(changes) > 0
+	lock := mode == unlessChanged || (w.shared && len(changes) > 0)
 	for attempt := 1; ; attempt++ {
 		err := w.send(ctx, after, patch, lock)
 		switch {

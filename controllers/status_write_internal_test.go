@@ -60,7 +60,7 @@ func reasonOf(t *testing.T, c client.Client, sb *v1alpha1.Sandbox, typ string) s
 func TestWriteStatusMergesConditionsByType(t *testing.T) {
 	ctx := context.Background()
 	c := apiServer(t)
-	w := statusWriter{client: c}
+	w := statusWriter{client: c, shared: true}
 	sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "two-writers", Namespace: "default"}, Spec: v1alpha1.SandboxSpec{Agent: "two-writers"}}
 	if err := c.Create(ctx, sb); err != nil {
 		t.Fatal(err)
