@@ -220,7 +220,7 @@ image-binary:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(IMAGE_BIN) ./cmd/sandbox-controller
 
 .PHONY: deploy
-deploy: ## Install the CRDs, RBAC, admission policy, namespace and the controller's DaemonSet (config/default) in the cluster of KUBECONFIG, with the image IMG (default IMAGE_NAME:VERSION, what make image tags); BACKENDS=containerd,incus adds those backends' components. Server-side apply; run again to update.
+deploy: ## Install the CRDs, RBAC, admission policy, namespace, the controller's DaemonSet and the aggregated API's Deployment (config/default) in the cluster of KUBECONFIG, with the image IMG (default IMAGE_NAME:VERSION, what make image tags); BACKENDS=containerd,incus adds those backends' components. Server-side apply; run again to update.
 	IMG="$(IMG)" BACKENDS="$(BACKENDS)" KUBECTL="$(KUBECTL)" hack/deploy.sh deploy
 
 .PHONY: undeploy

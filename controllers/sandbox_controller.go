@@ -47,7 +47,7 @@ type SandboxReconciler struct {
 // add or drop its finalizer (update), its status only by patch, and never
 // creates one. sandboxes/finalizers lets it make a Sandbox a claim's owner.
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/status,verbs=patch;update
+// +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/status,verbs=patch
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch

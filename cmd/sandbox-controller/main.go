@@ -48,10 +48,12 @@ type flags struct {
 	systemNamespace                         string
 	certValidity                            time.Duration
 	apiService                              string
+	mode                                    string
 }
 
 func main() {
 	var f flags
+	flag.StringVar(&f.mode, "mode", modeNode, "node: a node's controller (the DaemonSet: reconciles, runs sandboxes, serves the exec API on the node); api: the aggregated API's own server (a Deployment: forwards the API server's requests to the nodes, holds the forwarder CA no node can read)")
 	flag.StringVar(&f.areasRoot, "areas-root", "/var/lib/sandbox-controller/areas", "host directory holding one directory of areas per agent (<areas-root>/<agent>/{workspace,memories,blocks,skills,tasks}); never deleted by the controller")
 	flag.StringVar(&f.agentIDs, "agent-ids", areas.DefaultIDRange.String(), "FIRST:COUNT host user and group ids agents are given, one per agent (recorded as the owner of <areas-root>/<agent>); agent commands never run as host root, so the range may not include 0")
 	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
@@ -72,7 +74,7 @@ func main() {
 	flag.StringVar(&f.localKubeconfig, "local-kubeconfig", "bin/local/kubeconfig", "where --local-control-plane writes its administrator kubeconfig")
 	f.api.BindFlags(flag.CommandLine)
 	flag.DurationVar(&f.certValidity, "api-cert-validity", servingcert.DefaultValidity, "validity of the exec API's serving certificate when it comes from the cluster's CA; it is renewed at two thirds")
-	flag.StringVar(&f.apiService, "api-service", "sandbox-controller-exec-api", "Service in --system-namespace that APIService "+execapi.APIServiceName+" points at: the exec API accepts the API server's proxied requests (front proxy, from kube-system/extension-apiserver-authentication), forwards them to the node of the claim's Sandbox, and with a certificate from the cluster's CA names the Service's DNS names and sets the APIService's caBundle; empty: the exec API is reached on the nodes only")
+	flag.StringVar(&f.apiService, "api-service", "sandbox-controller-exec-api", "Service in --system-namespace that APIService "+execapi.APIServiceName+" points at, served by --mode=api (which names it in its certificate and sets the APIService's caBundle); a node then takes forwarded requests only from the forwarder CA that --mode=api publishes, and reads the exec API's CA that it makes; empty: the exec API is reached on the nodes only, and a node makes the CA itself")
 	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
 	logFormat := flag.String("log-format", "json", "log encoding: json (one object a line, for log collectors) or console (human-readable, with stack traces from warnings on: the development mode `make run` uses)")
 	logLevel := flag.String("log-level", "info", "least important log lines written: error, info, debug, or a number N for logr's V(N) and below (steady-state lines are V(4))")
@@ -93,7 +95,16 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(logOpts...))
 
-	if err := run(ctrl.SetupSignalHandler(), f); err != nil {
+	runMode := run
+	switch f.mode {
+	case modeNode:
+	case modeAPI:
+		runMode = runAggregatedAPI
+	default:
+		fmt.Fprintf(os.Stderr, "sandbox-controller: --mode=%s: must be %s or %s\n", f.mode, modeNode, modeAPI)
+		os.Exit(2)
+	}
+	if err := runMode(ctrl.SetupSignalHandler(), f); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
 		os.Exit(1)
 	}
@@ -226,13 +237,6 @@ Ctrl-C stops the controller and the control plane.
 			if err := mgr.Add(certs); err != nil {
 				return err
 			}
-			if f.apiService != "" {
-				// With the certificate's own client, straight to the API server.
-				if err := mgr.Add(&servingcert.APIServicePublisher{Client: certs.Client, Name: execapi.APIServiceName, CA: certs.CAPEM,
-					Log: ctrl.Log.WithName("servingcert")}); err != nil {
-					return err
-				}
-			}
 		}
 		kube, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
@@ -250,18 +254,15 @@ Ctrl-C stops the controller and the control plane.
 			Log: ctrl.Log.WithName("execapi"),
 		}
 		if f.apiService != "" {
-			if err := execapi.FrontProxyAuth(kube, ctrl.Log.WithName("execapi"), &auth); err != nil {
+			// Requests through the API server reach this node from the
+			// aggregated API, which alone holds the forwarder CA's key.
+			if err := execapi.PeerAuthFromConfigMap(kube, f.systemNamespace, servingcert.ForwarderConfigMapName, servingcert.ForwarderName,
+				ctrl.Log.WithName("execapi"), &auth); err != nil {
 				return fmt.Errorf("exec API: %w", err)
 			}
 		}
 		if certs != nil {
 			opts.GetCertificate = certs.GetCertificate
-			if f.apiService != "" {
-				if err := execapi.PeerAuth(certs.CAPEM(), servingcert.ForwarderName, &auth); err != nil {
-					return fmt.Errorf("exec API: %w", err)
-				}
-				opts.Forwarding = &execapi.Forwarding{CAPEM: certs.CAPEM(), GetClientCertificate: certs.GetClientCertificate}
-			}
 		}
 		opts.Auth = auth
 		srv, err := execapi.New(f.api, opts)
@@ -304,20 +305,17 @@ func clusterCertificate(ctx context.Context, cfg *rest.Config, scheme *runtime.S
 	if f.nodeName != "" && f.nodeName != host {
 		hosts = append(hosts, f.nodeName)
 	}
-	if f.apiService != "" {
-		// The API server verifies the Service's name when it proxies the
-		// aggregated API to a node.
-		svc := f.apiService + "." + f.systemNamespace + ".svc"
-		hosts = append(hosts, svc, svc+".cluster.local")
-	}
 	// Straight to the API server: the manager's cache would watch every
 	// Secret of the cluster.
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, err
 	}
-	src := &servingcert.Source{Client: c, Namespace: f.systemNamespace, Hosts: hosts, Validity: f.certValidity, Log: ctrl.Log.WithName("servingcert")}
-	loadCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	// Next to the aggregated API's Deployment the node only reads the CA it
+	// makes; the node's Role lets it write none.
+	src := &servingcert.Source{Client: c, Namespace: f.systemNamespace, Hosts: hosts, Validity: f.certValidity,
+		ReadOnly: f.apiService != "", Log: ctrl.Log.WithName("servingcert")}
+	loadCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	if err := src.Load(loadCtx); err != nil {
 		return nil, fmt.Errorf("exec API serving certificate: %w", err)

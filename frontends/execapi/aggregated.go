@@ -120,14 +120,47 @@ func FrontProxyAuth(kube kubernetes.Interface, log logr.Logger, a *Auth) error {
 	return nil
 }
 
-// PeerAuth authenticates requests another node's exec API forwards: a
-// client certificate of the cluster's exec API CA (caPEM) for
-// servingcert.ForwarderName, the user in the X-Remote-* headers.
+// PeerAuth authenticates requests the aggregated API forwards: a client
+// certificate of the forwarder CA (caPEM, which only the aggregated API's
+// Deployment holds the key of; never the exec API's CA, which every node
+// holds) for servingcert.ForwarderName, the user in the X-Remote-*
+// headers.
 func PeerAuth(caPEM []byte, forwarderName string, a *Auth) error {
-	ca, err := dynamiccertificates.NewStaticCAContent("exec-api-ca", caPEM)
+	ca, err := dynamiccertificates.NewStaticCAContent("forwarder-ca", caPEM)
 	if err != nil {
-		return fmt.Errorf("the exec API's CA: %w", err)
+		return fmt.Errorf("the forwarder CA: %w", err)
 	}
+	return peerAuthFrom(ca, forwarderName, a)
+}
+
+// PeerAuthFromConfigMap is PeerAuth with the forwarder CA read from a
+// ConfigMap (servingcert.ForwarderConfigMapName) and kept up to date while
+// Auth runs: a node trusts what the aggregated API publishes, and nothing
+// it could sign itself.
+func PeerAuthFromConfigMap(kube kubernetes.Interface, namespace, name, forwarderName string, log logr.Logger, a *Auth) error {
+	ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("forwarder-ca", namespace, name, "ca.crt", kube)
+	if err != nil {
+		return fmt.Errorf("watching the forwarder CA: %w", err)
+	}
+	prev := a.prepare
+	a.prepare = func(ctx context.Context) {
+		if prev != nil {
+			prev(ctx)
+		}
+		go ca.Run(ctx, 1)
+		loadCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err := wait.PollUntilContextCancel(loadCtx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			return len(ca.CurrentCABundleContent()) > 0, nil
+		})
+		if err != nil {
+			log.Info("no forwarder CA published yet (ConfigMap " + namespace + "/" + name + ", made by the aggregated API's Deployment): requests through the API server are refused until it appears")
+		}
+	}
+	return peerAuthFrom(ca, forwarderName, a)
+}
+
+func peerAuthFrom(ca dynamiccertificates.CAContentProvider, forwarderName string, a *Auth) error {
 	a.Peer = headerrequest.NewDynamicVerifyOptionsSecure(ca.VerifyOptions,
 		headerrequest.StaticStringSlice{forwarderName},
 		headerrequest.StaticStringSlice{headerRemoteUser}, headerrequest.StaticStringSlice{headerRemoteUID},
@@ -135,9 +168,10 @@ func PeerAuth(caPEM []byte, forwarderName string, a *Auth) error {
 	return nil
 }
 
-// Forwarding is how a node reaches the node that runs a claim's Sandbox.
+// Forwarding is how the aggregated API reaches the node that runs a
+// claim's Sandbox.
 type Forwarding struct {
-	// CAPEM verifies the other node's serving certificate.
+	// CAPEM verifies the node's serving certificate (the exec API's CA).
 	CAPEM []byte
 	// GetClientCertificate is the certificate the forwarder presents
 	// (servingcert.Source.GetClientCertificate).

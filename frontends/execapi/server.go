@@ -41,10 +41,15 @@ type Options struct {
 	// GetCertificate serves the certificate of each TLS handshake
 	// (servingcert.Source); nil means Config's certificate files.
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
-	// Forwarding, when set, sends a request that reached this node through
-	// the API server on to the node that runs the claim's Sandbox; without
-	// it such a request is answered 421 as a direct one is.
+	// Forwarding, when set, sends a request that reached this server
+	// through the API server on to the node that runs the claim's Sandbox;
+	// without it such a request is answered 421 as a direct one is.
 	Forwarding *Forwarding
+	// ForwardOnly makes the server the aggregated API's own (its
+	// Deployment, not a node): it runs nothing and reads no agent's areas,
+	// and forwards every request that reaches it through the API server
+	// to the node of the claim's Sandbox. It needs Forwarding.
+	ForwardOnly bool
 }
 
 // Server is the exec and file API. It is a manager.Runnable that runs on
@@ -83,6 +88,9 @@ func New(cfg Config, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("exec API: registering metrics: %w", err)
 	}
 	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads)}
+	if opts.ForwardOnly && opts.Forwarding == nil {
+		return nil, errors.New("exec API: serving the aggregated API only needs forwarding to the nodes")
+	}
 	if opts.Forwarding != nil {
 		if s.forwardTransport, err = opts.Forwarding.transport(); err != nil {
 			return nil, err

@@ -54,13 +54,19 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 		}
 		return nil, &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("reading Sandbox %s/%s: %v", ns, claim.Spec.SandboxName, err)}
 	}
-	if sb.Node() != s.opts.NodeName {
+	if s.opts.ForwardOnly || sb.Node() != s.opts.NodeName {
 		// A Sandbox that is not Ready elsewhere (its node lost, say) is
 		// said so here, not forwarded to an endpoint that may be gone.
 		if ready {
 			if e := notReadySandbox(ns, name, &sb); e != nil {
 				return nil, e
 			}
+		}
+		if s.opts.ForwardOnly {
+			if claim.Status.Endpoint == "" {
+				return nil, notReady("SessionClaim %s/%s has no endpoint yet: no node's controller serves its Sandbox %q yet", ns, name, sb.Name)
+			}
+			return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q: this is the aggregated API, which runs nothing; use the endpoint in the claim's status, or go through the API server", ns, sb.Name, sb.Node())}
 		}
 		return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q; this controller serves node %q: use the endpoint in the claim's status", ns, sb.Name, sb.Node(), s.opts.NodeName)}
 	}

@@ -114,5 +114,5 @@ func PublishCA(ctx context.Context, cfg *rest.Config, namespace, caFile string) 
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating namespace %s for the exec API's CA: %w", namespace, err)
 	}
-	return servingcert.Publish(ctx, c, namespace, ca)
+	return servingcert.ExecAPICA.Publish(ctx, c, namespace, ca)
 }

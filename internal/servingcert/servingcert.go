@@ -43,9 +43,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// The controller's own Role in its namespace (config/rbac/role.yaml):
-// +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=secrets,verbs=get;create
-// +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=configmaps,verbs=get;create;update
+// A node's controller's own Role in its namespace (config/rbac/role.yaml):
+// it reads the exec API's CA, which the aggregated API's Deployment makes
+// (config/aggregated), and the forwarder CA's certificate, and writes
+// neither. A node started with --api-service="" makes the exec API's CA
+// itself and needs create on Secrets and ConfigMaps besides.
+// +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=secrets,resourceNames=sandbox-controller-ca,verbs=get
+// +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=configmaps,resourceNames=sandbox-controller-ca;sandbox-controller-forwarder-ca,verbs=get;list;watch
 
 // DefaultNamespace is the controllers' namespace unless they are told
 // otherwise (--system-namespace): the Secret and the ConfigMap live there.
@@ -53,12 +57,41 @@ const DefaultNamespace = "sandbox-controller-system"
 
 // Names of the objects in the controllers' namespace.
 const (
-	// SecretName holds the CA's certificate and key (tls.crt, tls.key).
+	// SecretName holds the exec API CA's certificate and key (tls.crt,
+	// tls.key): it signs the nodes' serving certificates.
 	SecretName = "sandbox-controller-ca"
-	// ConfigMapName holds the CA's certificate (ConfigMapKey) for clients.
+	// ConfigMapName holds the exec API CA's certificate (ConfigMapKey) for
+	// clients.
 	ConfigMapName = "sandbox-controller-ca"
-	// ConfigMapKey is the key of the certificate in the ConfigMap.
+	// ForwarderSecretName holds the forwarder CA's certificate and key: it
+	// signs the aggregated API's serving certificate and the client
+	// certificate it forwards requests to the nodes with. Only the
+	// aggregated API's Deployment reads it; no node can.
+	ForwarderSecretName = "sandbox-controller-forwarder-ca"
+	// ForwarderConfigMapName holds the forwarder CA's certificate, which
+	// the nodes trust to name a user.
+	ForwarderConfigMapName = "sandbox-controller-forwarder-ca"
+	// ConfigMapKey is the key of the certificate in a ConfigMap.
 	ConfigMapKey = "ca.crt"
+)
+
+// Authority is a CA of the controllers' namespace: the Secret with its
+// key and the ConfigMap that publishes its certificate.
+type Authority struct {
+	Secret, ConfigMap string
+	// CommonName is the subject of a CA made for it.
+	CommonName string
+	// What names it in messages.
+	What string
+}
+
+var (
+	// ExecAPICA signs the nodes' serving certificates; every node's
+	// controller reads it.
+	ExecAPICA = Authority{Secret: SecretName, ConfigMap: ConfigMapName, CommonName: "sandbox-controller exec API CA", What: "the exec API's CA"}
+	// ForwarderCA signs what speaks for users to the nodes; only the
+	// aggregated API reads it.
+	ForwarderCA = Authority{Secret: ForwarderSecretName, ConfigMap: ForwarderConfigMapName, CommonName: "sandbox-controller forwarder CA", What: "the forwarder CA"}
 )
 
 // CAValidity is how long a CA made here is valid. It is not rotated: a
@@ -77,8 +110,13 @@ type CA struct {
 	PEM []byte
 }
 
-// NewCA makes a CA valid from now for CAValidity.
-func NewCA(now time.Time) (*CA, error) {
+// NewCA makes an exec API CA valid from now for CAValidity.
+func NewCA(now time.Time) (*CA, error) { return newCA(ExecAPICA.CommonName, now) }
+
+// NewForwarderCA makes a forwarder CA valid from now for CAValidity.
+func NewForwarderCA(now time.Time) (*CA, error) { return newCA(ForwarderCA.CommonName, now) }
+
+func newCA(cn string, now time.Time) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -89,7 +127,7 @@ func NewCA(now time.Time) (*CA, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: "sandbox-controller exec API CA"},
+		Subject:               pkix.Name{CommonName: cn},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(CAValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
@@ -132,11 +170,11 @@ func (ca *CA) Issue(hosts []string, validity time.Duration, now time.Time) (*tls
 	return ca.sign(tmpl, "serving", validity, now)
 }
 
-// ForwarderName is the common name of the client certificate a node's
-// exec API presents when it forwards a request that reached it through
-// the API server to the node that runs the claim's Sandbox. A node takes
-// the caller's identity from the request's headers only from a peer whose
-// certificate the cluster's CA signed for this name.
+// ForwarderName is the common name of the client certificate the
+// aggregated API presents when it forwards a request that reached it
+// through the API server to the node that runs the claim's Sandbox. A node
+// takes the caller's identity from the request's headers only from a peer
+// whose certificate the forwarder CA signed for this name.
 const ForwarderName = "sandbox-controller:forwarder"
 
 // IssueClient signs a client certificate for the common name cn, valid
@@ -178,15 +216,15 @@ func (ca *CA) sign(tmpl *x509.Certificate, what string, validity time.Duration, 
 	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
 }
 
-// EnsureCA is the CA in the Secret of namespace, made and stored when
+// Ensure is the CA in a's Secret of namespace, made and stored when
 // there is none. Controllers starting at once each try to create it: the
 // first create wins and the others read what it stored.
-func EnsureCA(ctx context.Context, c client.Client, namespace string, now time.Time) (*CA, error) {
-	key := client.ObjectKey{Namespace: namespace, Name: SecretName}
+func (a Authority) Ensure(ctx context.Context, c client.Client, namespace string, now time.Time) (*CA, error) {
+	key := client.ObjectKey{Namespace: namespace, Name: a.Secret}
 	var s corev1.Secret
 	err := c.Get(ctx, key, &s)
 	if apierrors.IsNotFound(err) {
-		ca, caErr := NewCA(now)
+		ca, caErr := newCA(a.CommonName, now)
 		if caErr != nil {
 			return nil, caErr
 		}
@@ -195,7 +233,7 @@ func EnsureCA(ctx context.Context, c client.Client, namespace string, now time.T
 			return nil, keyErr
 		}
 		s = corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: SecretName},
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: a.Secret},
 			Type:       corev1.SecretTypeTLS,
 			Data: map[string][]byte{
 				corev1.TLSCertKey:       ca.PEM,
@@ -206,21 +244,21 @@ func EnsureCA(ctx context.Context, c client.Client, namespace string, now time.T
 		case createErr == nil:
 			return ca, nil
 		case !apierrors.IsAlreadyExists(createErr):
-			return nil, fmt.Errorf("storing the exec API's CA in Secret %s/%s: %w", namespace, SecretName, createErr)
+			return nil, fmt.Errorf("storing %s in Secret %s/%s: %w", a.What, namespace, a.Secret, createErr)
 		}
 		// Another controller made it first: use that one.
 		err = c.Get(ctx, key, &s)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the exec API's CA from Secret %s/%s: %w", namespace, SecretName, err)
+		return nil, fmt.Errorf("reading %s from Secret %s/%s: %w", a.What, namespace, a.Secret, err)
 	}
-	return parseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+	return a.parse(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
 }
 
-func parseCA(certPEM, keyPEM []byte) (*CA, error) {
+func (a Authority) parse(certPEM, keyPEM []byte) (*CA, error) {
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("the Secret %s does not hold a certificate and its key: %w", SecretName, err)
+		return nil, fmt.Errorf("the Secret %s does not hold a certificate and its key: %w", a.Secret, err)
 	}
 	cert, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
@@ -228,25 +266,25 @@ func parseCA(certPEM, keyPEM []byte) (*CA, error) {
 	}
 	signer, ok := pair.PrivateKey.(crypto.Signer)
 	if !ok || !cert.IsCA {
-		return nil, fmt.Errorf("the Secret %s does not hold a CA", SecretName)
+		return nil, fmt.Errorf("the Secret %s does not hold a CA", a.Secret)
 	}
 	return &CA{Cert: cert, Key: signer, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})}, nil
 }
 
-// Publish puts the CA's certificate in the ConfigMap of namespace that
+// Publish puts the CA's certificate in a's ConfigMap of namespace, which
 // clients read, creating or correcting it.
-func Publish(ctx context.Context, c client.Client, namespace string, caPEM []byte) error {
-	cm := corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: ConfigMapName}}
+func (a Authority) Publish(ctx context.Context, c client.Client, namespace string, caPEM []byte) error {
+	cm := corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: a.ConfigMap}}
 	err := c.Get(ctx, client.ObjectKeyFromObject(&cm), &cm)
 	switch {
 	case apierrors.IsNotFound(err):
 		cm.Data = map[string]string{ConfigMapKey: string(caPEM)}
 		if err := c.Create(ctx, &cm); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("publishing the exec API's CA in ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+			return fmt.Errorf("publishing %s in ConfigMap %s/%s: %w", a.What, namespace, a.ConfigMap, err)
 		}
 		return nil
 	case err != nil:
-		return fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		return fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, a.ConfigMap, err)
 	case bytes.Equal([]byte(cm.Data[ConfigMapKey]), caPEM):
 		return nil
 	}
@@ -255,16 +293,16 @@ func Publish(ctx context.Context, c client.Client, namespace string, caPEM []byt
 	}
 	cm.Data[ConfigMapKey] = string(caPEM)
 	if err := c.Update(ctx, &cm); err != nil {
-		return fmt.Errorf("publishing the exec API's CA in ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		return fmt.Errorf("publishing %s in ConfigMap %s/%s: %w", a.What, namespace, a.ConfigMap, err)
 	}
 	return nil
 }
 
-// ReadPublished is the CA certificate clients trust, from the ConfigMap
-// of namespace; found is false when there is none.
-func ReadPublished(ctx context.Context, c client.Reader, namespace string) (caPEM []byte, found bool, err error) {
+// ReadPublished is a's certificate as clients trust it, from its
+// ConfigMap of namespace; found is false when there is none.
+func (a Authority) ReadPublished(ctx context.Context, c client.Reader, namespace string) (caPEM []byte, found bool, err error) {
 	var cm corev1.ConfigMap
-	err = c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ConfigMapName}, &cm)
+	err = c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: a.ConfigMap}, &cm)
 	if apierrors.IsNotFound(err) {
 		return nil, false, nil
 	}
@@ -284,12 +322,23 @@ func CAOf(cm *corev1.ConfigMap) ([]byte, error) {
 	return []byte(v), nil
 }
 
-// Source is a node's current serving certificate. Load makes the first;
-// Start (a manager Runnable) renews it at two thirds of its life, and a
-// renewal that fails is tried again every minute while the old one holds.
+// Source is a serving certificate of Authority (a node's, of ExecAPICA,
+// the zero value; the aggregated API's, of ForwarderCA) and, when
+// ClientName is set, a client certificate for that name. Load makes the
+// first; Start (a manager Runnable) renews them at two thirds of their
+// life, and a renewal that fails is tried again every minute while the
+// old ones hold.
 type Source struct {
 	Client    client.Client
 	Namespace string
+	Authority Authority
+	// ClientName, when set, is the common name of a client certificate
+	// issued with the serving one (ForwarderName for the aggregated API).
+	ClientName string
+	// ReadOnly reads the CA and makes and publishes nothing: a node's
+	// controller next to the aggregated API's Deployment, which makes the
+	// CAs and which a node may not write for. Load waits for the CA.
+	ReadOnly bool
 	// Hosts are the addresses and names the certificate is for: the
 	// node's exec API address first.
 	Hosts    []string
@@ -311,31 +360,77 @@ func (s *Source) Load(ctx context.Context) error {
 	if s.Validity <= 0 {
 		s.Validity = DefaultValidity
 	}
-	return s.renew(ctx)
+	for {
+		err := s.renew(ctx)
+		if !s.ReadOnly || !errors.Is(err, ErrNoCA) {
+			return err
+		}
+		s.Log.Info("waiting for the aggregated API's Deployment to make the CA", "secret", s.Namespace+"/"+s.authority().Secret)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// ErrNoCA is a CA's Secret that does not exist (yet).
+var ErrNoCA = errors.New("no CA yet")
+
+// Read is the CA in a's Secret of namespace; ErrNoCA when there is none.
+func (a Authority) Read(ctx context.Context, c client.Reader, namespace string) (*CA, error) {
+	var s corev1.Secret
+	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: a.Secret}, &s)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%s (Secret %s/%s): %w", a.What, namespace, a.Secret, ErrNoCA)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s from Secret %s/%s: %w", a.What, namespace, a.Secret, err)
+	}
+	return a.parse(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+}
+
+func (s *Source) authority() Authority {
+	if s.Authority.Secret == "" {
+		return ExecAPICA
+	}
+	return s.Authority
 }
 
 func (s *Source) renew(ctx context.Context) error {
 	now := s.Now()
-	ca, err := EnsureCA(ctx, s.Client, s.Namespace, now)
+	a := s.authority()
+	ca, err := s.ca(ctx, a, now)
 	if err != nil {
-		return err
-	}
-	if err := Publish(ctx, s.Client, s.Namespace, ca.PEM); err != nil {
 		return err
 	}
 	cert, err := ca.Issue(s.Hosts, s.Validity, now)
 	if err != nil {
 		return err
 	}
-	fwd, err := ca.IssueClient(ForwarderName, s.Validity, now)
-	if err != nil {
-		return err
+	if s.ClientName != "" {
+		clientCert, err := ca.IssueClient(s.ClientName, s.Validity, now)
+		if err != nil {
+			return err
+		}
+		s.client.Store(clientCert)
 	}
 	s.cur.Store(cert)
-	s.client.Store(fwd)
 	s.caPEM.Store(&ca.PEM)
-	s.Log.Info("exec API serving certificate issued", "hosts", s.Hosts, "notAfter", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	s.Log.Info("serving certificate issued", "ca", a.What, "hosts", s.Hosts, "notAfter", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
+}
+
+// ca is the Source's CA: read, or made when missing and published.
+func (s *Source) ca(ctx context.Context, a Authority, now time.Time) (*CA, error) {
+	if s.ReadOnly {
+		return a.Read(ctx, s.Client, s.Namespace)
+	}
+	ca, err := a.Ensure(ctx, s.Client, s.Namespace, now)
+	if err != nil {
+		return nil, err
+	}
+	return ca, a.Publish(ctx, s.Client, s.Namespace, ca.PEM)
 }
 
 // NeedLeaderElection is false: every node renews its own.
@@ -373,7 +468,7 @@ func (s *Source) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) 
 	return nil, errors.New("no serving certificate loaded yet")
 }
 
-// GetClientCertificate is the forwarder's client certificate, renewed
+// GetClientCertificate is the client certificate for ClientName, renewed
 // with the serving one (tls.Config.GetClientCertificate).
 func (s *Source) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 	if c := s.client.Load(); c != nil {
@@ -382,7 +477,7 @@ func (s *Source) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certifi
 	return nil, errors.New("no client certificate loaded yet")
 }
 
-// CAPEM is the cluster's exec API CA certificate (PEM), nil before Load.
+// CAPEM is the certificate (PEM) of the Source's CA, nil before Load.
 func (s *Source) CAPEM() []byte {
 	if p := s.caPEM.Load(); p != nil {
 		return *p

@@ -61,10 +61,10 @@ func TestASecretWithoutACAIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-	if _, err := parseCA(leafPEM, keyPEM); err == nil || !strings.Contains(err.Error(), "does not hold a CA") {
+	if _, err := ExecAPICA.parse(leafPEM, keyPEM); err == nil || !strings.Contains(err.Error(), "does not hold a CA") {
 		t.Errorf("a serving certificate taken for the CA: %v", err)
 	}
-	if _, err := parseCA(ca.PEM, keyPEM); err == nil {
+	if _, err := ExecAPICA.parse(ca.PEM, keyPEM); err == nil {
 		t.Error("a CA certificate with another key accepted")
 	}
 }

@@ -67,6 +67,8 @@ const (
 	otherImage   = "registry.example:5000/team/sandbox-controller:v0.1.0"
 	// controllerSA is the user the controller's pods act as.
 	controllerSA = "system:serviceaccount:" + namespace + ":" + name
+	// apiSA is the user the aggregated API's pods act as.
+	apiSA = "system:serviceaccount:" + namespace + ":" + name + "-api"
 	// undeployBound is the most a make undeploy may take here, stuck or not.
 	undeployBound = 2 * time.Minute
 )
@@ -384,9 +386,11 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		meta.SetStatusCondition(&alice.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady,
 			Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonStopped, Message: "written by the deploy test"})
 		Expect(controller.Status().Patch(ctx, alice, client.MergeFrom(before))).To(Succeed())
-		// Placement writes status.nodeName with the resourceVersion it read.
+		// Placement writes status.nodeName by patch, with the
+		// resourceVersion it read.
+		read := alice.DeepCopy()
 		alice.Status.NodeName = "node-a"
-		Expect(controller.Status().Update(ctx, alice)).To(Succeed())
+		Expect(controller.Status().Patch(ctx, alice, client.MergeFromWithOptions(read, client.MergeFromWithOptimisticLock{}))).To(Succeed())
 
 		err = controller.Create(ctx, &v1alpha1.Sandbox{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mallory"},
@@ -394,18 +398,48 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		})
 		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "the controller never creates Sandboxes: %v", err)
 
-		By("making the exec API's CA and a node Lease as a node's controller does")
-		src := &servingcert.Source{Client: controller, Namespace: namespace, Hosts: []string{"10.0.0.7", "node-a"}, Log: GinkgoLogr}
+		By("making both CAs as the aggregated API does, and reading the exec API's as a node's controller does")
+		apiAs := rest.CopyConfig(adminCfg)
+		apiAs.Impersonate = rest.ImpersonationConfig{UserName: apiSA}
+		aggregated, err := client.New(apiAs, client.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		execCA, err := servingcert.ExecAPICA.Ensure(ctx, aggregated, namespace, time.Now())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(servingcert.ExecAPICA.Publish(ctx, aggregated, namespace, execCA.PEM)).To(Succeed())
+		fwdSrc := &servingcert.Source{Client: aggregated, Namespace: namespace, Authority: servingcert.ForwarderCA, ClientName: servingcert.ForwarderName,
+			Hosts: []string{"sandbox-controller-exec-api." + namespace + ".svc"}, Log: GinkgoLogr}
+		Expect(fwdSrc.Load(ctx)).To(Succeed())
+		src := &servingcert.Source{Client: controller, Namespace: namespace, Hosts: []string{"10.0.0.7", "node-a"}, ReadOnly: true, Log: GinkgoLogr}
 		Expect(src.Load(ctx)).To(Succeed())
+		Expect(src.CAPEM()).To(Equal(execCA.PEM))
 		anyone := rest.CopyConfig(adminCfg)
 		anyone.Impersonate = rest.ImpersonationConfig{UserName: "someone", Groups: []string{"system:authenticated"}}
 		someone, err := client.New(anyone, client.Options{})
 		Expect(err).NotTo(HaveOccurred())
-		_, found, err := servingcert.ReadPublished(ctx, someone, namespace)
+		_, found, err := servingcert.ExecAPICA.ReadPublished(ctx, someone, namespace)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(found).To(BeTrue(), "any authenticated user reads the CA")
 		Expect(apierrors.IsForbidden(someone.Get(ctx, client.ObjectKey{Namespace: namespace, Name: servingcert.SecretName}, &corev1.Secret{}))).To(BeTrue(),
-			"nobody but the controller reads the CA's key")
+			"nobody but the controllers reads the CA's key")
+
+		By("a node's controller reads the forwarder CA's certificate and can neither read its key nor write what nodes trust")
+		fwdPEM, found, err := servingcert.ForwarderCA.ReadPublished(ctx, controller, namespace)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(found).To(BeTrue())
+		Expect(fwdPEM).To(Equal(fwdSrc.CAPEM()))
+		nodeKube, err := kubernetes.NewForConfig(actingAs(controllerSA))
+		Expect(err).NotTo(HaveOccurred())
+		// What the informer of the forwarder CA lists and watches.
+		_, err = nodeKube.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + servingcert.ForwarderConfigMapName})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(apierrors.IsForbidden(controller.Get(ctx, client.ObjectKey{Namespace: namespace, Name: servingcert.ForwarderSecretName}, &corev1.Secret{}))).To(BeTrue(),
+			"a node never reads the forwarder CA's key")
+		cm := &corev1.ConfigMap{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: namespace, Name: servingcert.ForwarderConfigMapName}, cm)).To(Succeed())
+		cm.Data[servingcert.ConfigMapKey] = string(execCA.PEM)
+		Expect(apierrors.IsForbidden(controller.Update(ctx, cm))).To(BeTrue(), "a node never rewrites the forwarder CA nodes trust")
+		Expect(apierrors.IsForbidden(controller.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "planted"}}))).To(BeTrue(),
+			"a node makes no Secret")
 		holder := "node-a"
 		Expect(controller.Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: controllers.NodeLeaseName("node-a")},
@@ -413,8 +447,8 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		})).To(Succeed())
 		Expect(controller.List(ctx, &corev1.NodeList{})).To(Succeed())
 
-		By("setting the aggregated API's caBundle and reading the API server's front-proxy configuration as a node's controller does")
-		found, err = servingcert.PublishAPIService(ctx, controller, execapi.APIServiceName, src.CAPEM())
+		By("setting the aggregated API's caBundle and reading the API server's front-proxy configuration as the aggregated API does")
+		found, err = servingcert.PublishAPIService(ctx, aggregated, execapi.APIServiceName, fwdSrc.CAPEM())
 		Expect(err).NotTo(HaveOccurred())
 		Expect(found).To(BeTrue(), "make deploy installs the APIService")
 
@@ -423,7 +457,7 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		DeferCleanup(stopPub)
 		go func() {
 			defer GinkgoRecover()
-			pub := &servingcert.APIServicePublisher{Client: controller, Name: execapi.APIServiceName, CA: src.CAPEM, Interval: 500 * time.Millisecond, Log: GinkgoLogr}
+			pub := &servingcert.APIServicePublisher{Client: aggregated, Name: execapi.APIServiceName, CA: fwdSrc.CAPEM, Interval: 500 * time.Millisecond, Log: GinkgoLogr}
 			Expect(pub.Start(pubCtx)).To(Succeed())
 		}()
 		caBundle := func() (string, error) {
@@ -435,7 +469,7 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 			b, _, err := unstructured.NestedString(svc.Object, "spec", "caBundle")
 			return b, err
 		}
-		want := base64.StdEncoding.EncodeToString(src.CAPEM())
+		want := base64.StdEncoding.EncodeToString(fwdSrc.CAPEM())
 		Expect(caBundle()).To(Equal(want))
 		cleared := &unstructured.Unstructured{}
 		cleared.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
@@ -443,17 +477,21 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(k8s.Patch(ctx, cleared, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"caBundle":null}}`)))).To(Succeed())
 		Eventually(caBundle, 30*time.Second).Should(Equal(want))
 		stopPub()
-		sa := rest.CopyConfig(adminCfg)
-		sa.Impersonate = rest.ImpersonationConfig{UserName: controllerSA}
-		saKube, err := kubernetes.NewForConfig(sa)
-		Expect(err).NotTo(HaveOccurred())
-		_, err = saKube.CoreV1().ConfigMaps("kube-system").Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
-		Expect(err).NotTo(HaveOccurred())
-		// What the informers of the front-proxy authenticator list and watch.
-		_, err = saKube.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=extension-apiserver-authentication"})
-		Expect(err).NotTo(HaveOccurred())
-		_, err = saKube.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
-		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "no other ConfigMap of kube-system: %v", err)
+		Expect(servingcert.PublishAPIService(ctx, controller, execapi.APIServiceName, execCA.PEM)).Error().To(Satisfy(apierrors.IsForbidden),
+			"a node never sets what the API server trusts")
+		// Both read the API server's authentication configuration: the
+		// aggregated API its front proxy, a node its client CA.
+		for _, user := range []string{apiSA, controllerSA} {
+			saKube, err := kubernetes.NewForConfig(actingAs(user))
+			Expect(err).NotTo(HaveOccurred())
+			_, err = saKube.CoreV1().ConfigMaps("kube-system").Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+			Expect(err).NotTo(HaveOccurred(), user)
+			// What the informers of the front-proxy authenticator list and watch.
+			_, err = saKube.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=extension-apiserver-authentication"})
+			Expect(err).NotTo(HaveOccurred(), user)
+			_, err = saKube.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "no other ConfigMap of kube-system for %s: %v", user, err)
+		}
 	})
 
 	It("stops undeploy in bounded time while finalizers hold, naming them, having deleted nothing else", func() {
@@ -495,3 +533,10 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred(), out)
 	})
 })
+
+// actingAs is the suite's administrator acting as user.
+func actingAs(user string) *rest.Config {
+	c := rest.CopyConfig(adminCfg)
+	c.Impersonate = rest.ImpersonationConfig{UserName: user}
+	return c
+}

@@ -48,11 +48,17 @@ var (
 	// empty when there is none (the aggregated specs then fail under CI
 	// and are skipped elsewhere).
 	nodeIP string
-	// aggCA is the cluster's exec API CA of the aggregated specs.
+	// aggCA is the cluster's exec API CA of the aggregated specs: it signs
+	// the nodes' serving certificates, and every node holds it.
 	aggCA *servingcert.CA
+	// fwdCA is the forwarder CA, which only the aggregated API holds.
+	fwdCA *servingcert.CA
 	// hostNode is the exec API of the node that runs the suite's
-	// Sandboxes (the manager's), serving the aggregated API.
-	hostNode      *nodeAPI
+	// Sandboxes (the manager's).
+	hostNode *nodeAPI
+	// aggAPI is the aggregated API's own server (--mode=api), which the
+	// APIService routes to.
+	aggAPI        *nodeAPI
 	installAPISvc sync.Once
 )
 
@@ -101,7 +107,7 @@ func configureFrontProxy(dir string) {
 	args.Set("enable-aggregator-routing", "true")
 }
 
-// nodeAPI is one node's exec API serving the aggregated API.
+// nodeAPI is one exec API server: a node's, or the aggregated API's.
 type nodeAPI struct {
 	addr string // host:port
 	reg  *prometheus.Registry
@@ -118,16 +124,12 @@ func reserveAddress() string {
 	return addr
 }
 
-// startNodeAPI serves the exec API as a node's controller does with the
-// aggregated API on: a certificate of aggCA for the node's address and
-// the Service's name, the API server's proxied requests taken as the
-// user they name, peers' forwarded requests likewise, and requests for
-// another node's Sandbox forwarded to it.
+// startNodeAPI serves the exec API as a node's controller does next to
+// the aggregated API: a certificate of aggCA for the node's address, and
+// requests the aggregated API forwards taken as the user they name only
+// with a client certificate of fwdCA for the forwarder's name.
 func startNodeAPI(bind, nodeName string, reader client.Reader, ttl time.Duration) *nodeAPI {
-	svc := aggServiceName + "." + aggServiceNS + ".svc"
-	cert, err := aggCA.Issue([]string{nodeIP, svc}, 24*time.Hour, time.Now())
-	Expect(err).NotTo(HaveOccurred())
-	fwd, err := aggCA.IssueClient(servingcert.ForwarderName, 24*time.Hour, time.Now())
+	cert, err := aggCA.Issue([]string{nodeIP}, 24*time.Hour, time.Now())
 	Expect(err).NotTo(HaveOccurred())
 	// No client CA file, as in the DaemonSet: client certificates are
 	// checked against the API server's own client CA (its ConfigMap
@@ -135,22 +137,49 @@ func startNodeAPI(bind, nodeName string, reader client.Reader, ttl time.Duration
 	cfg := execapi.Config{BindAddress: bind, ClusterClientCA: true, AuthCacheTTL: ttl}
 	auth, err := execapi.DelegatingAuth(kube, cfg)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(execapi.FrontProxyAuth(kube, logf.Log.WithName("execapi-"+nodeName), &auth)).To(Succeed())
-	Expect(execapi.PeerAuth(aggCA.PEM, servingcert.ForwarderName, &auth)).To(Succeed())
-	n := &nodeAPI{reg: prometheus.NewRegistry(), done: make(chan error, 1)}
-	srv, err := execapi.New(cfg, execapi.Options{
+	Expect(execapi.PeerAuth(fwdCA.PEM, servingcert.ForwarderName, &auth)).To(Succeed())
+	return serveExecAPI(cfg, execapi.Options{
 		Reader:         reader,
 		Runtimes:       map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: mgr.Runtimes[v1alpha1.BackendBwrap]},
 		Host:           instance.Host{AreasRoot: env.AreasRoot, Home: "/nonexistent-home"},
 		NodeName:       nodeName,
 		Auth:           auth,
-		Registerer:     n.reg,
-		Log:            logf.Log.WithName("execapi-" + nodeName),
+		Log:            logf.Log.WithName("execapi-node" + nodeName),
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil },
+	})
+}
+
+// startAggregatedAPI serves the aggregated API as --mode=api does: a
+// certificate of fwdCA for the Service's name, the API server's proxied
+// requests taken as the user they name, and every request forwarded to
+// the node of the claim's Sandbox with fwdCA's forwarder certificate.
+func startAggregatedAPI(bind string, reader client.Reader) *nodeAPI {
+	svc := aggServiceName + "." + aggServiceNS + ".svc"
+	cert, err := fwdCA.Issue([]string{svc}, 24*time.Hour, time.Now())
+	Expect(err).NotTo(HaveOccurred())
+	fwd, err := fwdCA.IssueClient(servingcert.ForwarderName, 24*time.Hour, time.Now())
+	Expect(err).NotTo(HaveOccurred())
+	cfg := execapi.Config{BindAddress: bind, ClusterClientCA: true, AuthCacheTTL: execapi.DefaultAuthCacheTTL}
+	auth, err := execapi.DelegatingAuth(kube, cfg)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(execapi.FrontProxyAuth(kube, logf.Log.WithName("execapi-aggregated"), &auth)).To(Succeed())
+	return serveExecAPI(cfg, execapi.Options{
+		Reader:         reader,
+		Auth:           auth,
+		Log:            logf.Log.WithName("execapi-aggregated"),
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil },
 		Forwarding: &execapi.Forwarding{CAPEM: aggCA.PEM, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return fwd, nil
 		}},
+		ForwardOnly: true,
 	})
+}
+
+// serveExecAPI starts a server with a metrics registry of its own.
+func serveExecAPI(cfg execapi.Config, opts execapi.Options) *nodeAPI {
+	n := &nodeAPI{reg: prometheus.NewRegistry(), done: make(chan error, 1)}
+	opts.Registerer = n.reg
+	srv, err := execapi.New(cfg, opts)
 	Expect(err).NotTo(HaveOccurred())
 	addr, err := srv.Listen()
 	Expect(err).NotTo(HaveOccurred())
@@ -206,14 +235,15 @@ func installAggregatedAPI() {
 			},
 		}}
 		Expect(env.Client.Create(ctx, svc)).To(Succeed())
-		found, err := servingcert.PublishAPIService(ctx, env.Client, execapi.APIServiceName, aggCA.PEM)
+		found, err := servingcert.PublishAPIService(ctx, env.Client, execapi.APIServiceName, fwdCA.PEM)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(found).To(BeTrue())
 	})
 }
 
-// routeTo points the Service's endpoints at one node's exec API and waits
-// until the APIService is Available through it.
+// routeTo points the Service's endpoints at an exec API server (the
+// aggregated API's) and waits until the APIService is Available through
+// it.
 func routeTo(n *nodeAPI) {
 	host, portStr, err := net.SplitHostPort(n.addr)
 	Expect(err).NotTo(HaveOccurred())

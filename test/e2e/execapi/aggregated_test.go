@@ -101,7 +101,7 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 	BeforeAll(func() {
 		requireNodeIP()
 		installAggregatedAPI()
-		routeTo(hostNode)
+		routeTo(aggAPI)
 		ns = env.NewNamespace()
 		grantAggregated(ns, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"})
 		for name, cfg := range map[string]**rest.Config{"alice": &alice, "bob": &bob} {
@@ -312,13 +312,18 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		code, body = send(bobNode, nil)
 		Expect(code).To(Equal(http.StatusForbidden), body)
 		Expect(body).To(ContainSubstring(`user \"bob\"`))
-		By("with a certificate of the exec API's CA for a name other than the forwarder's")
-		other, err := aggCA.IssueClient("mallory", time.Hour, time.Now())
+		By("with a certificate of the forwarder CA for a name other than the forwarder's")
+		other, err := fwdCA.IssueClient("mallory", time.Hour, time.Now())
 		Expect(err).NotTo(HaveOccurred())
 		code, body = send(nil, other)
 		Expect(code).To(Equal(http.StatusUnauthorized), body)
-		By("with the forwarder's certificate the headers name the user (a node's own peers)")
-		fwd, err := aggCA.IssueClient(servingcert.ForwarderName, time.Hour, time.Now())
+		By("with the forwarder's name signed by the exec API's CA, which every node holds: what a taken node could make")
+		minted, err := aggCA.IssueClient(servingcert.ForwarderName, time.Hour, time.Now())
+		Expect(err).NotTo(HaveOccurred())
+		code, body = send(nil, minted)
+		Expect(code).To(Equal(http.StatusUnauthorized), body)
+		By("with the forwarder's certificate of the forwarder CA, which only the aggregated API holds, the headers name the user")
+		fwd, err := fwdCA.IssueClient(servingcert.ForwarderName, time.Hour, time.Now())
 		Expect(err).NotTo(HaveOccurred())
 		code, body = send(nil, fwd)
 		// alice is authorised; the plain GET lacks the websocket upgrade.
@@ -326,32 +331,26 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		Expect(body).To(ContainSubstring("websocket"))
 	})
 
-	It("forwards a request that reaches a node without the Sandbox to the node that runs it", func() {
-		other := startNodeAPI(reserveAddress(), "node-b", mgr.Client, execapi.DefaultAuthCacheTTL)
-		defer func() {
-			routeTo(hostNode)
-			other.Stop()
-		}()
-		By("a request straight to that node with the user's own credentials is misdirected, not forwarded")
+	It("is served by the aggregated API, which runs nothing and forwards each request to the node of the claim's Sandbox", func() {
+		By("a request straight to the aggregated API with the user's own credentials is misdirected, not forwarded")
 		direct := rest.CopyConfig(aliceNode)
-		direct.Host = "https://" + other.addr
+		direct.Host, direct.CAData = "https://"+aggAPI.addr, fwdCA.PEM
+		direct.ServerName = aggServiceName + "." + aggServiceNS + ".svc"
 		q := url.Values{"command": {"true"}}
-		e, err := remotecommand.NewWebSocketExecutor(direct, "GET", fmt.Sprintf("https://%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/exec?%s", other.addr, ns, claim, q.Encode()))
+		e, err := remotecommand.NewWebSocketExecutor(direct, "GET", fmt.Sprintf("https://%s/api/v1alpha1/namespaces/%s/sessionclaims/%s/exec?%s", aggAPI.addr, ns, claim, q.Encode()))
 		Expect(err).NotTo(HaveOccurred())
-		Expect(e.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard})).To(MatchError(ContainSubstring("use the endpoint in the claim's status")))
+		Expect(e.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard})).To(MatchError(ContainSubstring("this is the aggregated API, which runs nothing")))
 
-		By("routing the APIService to the node without the Sandbox")
-		routeTo(other)
+		By("through the API server it is forwarded to the node, which runs it")
 		before := hostNode.counter("sandbox_execapi_execs_total")
-		Eventually(func() float64 {
-			r := execThrough(ctx, alice, ns, claim, "echo", "forwarded")
-			Expect(r.err).NotTo(HaveOccurred())
-			Expect(r.stdout).To(Equal("forwarded\n"))
-			return other.counter("sandbox_execapi_forwarded_total")
-		}, timeout, 200*time.Millisecond).Should(BeNumerically(">", 0))
-		Expect(other.counter("sandbox_execapi_execs_total")).To(BeZero(), "the node without the Sandbox runs nothing")
+		forwarded := aggAPI.counter("sandbox_execapi_forwarded_total")
+		r := execThrough(ctx, alice, ns, claim, "echo", "forwarded")
+		Expect(r.err).NotTo(HaveOccurred())
+		Expect(r.stdout).To(Equal("forwarded\n"))
+		Expect(aggAPI.counter("sandbox_execapi_forwarded_total")).To(BeNumerically(">", forwarded))
+		Expect(aggAPI.counter("sandbox_execapi_execs_total")).To(BeZero(), "the aggregated API runs nothing")
 		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(BeNumerically(">", before), "the Sandbox's node ran it")
-		r := execThrough(ctx, bob, ns, claim, "true")
+		r = execThrough(ctx, bob, ns, claim, "true")
 		Expect(r.err).To(HaveOccurred(), "bob is still refused")
 
 		By("a Sandbox whose node is lost is said to be not Ready, not forwarded to the endpoint it had")

@@ -35,7 +35,7 @@ func benchmarkExec(out string, cfg, kube *rest.Config, ns, claim, instance strin
 
 	if kube != nil {
 		installAggregatedAPI()
-		routeTo(hostNode)
+		routeTo(aggAPI)
 		Eventually(func() error { return execThrough(ctx, kube, ns, claim, "true").err }, timeout).Should(Succeed())
 	}
 	rt := mgr.Runtimes[v1alpha1.BackendBwrap]

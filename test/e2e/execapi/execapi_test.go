@@ -451,7 +451,7 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			aliceAPI.Host, aliceAPI.CAData = env.Config.Host, env.Config.CAData
 			aliceClient, err := client.New(aliceAPI, client.Options{})
 			Expect(err).NotTo(HaveOccurred())
-			caPEM, found, err := servingcert.ReadPublished(ctx, aliceClient, sys)
+			caPEM, found, err := servingcert.ExecAPICA.ReadPublished(ctx, aliceClient, sys)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(found).To(BeTrue())
 			var secret corev1.Secret

@@ -76,6 +76,8 @@ var _ = BeforeSuite(func() {
 	if nodeIP = findNodeIP(); nodeIP != "" {
 		aggCA, err = servingcert.NewCA(time.Now())
 		Expect(err).NotTo(HaveOccurred())
+		fwdCA, err = servingcert.NewForwarderCA(time.Now())
+		Expect(err).NotTo(HaveOccurred())
 		endpoint = reserveAddress()
 	}
 	mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{Endpoint: endpoint})
@@ -84,10 +86,14 @@ var _ = BeforeSuite(func() {
 		// As the controller runs it: claims read through the manager's
 		// cache, answers of authentication and authorisation cached.
 		hostNode = startNodeAPI(endpoint, "", mgr.Client, execapi.DefaultAuthCacheTTL)
+		aggAPI = startAggregatedAPI(reserveAddress(), mgr.Client)
 	}
 })
 
 var _ = AfterSuite(func() {
+	if aggAPI != nil {
+		aggAPI.Stop()
+	}
 	if hostNode != nil {
 		hostNode.Stop()
 	}

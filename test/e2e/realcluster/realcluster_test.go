@@ -193,6 +193,7 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 			// What the controller saw, for the failure's report.
 			_, _ = run(time.Minute, kubectl, "get", "sandboxes,sessionclaims", "-A", "-o", "yaml")
 			_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", "daemonset/sandbox-controller", "--tail=200")
+			_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", "deployment/sandbox-controller-api", "--tail=100")
 			if _, err := run(3*time.Minute, kubectl, "delete", "sessionclaims,sandboxes", "--all", "-A", "--wait", "--timeout=1m"); err != nil {
 				// The controller cannot release them (it failed): what it
 				// made on the node stays, and the objects go.
@@ -229,8 +230,9 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 	It("deploys, and the DaemonSet's pod becomes Ready", func() {
 		runMake(10*time.Minute, "deploy")
 		kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")
+		kc("-n", namespace, "rollout", "status", "deployment/sandbox-controller-api", "--timeout=3m")
 		kc("-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=2m")
-		Expect(kc("-n", namespace, "get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}")).To(Equal(node))
+		Expect(kc("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name=sandbox-controller", "-o", "jsonpath={.items[*].spec.nodeName}")).To(Equal(node))
 
 		By("metrics and probes answer on the node's loopback and nowhere else of its network")
 		ip := net.ParseIP(strings.TrimSpace(kc("get", "node", node, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`)))

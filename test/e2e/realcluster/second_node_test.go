@@ -23,8 +23,8 @@ import (
 // this machine the way the DaemonSet runs it on every node, with a node
 // name, areas and exec API port of its own. It has no kubelet (so no Node
 // object and no DaemonSet pod): placement needs only the node's Lease, and
-// the aggregated API reaches it at the address it advertises, as it reaches
-// any node. Killing it is a node lost without warning.
+// the aggregated API's pod reaches it at the address it advertises, as it
+// reaches any node. Killing it is a node lost without warning.
 type secondNode struct {
 	name     string
 	areas    string
@@ -154,8 +154,8 @@ spec:
 			// The shortest path, straight to the second node, works too.
 			Expect(sandboxExec(claim, []string{"--via", "node"}, "git", "--version")).To(ContainSubstring("git version"))
 		}
-		// Through the API server: the first node's pod serves the
-		// aggregated API and forwards to the node that runs the Sandbox.
+		// Through the API server: the aggregated API's pod forwards to the
+		// node that runs the Sandbox.
 		sandboxExec(claim, []string{"--via", "api-server"}, "git", "init", "-q", "/workspace/proof")
 		Expect(filepath.Join(root, name, "workspace", "proof", ".git")).To(BeADirectory(), "the command ran on %s", placed[name])
 		Expect(filepath.Join(other, name, "workspace", "proof")).NotTo(BeAnExistingFile())
