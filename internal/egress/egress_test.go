@@ -1,0 +1,307 @@
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestCheckRule(t *testing.T) {
+	for _, tc := range []struct {
+		rule Rule
+		bad  string
+	}{
+		{Rule{Host: "github.com"}, ""},
+		{Rule{Host: "*.pythonhosted.org", Ports: []int{443}}, ""},
+		{Rule{Host: "192.0.2.7"}, ""},
+		{Rule{Host: ""}, "empty"},
+		{Rule{Host: "localhost"}, "at least two labels"},
+		{Rule{Host: "a.*.example.com"}, "first label"},
+		{Rule{Host: "Git_Hub.com"}, "lowercase letters"},
+		{Rule{Host: "github.com", Ports: []int{0}}, "between 1 and 65535"},
+	} {
+		err := CheckRule(tc.rule)
+		switch {
+		case tc.bad == "" && err != nil:
+			t.Errorf("%+v: %v", tc.rule, err)
+		case tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad)):
+			t.Errorf("%+v: %v, want an error saying %q", tc.rule, err, tc.bad)
+		}
+	}
+}
+
+func TestPolicyAllows(t *testing.T) {
+	p := Policy{Rules: []Rule{{Host: "github.com"}, {Host: "*.pythonhosted.org", Ports: []int{443}}, {Host: "192.0.2.7", Ports: []int{8443}}}}
+	for _, tc := range []struct {
+		host string
+		port int
+		want bool
+	}{
+		{"github.com", 443, true},
+		{"GitHub.com.", 80, true},
+		{"github.com", 22, false},
+		{"api.github.com", 443, false},
+		{"files.pythonhosted.org", 443, true},
+		{"pythonhosted.org", 443, false},
+		{"evilpythonhosted.org", 443, false},
+		{"files.pythonhosted.org", 80, false},
+		{"192.0.2.7", 8443, true},
+		{"192.0.2.7", 443, false},
+		{"192.0.2.8", 8443, false},
+		{"[::1]", 443, false},
+	} {
+		if got := p.Allows(tc.host, tc.port); got != tc.want {
+			t.Errorf("Allows(%s, %d) = %v, want %v", tc.host, tc.port, got, tc.want)
+		}
+	}
+}
+
+func TestReachable(t *testing.T) {
+	def := Policy{}
+	for _, tc := range []struct {
+		addr string
+		want bool
+	}{
+		{"8.8.8.8", true},
+		{"2001:4860:4860::8888", true},
+		{"127.0.0.1", false},
+		{"169.254.169.254", false},
+		{"10.96.0.1", false},
+		{"172.20.0.5", false},
+		{"192.168.1.1", false},
+		{"100.64.0.1", false},
+		{"0.0.0.0", false},
+		{"::1", false},
+		{"::ffff:127.0.0.1", false},
+		{"::ffff:169.254.169.254", false},
+		{"fd00::1", false},
+		{"fe80::1", false},
+		{"224.0.0.1", false},
+	} {
+		if got := def.Reachable(netip.MustParseAddr(tc.addr)); got != tc.want {
+			t.Errorf("Reachable(%s) = %v, want %v", tc.addr, got, tc.want)
+		}
+	}
+	lab := Policy{AllowedNets: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")}}
+	if !lab.Reachable(netip.MustParseAddr("10.200.3.4")) || lab.Reachable(netip.MustParseAddr("10.201.0.1")) {
+		t.Error("AllowedNets opens its range and nothing else")
+	}
+}
+
+// names resolves the test's names; anything else does not resolve.
+type names map[string][]netip.Addr
+
+func (n names) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := n[host]; ok {
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// harness is a proxy on a real socket and the servers it may reach,
+// listening on loopback: "example.com" (the name httptest's certificate
+// holds) resolves to them.
+type harness struct {
+	proxyURL  *url.URL
+	tlsSrv    *httptest.Server
+	plainSrv  *httptest.Server
+	pool      *x509.CertPool
+	mu        sync.Mutex
+	decisions []Decision
+}
+
+func (h *harness) record(d Decision) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.decisions = append(h.decisions, d)
+}
+
+func (h *harness) denied() []Decision {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []Decision
+	for _, d := range h.decisions {
+		if !d.Allowed {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func newHarness(t *testing.T, policy func(tlsPort, plainPort int) Policy, resolve names, maxConns int) *harness {
+	t.Helper()
+	h := &harness{}
+	h.tlsSrv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "tls ok") }))
+	t.Cleanup(h.tlsSrv.Close)
+	h.plainSrv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "plain ok %s %s", r.Host, r.Header.Get("Proxy-Authorization"))
+	}))
+	t.Cleanup(h.plainSrv.Close)
+	h.pool = x509.NewCertPool()
+	h.pool.AddCert(h.tlsSrv.Certificate())
+
+	p := &Proxy{Policy: policy(port(t, h.tlsSrv), port(t, h.plainSrv)), Resolver: resolve, MaxConns: maxConns, IdleTimeout: 10 * time.Second, OnDecision: h.record}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() { _ = p.Serve(l) }()
+	h.proxyURL = &url.URL{Scheme: "http", Host: l.Addr().String()}
+	return h
+}
+
+func port(t *testing.T, s *httptest.Server) int {
+	t.Helper()
+	return s.Listener.Addr().(*net.TCPAddr).Port
+}
+
+func (h *harness) client(serverName string) *http.Client {
+	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		Proxy:           http.ProxyURL(h.proxyURL),
+		TLSClientConfig: &tls.Config{RootCAs: h.pool, ServerName: serverName},
+	}}
+}
+
+func get(c *http.Client, u string) (string, error) {
+	resp, err := c.Get(u)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return string(b), nil
+}
+
+var loopback = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+
+// The servers listen on loopback, so the policies here allow 127.0.0.0/8
+// as a class may allow a lab network; TestInternalAddressesAreRefused
+// shows what happens without.
+func labPolicy(rules ...Rule) func(int, int) Policy {
+	return func(tlsPort, plainPort int) Policy {
+		p := Policy{AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+		for _, r := range rules {
+			if len(r.Ports) == 0 {
+				r.Ports = []int{tlsPort, plainPort}
+			}
+			p.Rules = append(p.Rules, r)
+		}
+		return p
+	}
+}
+
+func TestProxyLetsTheListThroughAndNothingElse(t *testing.T) {
+	h := newHarness(t, labPolicy(Rule{Host: "example.com"}, Rule{Host: "127.0.0.1"}), names{
+		"example.com": loopback, "other.example": loopback,
+	}, 0)
+	tlsURL := fmt.Sprintf("https://example.com:%d/", port(t, h.tlsSrv))
+	plainURL := fmt.Sprintf("http://example.com:%d/", port(t, h.plainSrv))
+
+	t.Run("an allowed name over HTTPS", func(t *testing.T) {
+		body, err := get(h.client(""), tlsURL)
+		if err != nil || body != "tls ok" {
+			t.Fatalf("%q, %v", body, err)
+		}
+	})
+	t.Run("an allowed name over HTTP, without the proxy's own headers", func(t *testing.T) {
+		req, _ := http.NewRequest(http.MethodGet, plainURL, nil)
+		req.Header.Set("Proxy-Authorization", "Basic c2VjcmV0")
+		resp, err := h.client("").Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if want := fmt.Sprintf("plain ok example.com:%d ", port(t, h.plainSrv)); string(b) != want {
+			t.Fatalf("%q, want %q", b, want)
+		}
+	})
+	t.Run("a name not on the list", func(t *testing.T) {
+		_, err := get(h.client(""), fmt.Sprintf("https://other.example:%d/", port(t, h.tlsSrv)))
+		if err == nil || !strings.Contains(err.Error(), "Forbidden") {
+			t.Fatalf("%v, want Forbidden", err)
+		}
+		_, err = get(h.client(""), fmt.Sprintf("http://other.example:%d/", port(t, h.plainSrv)))
+		if err == nil || !strings.Contains(err.Error(), "not in the Sandbox's egress allowlist") {
+			t.Fatalf("%v, want the allowlist named", err)
+		}
+	})
+	t.Run("an allowed name with another TLS server name", func(t *testing.T) {
+		// The client would accept any certificate: only the proxy stops it.
+		c := h.client("other.example")
+		c.Transport.(*http.Transport).TLSClientConfig.InsecureSkipVerify = true
+		if _, err := get(c, tlsURL); err == nil {
+			t.Fatal("a tunnel opened for example.com carried a TLS connection for other.example")
+		}
+	})
+	t.Run("a listed address literal, whose TLS names no server", func(t *testing.T) {
+		c := h.client("")
+		c.Transport.(*http.Transport).TLSClientConfig.InsecureSkipVerify = true
+		body, err := get(c, fmt.Sprintf("https://127.0.0.1:%d/", port(t, h.tlsSrv)))
+		if err != nil || body != "tls ok" {
+			t.Fatalf("%q, %v", body, err)
+		}
+	})
+	t.Run("an address literal the list does not name", func(t *testing.T) {
+		if _, err := get(h.client("example.com"), fmt.Sprintf("https://127.0.0.2:%d/", port(t, h.tlsSrv))); err == nil || !strings.Contains(err.Error(), "Forbidden") {
+			t.Fatalf("%v, want Forbidden", err)
+		}
+	})
+	if len(h.denied()) < 4 {
+		t.Errorf("denials reported: %+v", h.denied())
+	}
+	for _, d := range h.denied() {
+		if d.Reason == "" {
+			t.Errorf("a denial without a reason: %+v", d)
+		}
+	}
+}
+
+func TestInternalAddressesAreRefused(t *testing.T) {
+	// The same list, without the lab range: example.com resolves to
+	// loopback, which a Sandbox never reaches.
+	h := newHarness(t, func(tlsPort, plainPort int) Policy {
+		return Policy{Rules: []Rule{{Host: "example.com", Ports: []int{tlsPort, plainPort}}, {Host: "meta.example", Ports: []int{80}}}}
+	}, names{"example.com": loopback, "meta.example": {netip.MustParseAddr("169.254.169.254")}}, 0)
+	_, err := get(h.client(""), fmt.Sprintf("https://example.com:%d/", port(t, h.tlsSrv)))
+	if err == nil || !strings.Contains(err.Error(), "Forbidden") {
+		t.Fatalf("%v, want Forbidden", err)
+	}
+	body, err := get(h.client(""), "http://meta.example/latest/meta-data/")
+	if err == nil || !strings.Contains(body, "internal addresses") {
+		t.Fatalf("%q, %v: want a refusal naming internal addresses", body, err)
+	}
+}
+
+func TestConnectionsAreBounded(t *testing.T) {
+	h := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 1)
+	// One tunnel held open.
+	c, err := net.Dial("tcp", h.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT example.com:%d HTTP/1.1\r\nHost: example.com\r\n\r\n", port(t, h.tlsSrv))
+	buf := make([]byte, 64)
+	if n, err := c.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "200") {
+		t.Fatalf("%q, %v", buf[:n], err)
+	}
+	if _, err := get(h.client(""), fmt.Sprintf("https://example.com:%d/", port(t, h.tlsSrv))); err == nil {
+		t.Fatal("a second connection was served past MaxConns 1")
+	}
+}

@@ -1,0 +1,183 @@
+// Package egress is a Sandbox's way out to the network when its egress is
+// an allowlist: a proxy that takes HTTP CONNECT and plain HTTP requests,
+// lets through only the hosts and ports the list names, resolves names
+// itself and never dials an address inside the host's or the cluster's
+// networks unless told to, and checks that a TLS connection is for the
+// host it was opened for. Nothing here trusts the agent: every name, port,
+// address and byte of a request is its.
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// DefaultPorts are the ports a rule without ports allows.
+var DefaultPorts = []int{443, 80}
+
+// Rule is one allowed destination: Host is a name ("github.com"), a
+// wildcard for every name below a domain ("*.pythonhosted.org", which does
+// not match the domain itself), or an IP address, which is how an address
+// literal is allowed; Ports are the ports allowed there (DefaultPorts when
+// empty).
+type Rule struct {
+	Host  string
+	Ports []int
+}
+
+// Policy is what a Sandbox may reach.
+type Policy struct {
+	Rules []Rule
+	// AllowedNets are address ranges a name may resolve to although they
+	// are internal (loopback, private, link-local, shared, multicast...),
+	// as a SandboxClass may allow; none by default.
+	AllowedNets []netip.Prefix
+}
+
+// CheckRule says what is wrong with r, or nil: the rules admission holds
+// an allowlist entry to.
+func CheckRule(r Rule) error {
+	h := r.Host
+	if h == "" {
+		return errors.New("the host is empty")
+	}
+	for _, p := range r.Ports {
+		if p < 1 || p > 65535 {
+			return fmt.Errorf("port %d is not between 1 and 65535", p)
+		}
+	}
+	if _, err := netip.ParseAddr(h); err == nil {
+		return nil
+	}
+	name := strings.TrimPrefix(h, "*.")
+	if strings.Contains(name, "*") {
+		return fmt.Errorf("%q: a wildcard is only allowed as the first label (*.example.com)", h)
+	}
+	if len(name) > 253 {
+		return fmt.Errorf("%q is longer than 253 characters", h)
+	}
+	labels := strings.Split(name, ".")
+	if len(labels) < 2 {
+		return fmt.Errorf("%q is not a domain name with at least two labels", h)
+	}
+	for _, l := range labels {
+		if !validLabel(l) {
+			return fmt.Errorf("%q: label %q must be 1 to 63 lowercase letters, digits or '-', not starting or ending with '-'", h, l)
+		}
+	}
+	return nil
+}
+
+func validLabel(l string) bool {
+	if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+		return false
+	}
+	for _, c := range l {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// Allows says whether the policy lets a connection to host:port through.
+// host is as the request named it; names compare without case and without
+// a trailing dot. An address literal is allowed only by a rule naming that
+// address.
+func (p Policy) Allows(host string, port int) bool {
+	host = normalHost(host)
+	_, err := netip.ParseAddr(host)
+	literal := err == nil
+	for _, r := range p.Rules {
+		if !slices.Contains(portsOf(r), port) {
+			continue
+		}
+		rh := normalHost(r.Host)
+		switch {
+		case rh == host:
+			return true
+		case literal:
+		case strings.HasPrefix(rh, "*.") && strings.HasSuffix(host, rh[1:]) && len(host) > len(rh)-1:
+			return true
+		}
+	}
+	return false
+}
+
+func portsOf(r Rule) []int {
+	if len(r.Ports) == 0 {
+		return DefaultPorts
+	}
+	return r.Ports
+}
+
+// normalHost is host in lower case, without brackets or a trailing dot.
+func normalHost(host string) string {
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	return strings.TrimSuffix(strings.ToLower(host), ".")
+}
+
+// internalNets are the ranges a name is never let resolve to unless the
+// policy allows them: this host, its and the cluster's private networks,
+// link-local (cloud metadata at 169.254.169.254), shared address space,
+// multicast and the unspecified and reserved ones.
+var internalNets = mustPrefixes(
+	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15",
+	"224.0.0.0/4", "240.0.0.0/4", "255.255.255.255/32",
+	"::/128", "::1/128", "64:ff9b::/96", "100::/64",
+	"fc00::/7", "fe80::/10", "ff00::/8",
+)
+
+func mustPrefixes(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+// Reachable says whether the policy lets a connection go to addr: any
+// public address, and an internal one only inside AllowedNets.
+func (p Policy) Reachable(addr netip.Addr) bool {
+	addr = addr.Unmap()
+	for _, n := range p.AllowedNets {
+		if n.Contains(addr) {
+			return true
+		}
+	}
+	for _, n := range internalNets {
+		if n.Contains(addr) {
+			return false
+		}
+	}
+	return addr.IsValid()
+}
+
+// splitHostPort is host and port of hostport, with defaultPort when it has
+// none.
+func splitHostPort(hostport string, defaultPort int) (string, int, error) {
+	host, portStr := hostport, ""
+	if i := strings.LastIndexByte(hostport, ':'); i >= 0 && !strings.HasSuffix(hostport, "]") {
+		host, portStr = hostport[:i], hostport[i+1:]
+	}
+	host = normalHost(host)
+	if host == "" {
+		return "", 0, fmt.Errorf("no host in %q", hostport)
+	}
+	if portStr == "" {
+		if defaultPort == 0 {
+			return "", 0, fmt.Errorf("no port in %q", hostport)
+		}
+		return host, defaultPort, nil
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", hostport)
+	}
+	return host, port, nil
+}

@@ -1,0 +1,392 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Resolver finds the addresses of a name (net.Resolver is one).
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Decision is what the proxy did with one request, for metrics and
+// Events. It names the host the request asked for and never anything of
+// its contents.
+type Decision struct {
+	Host    string
+	Port    int
+	Allowed bool
+	// Reason says why a request was refused.
+	Reason string
+}
+
+// Defaults of a Proxy.
+const (
+	DefaultMaxConns    = 256
+	DefaultIdleTimeout = 5 * time.Minute
+	dialTimeout        = 15 * time.Second
+	// helloTimeout bounds how long a client may take to send its TLS
+	// ClientHello after CONNECT.
+	helloTimeout = 15 * time.Second
+	// maxHello bounds the bytes read looking for a ClientHello.
+	maxHello = 16 << 10
+)
+
+// Proxy serves one Sandbox's egress on a listener: HTTP CONNECT (any TCP
+// stream, TLS checked for its server name) and plain HTTP requests in
+// absolute form. Every request is held to Policy before anything is
+// dialled, and dialled at an address the proxy resolved and checked
+// itself, so a name that resolves differently later changes nothing.
+type Proxy struct {
+	Policy Policy
+	// Resolver resolves names; nil means net.DefaultResolver.
+	Resolver Resolver
+	// MaxConns bounds the connections served at once; more are refused.
+	MaxConns int
+	// IdleTimeout closes a connection that moved no byte this long.
+	IdleTimeout time.Duration
+	// OnDecision, when set, hears of every request.
+	OnDecision func(Decision)
+
+	once  sync.Once
+	slots chan struct{}
+}
+
+func (p *Proxy) init() {
+	p.once.Do(func() {
+		if p.MaxConns <= 0 {
+			p.MaxConns = DefaultMaxConns
+		}
+		if p.IdleTimeout <= 0 {
+			p.IdleTimeout = DefaultIdleTimeout
+		}
+		if p.Resolver == nil {
+			p.Resolver = net.DefaultResolver
+		}
+		p.slots = make(chan struct{}, p.MaxConns)
+	})
+}
+
+// Serve answers connections on l until it is closed.
+func (p *Proxy) Serve(l net.Listener) error {
+	p.init()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		select {
+		case p.slots <- struct{}{}:
+			go func() {
+				defer func() { <-p.slots }()
+				p.serveConn(c)
+			}()
+		default:
+			p.decide(Decision{Reason: "too many connections"})
+			_ = c.Close()
+		}
+	}
+}
+
+func (p *Proxy) decide(d Decision) {
+	if p.OnDecision != nil {
+		p.OnDecision(d)
+	}
+}
+
+// refusal is a request refused, with the status the client is answered.
+type refusal struct {
+	code int
+	msg  string
+}
+
+func (r *refusal) Error() string { return r.msg }
+
+func refuse(code int, format string, args ...any) error {
+	return &refusal{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// serveConn reads one request from c: a CONNECT tunnels, a plain HTTP
+// request is forwarded and the connection closed after its answer.
+func (p *Proxy) serveConn(c net.Conn) {
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(helloTimeout))
+	// The request's head is bounded; what follows it (a body, a tunnel's
+	// stream) is not.
+	head := &capReader{r: c, left: maxHello}
+	br := bufio.NewReader(head)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	head.left = -1
+	_ = c.SetReadDeadline(time.Time{})
+	if req.Method == http.MethodConnect {
+		p.tunnel(c, br, req)
+		return
+	}
+	p.forward(c, req)
+}
+
+// dial resolves host, holds every address to the policy and dials the
+// first one that answers. It never dials a name: what was checked is what
+// is dialled.
+func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, error) {
+	if !p.Policy.Allows(host, port) {
+		return nil, refuse(http.StatusForbidden, "%s:%d is not in the Sandbox's egress allowlist", host, port)
+	}
+	var addrs []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{a}
+	} else {
+		rctx, cancel := context.WithTimeout(ctx, dialTimeout)
+		addrs, err = p.Resolver.LookupNetIP(rctx, "ip", host)
+		cancel()
+		if err != nil || len(addrs) == 0 {
+			return nil, refuse(http.StatusBadGateway, "%s does not resolve", host)
+		}
+	}
+	var reachable []netip.Addr
+	for _, a := range addrs {
+		if p.Policy.Reachable(a) {
+			reachable = append(reachable, a)
+		}
+	}
+	if len(reachable) == 0 {
+		return nil, refuse(http.StatusForbidden, "%s resolves only to internal addresses, which the Sandbox may not reach", host)
+	}
+	d := net.Dialer{Timeout: dialTimeout}
+	var last error
+	for _, a := range reachable {
+		conn, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, uint16(port)).String())
+		if err == nil {
+			return conn, nil
+		}
+		last = err
+	}
+	return nil, refuse(http.StatusBadGateway, "connecting to %s:%d: %v", host, port, last)
+}
+
+// tunnel serves a CONNECT: the destination is checked and dialled, the
+// client told so, and a TLS stream's server name held to the host named.
+func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
+	host, port, err := splitHostPort(req.Host, 0)
+	if err != nil {
+		p.answer(c, Decision{Reason: err.Error()}, refuse(http.StatusBadRequest, "%v", err))
+		return
+	}
+	d := Decision{Host: host, Port: port}
+	up, err := p.dial(context.Background(), host, port)
+	if err != nil {
+		p.answer(c, d, err)
+		return
+	}
+	defer up.Close()
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	// What the client sends first: a TLS ClientHello must name host.
+	_ = c.SetReadDeadline(time.Now().Add(helloTimeout))
+	first, name, isTLS := peekHello(br)
+	_ = c.SetReadDeadline(time.Time{})
+	if isTLS && !serverNameFits(name, host) {
+		d.Reason = fmt.Sprintf("TLS server name %q is not the host %s the tunnel was opened for", name, host)
+		p.decide(d)
+		return
+	}
+	d.Allowed = true
+	p.decide(d)
+	if _, err := up.Write(first); err != nil {
+		return
+	}
+	p.splice(c, br, up)
+}
+
+// serverNameFits says whether a ClientHello's server name is the tunnel's
+// host: the same name, or none for an address literal (clients send no
+// name for an address).
+func serverNameFits(name, host string) bool {
+	if name == "" {
+		_, err := netip.ParseAddr(host)
+		return err == nil
+	}
+	return strings.EqualFold(strings.TrimSuffix(name, "."), host)
+}
+
+// forward serves a plain HTTP request in absolute form.
+func (p *Proxy) forward(c net.Conn, req *http.Request) {
+	if req.URL.Scheme != "http" || req.URL.Host == "" {
+		p.answer(c, Decision{Reason: "not an absolute http URL"}, refuse(http.StatusBadRequest, "a proxy request names an absolute http:// URL, or is a CONNECT"))
+		return
+	}
+	host, port, err := splitHostPort(req.URL.Host, 80)
+	if err != nil {
+		p.answer(c, Decision{Reason: err.Error()}, refuse(http.StatusBadRequest, "%v", err))
+		return
+	}
+	d := Decision{Host: host, Port: port}
+	up, err := p.dial(req.Context(), host, port)
+	if err != nil {
+		p.answer(c, d, err)
+		return
+	}
+	defer up.Close()
+	d.Allowed = true
+	p.decide(d)
+	req.Header.Del("Proxy-Authorization")
+	req.Header.Del("Proxy-Connection")
+	req.Close = true
+	req.RequestURI = ""
+	deadline := time.Now().Add(p.IdleTimeout)
+	_ = up.SetDeadline(deadline)
+	_ = c.SetDeadline(deadline)
+	if err := req.Write(up); err != nil {
+		return
+	}
+	_, _ = io.Copy(c, up)
+}
+
+// answer refuses a request, telling the client why in a short body and
+// reporting the decision.
+func (p *Proxy) answer(c net.Conn, d Decision, err error) {
+	code, msg := http.StatusBadGateway, err.Error()
+	var r *refusal
+	if errors.As(err, &r) {
+		code = r.code
+	}
+	d.Reason = msg
+	p.decide(d)
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s\n",
+		code, http.StatusText(code), len(msg)+1, msg)
+}
+
+// splice copies both ways until either side ends or the connection is
+// idle for IdleTimeout.
+func (p *Proxy) splice(c net.Conn, fromClient io.Reader, up net.Conn) {
+	idle := &idleClock{timeout: p.IdleTimeout, conns: []net.Conn{c, up}}
+	idle.touch()
+	done := make(chan struct{}, 2)
+	go func() {
+		_, _ = io.Copy(idle.writer(up), fromClient)
+		if tc, ok := up.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(idle.writer(c), up)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}
+
+// idleClock pushes both connections' deadlines on with every byte moved.
+type idleClock struct {
+	timeout time.Duration
+	conns   []net.Conn
+}
+
+func (i *idleClock) touch() {
+	t := time.Now().Add(i.timeout)
+	for _, c := range i.conns {
+		_ = c.SetDeadline(t)
+	}
+}
+
+func (i *idleClock) writer(w io.Writer) io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		i.touch()
+		return w.Write(b)
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// peekHello reads what the client sends first. When it is a TLS
+// ClientHello, name is its server name ("" when it names none). first is
+// every byte read, to be sent on as it came.
+func peekHello(br *bufio.Reader) (first []byte, name string, isTLS bool) {
+	head, err := br.Peek(1)
+	if err != nil || head[0] != 0x16 { // not a TLS handshake record
+		n := br.Buffered()
+		first, _ = br.Peek(n)
+		first = bytes.Clone(first)
+		_, _ = br.Discard(n)
+		return first, "", false
+	}
+	rec := &recordingConn{r: br}
+	// The standard library parses the ClientHello; the handshake is
+	// abandoned once it has, and nothing is ever written to the client.
+	errSeen := errors.New("seen")
+	_ = tls.Server(rec, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		name = h.ServerName
+		return nil, errSeen
+	}}).Handshake()
+	return rec.read.Bytes(), name, true
+}
+
+// capReader reads r until left bytes are read (never, when left < 0).
+type capReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (c *capReader) Read(b []byte) (int, error) {
+	if c.left == 0 {
+		return 0, errors.New("the request's head is too long")
+	}
+	if c.left > 0 && int64(len(b)) > c.left {
+		b = b[:c.left]
+	}
+	n, err := c.r.Read(b)
+	if c.left > 0 {
+		c.left -= int64(n)
+	}
+	return n, err
+}
+
+// recordingConn is a net.Conn that reads from r, keeping what it read,
+// and writes nowhere.
+type recordingConn struct {
+	net.Conn
+	r    io.Reader
+	read bytes.Buffer
+}
+
+func (c *recordingConn) Read(b []byte) (int, error) {
+	if c.read.Len() >= maxHello {
+		return 0, io.EOF
+	}
+	n, err := c.r.Read(b)
+	c.read.Write(b[:n])
+	return n, err
+}
+
+func (c *recordingConn) Write(b []byte) (int, error)        { return len(b), nil }
+func (c *recordingConn) Close() error                       { return nil }
+func (c *recordingConn) SetDeadline(time.Time) error        { return nil }
+func (c *recordingConn) SetReadDeadline(time.Time) error    { return nil }
+func (c *recordingConn) SetWriteDeadline(time.Time) error   { return nil }
+func (c *recordingConn) LocalAddr() net.Addr                { return &net.TCPAddr{} }
+func (c *recordingConn) RemoteAddr() net.Addr               { return &net.TCPAddr{} }
