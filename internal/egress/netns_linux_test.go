@@ -54,7 +54,7 @@ func TestNamespaceHasNoRouteButTheProxy(t *testing.T) {
 			c.Close()
 			return fmt.Errorf("an outside address answered inside the namespace")
 		} else if !strings.Contains(err.Error(), "unreachable") {
-			return fmt.Errorf("dialling out: %v, want the network unreachable", err)
+			return fmt.Errorf("dialling out: %w, want the network unreachable", err)
 		}
 		c, err := net.DialTimeout("tcp", l.Addr().String(), 2*time.Second)
 		if err != nil {

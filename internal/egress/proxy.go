@@ -383,10 +383,10 @@ func (c *recordingConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func (c *recordingConn) Write(b []byte) (int, error)        { return len(b), nil }
-func (c *recordingConn) Close() error                       { return nil }
-func (c *recordingConn) SetDeadline(time.Time) error        { return nil }
-func (c *recordingConn) SetReadDeadline(time.Time) error    { return nil }
-func (c *recordingConn) SetWriteDeadline(time.Time) error   { return nil }
-func (c *recordingConn) LocalAddr() net.Addr                { return &net.TCPAddr{} }
-func (c *recordingConn) RemoteAddr() net.Addr               { return &net.TCPAddr{} }
+func (c *recordingConn) Write(b []byte) (int, error)      { return len(b), nil }
+func (c *recordingConn) Close() error                     { return nil }
+func (c *recordingConn) SetDeadline(time.Time) error      { return nil }
+func (c *recordingConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *recordingConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *recordingConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *recordingConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
