@@ -15,7 +15,9 @@ import (
 // Version 1 is the encoding an Instance had when the hash was first
 // recorded; it never changes. A change that must restart instances makes a
 // version 2 beside it (hashed with a prefix), never an edit of version 1.
-// bridge/instance's encoding test holds version 1 to its recorded form.
+// bridge/instance's encoding test holds version 1 to its recorded form. A
+// field no recorded instance had may join it when it is left out of the
+// encoding while unset (omitempty): every recorded hash stays as it was.
 
 // configV1 is the input of ConfigHash version 1.
 type configV1 struct {
@@ -34,6 +36,11 @@ type configV1 struct {
 	Identity    identityV1    `json:"identity"`
 	StopOnExit  bool          `json:"stopOnExit"`
 	Resources   resourcesV1   `json:"resources"`
+	Network     *networkV1    `json:"network,omitempty"`
+}
+
+type networkV1 struct {
+	Namespace string `json:"namespace"`
 }
 
 type bindV1 struct {
@@ -105,6 +112,9 @@ func (in Instance) configInputV1() configV1 {
 	}
 	if x := in.Containerd; x != nil {
 		c.Containerd = &containerdV1{Image: in.Image, MemoryLimit: sizeV1(x.MemoryLimit), PidsLimit: x.PidsLimit, RootfsSizeLimit: sizeV1(x.RootfsSizeLimit)}
+	}
+	if x := in.Network; x != nil {
+		c.Network = &networkV1{Namespace: x.Namespace}
 	}
 	if x := in.Incus; x != nil {
 		c.Incus = &incusV1{Image: in.Image, Profiles: x.Profiles, Project: x.Project, ShutdownOnExit: x.ShutdownOnExit, RootSizeLimit: sizeV1(x.RootSizeLimit)}

@@ -93,9 +93,20 @@ type Instance struct {
 	// Resources bound the instance's commands together; every driver
 	// enforces them.
 	Resources Resources `json:"resources"`
+	// Network, when set, is the network namespace the instance's commands
+	// run in, in place of one with nothing in it: a Sandbox's egress
+	// namespace, whose only way out is its proxy. Nil: no network at all.
+	Network *Network `json:"network,omitempty"`
 	// ConfigHash identifies everything above; a running instance whose hash
 	// differs needs a restart to take the change.
 	ConfigHash string `json:"-"`
+}
+
+// Network is a network namespace prepared for an instance.
+type Network struct {
+	// Namespace is the path that holds the namespace (a bind mount of its
+	// nsfs file).
+	Namespace string `json:"namespace"`
 }
 
 // Resources are an instance's requests and limits; zero means none.

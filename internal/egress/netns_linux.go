@@ -111,6 +111,46 @@ func (n *Namespace) Run(fn func() error) error {
 	return <-ch
 }
 
+// Do calls fn with the calling goroutine's thread inside the namespace,
+// and puts the thread back into the network namespace it came from after:
+// a process fn starts is born inside, and its parent thread lives on (a
+// child that asked to die with its parent, as bwrap does, dies with the
+// thread that forked it). A thread that cannot go back is thrown away.
+func (n *Namespace) Do(fn func() error) error {
+	ch := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := unix.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- fmt.Errorf("opening this thread's network namespace: %w", err)
+			return
+		}
+		defer unix.Close(orig)
+		target, err := unix.Open(n.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- fmt.Errorf("opening network namespace %s: %w", n.Path, err)
+			return
+		}
+		defer unix.Close(target)
+		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- fmt.Errorf("entering network namespace %s: %w", n.Path, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			// Left locked: the thread ends with this goroutine.
+			ch <- errors.Join(ferr, fmt.Errorf("leaving network namespace %s: %w", n.Path, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- ferr
+	}()
+	return <-ch
+}
+
 // Remove lets the namespace go once no process is in it, and removes its
 // file.
 func (n *Namespace) Remove() error {

@@ -429,7 +429,7 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 
 	r.track(name, cmd)
 	defer r.untrack(name, cmd)
-	if err = r.startInCgroup(name, cmd); err == nil {
+	if err = r.startIn(name, rec.Instance.Network, cmd); err == nil {
 		err = cmd.Wait()
 	}
 	var exitErr *exec.ExitError
@@ -580,6 +580,11 @@ var usbSysfs = []string{"/sys/bus/usb", "/sys/devices", "/sys/dev/char", "/run/u
 func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 	a := make([]string, 0, 96+3*len(c.Binds)+2*len(c.Env)+len(c.Args))
 	a = append(a, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+	if in.Network != nil {
+		// Started inside the instance's network namespace (startIn), the
+		// sandbox keeps it: its only way out is the proxy there.
+		a = append(a, "--share-net")
+	}
 	for _, d := range systemDirs {
 		fi, err := os.Lstat(d)
 		switch {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 )
@@ -31,6 +32,16 @@ func (r *Runtime) ensureCgroup(in runtimes.Instance) error {
 		return runtimes.Errorf(runtimes.ReasonLimitsUnavailable, "ensuring", in.Name, "%w", err)
 	}
 	return nil
+}
+
+// startIn starts cmd inside the instance's cgroup and, when it has one,
+// its network namespace.
+func (r *Runtime) startIn(name string, network *runtimes.Network, cmd *exec.Cmd) error {
+	if network == nil {
+		return r.startInCgroup(name, cmd)
+	}
+	ns := egress.Namespace{Path: network.Namespace}
+	return ns.Do(func() error { return r.startInCgroup(name, cmd) })
 }
 
 // startInCgroup starts cmd inside the instance's cgroup, or plainly when
