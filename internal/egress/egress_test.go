@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -229,6 +230,23 @@ func TestProxyLetsTheListThroughAndNothingElse(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		if want := fmt.Sprintf("plain ok example.com:%d ", port(t, h.plainSrv)); string(b) != want {
 			t.Fatalf("%q, want %q", b, want)
+		}
+	})
+	t.Run("a Host header never fronts for another host", func(t *testing.T) {
+		c, err := net.Dial("tcp", h.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: evil.example\r\n\r\n", plainURL)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if want := fmt.Sprintf("plain ok example.com:%d ", port(t, h.plainSrv)); string(b) != want {
+			t.Fatalf("the server saw %q, want %q", b, want)
 		}
 	})
 	t.Run("a name not on the list", func(t *testing.T) {
