@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // ControlPlane is etcd and a kube-apiserver whose process can be killed
@@ -293,7 +294,8 @@ func BuildController(root, dir string) (string, error) {
 		return b, nil
 	}
 	out := filepath.Join(dir, "sandbox-controller")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/sandbox-controller")
+	cmd, cancel := testenv.Command(10*time.Minute, "go", "build", "-o", out, "./cmd/sandbox-controller")
+	defer cancel()
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building the controller: %w: %s", err, b)
