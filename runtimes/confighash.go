@@ -41,6 +41,7 @@ type configV1 struct {
 
 type networkV1 struct {
 	Namespace string `json:"namespace"`
+	Proxy     string `json:"proxy,omitempty"`
 }
 
 type bindV1 struct {
@@ -114,7 +115,7 @@ func (in Instance) configInputV1() configV1 {
 		c.Containerd = &containerdV1{Image: in.Image, MemoryLimit: sizeV1(x.MemoryLimit), PidsLimit: x.PidsLimit, RootfsSizeLimit: sizeV1(x.RootfsSizeLimit)}
 	}
 	if x := in.Network; x != nil {
-		c.Network = &networkV1{Namespace: x.Namespace}
+		c.Network = &networkV1{Namespace: x.Namespace, Proxy: x.Proxy}
 	}
 	if x := in.Incus; x != nil {
 		c.Incus = &incusV1{Image: in.Image, Profiles: x.Profiles, Project: x.Project, ShutdownOnExit: x.ShutdownOnExit, RootSizeLimit: sizeV1(x.RootSizeLimit)}

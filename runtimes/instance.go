@@ -107,6 +107,21 @@ type Network struct {
 	// Namespace is the path that holds the namespace (a bind mount of its
 	// nsfs file).
 	Namespace string `json:"namespace"`
+	// Proxy is the URL of the proxy listening inside the namespace, which
+	// commands are pointed at (HTTP_PROXY and the rest); empty: none.
+	Proxy string `json:"proxy,omitempty"`
+	// Allow and AllowedNets are the policy the proxy holds requests to;
+	// the proxy reads them, the driver does not. They are not part of the
+	// ConfigHash: the proxy takes a new list live.
+	Allow       []EgressRule `json:"-"`
+	AllowedNets []string     `json:"-"`
+}
+
+// EgressRule is one destination of an allowlist: a host (name, "*." and a
+// domain, or an address) and its ports (none: 443 and 80).
+type EgressRule struct {
+	Host  string
+	Ports []int
 }
 
 // Resources are an instance's requests and limits; zero means none.

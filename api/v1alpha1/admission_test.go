@@ -31,6 +31,14 @@ func sandbox(mut func(*v1alpha1.SandboxSpec)) *v1alpha1.Sandbox {
 	return sb
 }
 
+func allowlist(hosts ...string) *v1alpha1.Network {
+	n := &v1alpha1.Network{Egress: v1alpha1.EgressAllowlist}
+	for _, h := range hosts {
+		n.Allow = append(n.Allow, v1alpha1.EgressRule{Host: h})
+	}
+	return n
+}
+
 func mount(src, target string, mode v1alpha1.MountMode) v1alpha1.Mount {
 	return v1alpha1.Mount{Source: src, Target: target, Mode: mode}
 }
@@ -55,6 +63,24 @@ var _ = Describe("Sandbox admission", func() {
 		Expect(sb.Spec.Incus.ShutdownOnExit).To(Equal(ptr.To(true)))
 	})
 
+	It("accepts an egress allowlist of names, wildcards, addresses and ports, and defaults egress to None", func() {
+		sb := sandbox(func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("github.com", "*.pythonhosted.org", "192.0.2.10", "2001:db8::1")
+			s.Network.Allow[0].Ports = []int32{443, 22}
+		})
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		Expect(v1alpha1.ValidateSandboxSpec(&sb.Spec)).To(BeEmpty())
+		none := sandbox(func(s *v1alpha1.SandboxSpec) { s.Network = &v1alpha1.Network{} })
+		Expect(k8s.Create(ctx, none)).To(Succeed())
+		Expect(none.Spec.Network.Egress).To(Equal(v1alpha1.EgressNone))
+		bad := sandbox(func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("github.com")
+			s.Network.Allow[0].Ports = []int32{0}
+		})
+		Expect(k8s.Create(ctx, bad)).To(MatchError(ContainSubstring("spec.network.allow[0].ports[0]")))
+		Expect(v1alpha1.ValidateSandboxSpec(&bad.Spec).ToAggregate()).To(MatchError(ContainSubstring(v1alpha1.MsgEgressPort)))
+	})
+
 	It("defaults backend to bwrap, mount mode to ro and idleTimeout to 5m", func() {
 		sb := sandbox(func(s *v1alpha1.SandboxSpec) {
 			s.Mounts = []v1alpha1.Mount{{Source: "~/notes", Target: "notes"}}
@@ -74,6 +100,31 @@ var _ = Describe("Sandbox admission", func() {
 			spec := sandbox(mut).Spec
 			Expect(v1alpha1.ValidateSandboxSpec(&spec).ToAggregate().Error()).To(ContainSubstring(msg))
 		},
+		Entry("egress host with an uppercase letter", func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("GitHub.com")
+		}, v1alpha1.MsgEgressHost),
+		Entry("egress host of one label", func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("localhost")
+		}, v1alpha1.MsgEgressHost),
+		Entry("egress wildcard not first", func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("pypi.*.org")
+		}, v1alpha1.MsgEgressHost),
+		Entry("egress host with a port in it", func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("github.com:22")
+		}, v1alpha1.MsgEgressHost),
+		Entry("egress host a URL", func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("https://github.com")
+		}, v1alpha1.MsgEgressHost),
+		Entry("egress IPv6 address with a zone", func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("fe80::1%eth0")
+		}, v1alpha1.MsgEgressHost),
+		Entry("allow entries without egress Allowlist", func(s *v1alpha1.SandboxSpec) {
+			s.Network = allowlist("github.com")
+			s.Network.Egress = v1alpha1.EgressNone
+		}, v1alpha1.MsgEgressAllowOnly),
+		Entry("egress Allowlist without entries", func(s *v1alpha1.SandboxSpec) {
+			s.Network = &v1alpha1.Network{Egress: v1alpha1.EgressAllowlist}
+		}, v1alpha1.MsgEgressNoAllow),
 		Entry("mount source relative", func(s *v1alpha1.SandboxSpec) {
 			s.Mounts = []v1alpha1.Mount{mount("projects/app", "app", "ro")}
 		}, v1alpha1.MsgMountSource),

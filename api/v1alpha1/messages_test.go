@@ -24,6 +24,8 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 		v1alpha1.MsgWorktreeName: true, v1alpha1.MsgWorktreeNameRef: true, v1alpha1.MsgWorktreeRef: true,
 		v1alpha1.MsgClassRoot: true, v1alpha1.MsgClassEnv: true, v1alpha1.MsgClassAgentIDs: true, v1alpha1.MsgClassMemoryMax: true,
 		v1alpha1.MsgClassPidsMax: true, v1alpha1.MsgClassRootfsMax: true, v1alpha1.MsgClassRootMax: true,
+		v1alpha1.MsgEgressHost: true, v1alpha1.MsgEgressAllowOnly: true, v1alpha1.MsgEgressNoAllow: true,
+		v1alpha1.MsgClassEgress: true, v1alpha1.MsgClassEgressNet: true,
 	}
 	for _, m := range decodeRuleMessages {
 		goMsgs[m] = true

@@ -208,6 +208,65 @@ const (
 	RestartImmediate RestartPolicy = "Immediate"
 )
 
+// EgressMode says what network a Sandbox's commands reach.
+// +kubebuilder:validation:Enum=None;Allowlist
+type EgressMode string
+
+const (
+	// EgressNone: no network at all, loopback only (the default).
+	EgressNone EgressMode = "None"
+	// EgressAllowlist: the hosts of spec.network.allow, through a proxy
+	// the controller serves inside the Sandbox's own network namespace,
+	// which has no other way out.
+	EgressAllowlist EgressMode = "Allowlist"
+)
+
+// EgressRule is one destination a Sandbox may reach.
+type EgressRule struct {
+	// Host is a domain name ("github.com"), "*." and a domain for every
+	// name below it but not the domain itself ("*.pythonhosted.org"), or an
+	// IP address, the only way an address literal is allowed. Names are
+	// resolved by the proxy, which never connects to loopback, link-local
+	// (cloud metadata), private or cluster addresses unless the Sandbox's
+	// class allows them (allowedEgressNetworks).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule=`isIP(self) || self.matches(r'^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])+[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')`,message="network.allow hosts are lowercase domain names of at least two labels, '*.' and such a name, or IP addresses"
+	Host string `json:"host"`
+	// Ports are the ports allowed at Host; empty means 443 and 80.
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:items:Maximum=65535
+	// +listType=set
+	// +optional
+	Ports []int32 `json:"ports,omitempty"`
+}
+
+// Network says what a Sandbox's commands may reach beyond loopback.
+// +kubebuilder:validation:XValidation:rule="self.?egress.orValue('None') == 'Allowlist' || !has(self.allow)",message="network.allow applies with egress Allowlist only"
+// +kubebuilder:validation:XValidation:rule="self.?egress.orValue('None') != 'Allowlist' || (has(self.allow) && size(self.allow) > 0)",message="egress Allowlist needs at least one network.allow entry"
+type Network struct {
+	// Egress is None (the default: nothing beyond loopback) or Allowlist
+	// (only the hosts of allow, through the Sandbox's proxy, which
+	// commands find in HTTP_PROXY, HTTPS_PROXY and ALL_PROXY; a tool that
+	// ignores them reaches nothing).
+	// +kubebuilder:default=None
+	// +optional
+	Egress EgressMode `json:"egress,omitempty"`
+	// Allow are the destinations of an Allowlist.
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Allow []EgressRule `json:"allow,omitempty"`
+}
+
+// EgressOrDefault is spec.network.egress, None when unset.
+func (s *SandboxSpec) EgressOrDefault() EgressMode {
+	if s.Network == nil || s.Network.Egress == "" {
+		return EgressNone
+	}
+	return s.Network.Egress
+}
+
 // SandboxSpec is what an agent's environment is.
 // +kubebuilder:validation:XValidation:rule="self.backend != 'incus' || has(self.incus)",message="backend incus requires the incus table (spec.incus with an image)"
 // +kubebuilder:validation:XValidation:rule="self.backend != 'containerd' || has(self.containerd)",message="backend containerd requires the containerd table (spec.containerd with an image)"
@@ -294,6 +353,11 @@ type SandboxSpec struct {
 	// maximums.
 	// +optional
 	Resources *Resources `json:"resources,omitempty"`
+
+	// Network says what the commands may reach: nothing beyond loopback
+	// (the default), or an allowlist of hosts through a proxy.
+	// +optional
+	Network *Network `json:"network,omitempty"`
 
 	// Containerd configures the containerd backend; required with it.
 	// +optional
@@ -407,6 +471,7 @@ type SandboxUsage struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Instance",type=string,JSONPath=`.status.instance`,priority=1
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`,priority=1
+// +kubebuilder:printcolumn:name="Egress",type=string,JSONPath=`.spec.network.egress`,priority=1
 // +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.status.usage.memory`,priority=1
 // +kubebuilder:printcolumn:name="Procs",type=integer,JSONPath=`.status.usage.processes`,priority=1
 // +kubebuilder:printcolumn:name="CPU(s)",type=integer,JSONPath=`.status.usage.cpuSeconds`,priority=1

@@ -20,6 +20,8 @@ const (
 	MsgClassPidsMax   = "defaultLimits.pidsLimit must not be above maxLimits.pidsLimit"
 	MsgClassRootfsMax = "defaultLimits.rootfsSizeLimit must not be above maxLimits.rootfsSizeLimit"
 	MsgClassRootMax   = "defaultLimits.rootSizeLimit must not be above maxLimits.rootSizeLimit"
+	MsgClassEgress    = "allowedEgress entries are hosts as in a Sandbox's network.allow, or '*' for any host"
+	MsgClassEgressNet = "allowedEgressNetworks entries are address ranges in CIDR notation, such as 10.0.0.0/8"
 )
 
 // ClassDevices says which device options of a Sandbox a class allows.
@@ -134,6 +136,29 @@ type SandboxClassSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]{1,10}:[0-9]{1,10}$')",message="agentIDs is FIRST:COUNT, two decimal numbers"
 	// +optional
 	AgentIDs string `json:"agentIDs,omitempty"`
+
+	// AllowedEgress are the hosts a Sandbox of this class may list in
+	// spec.network.allow: a name, "*." and a domain (which covers the
+	// names below it and the wildcards below it), an IP address, or "*"
+	// for any host. Empty: egress Allowlist is refused, so the class's
+	// Sandboxes reach no network.
+	// +kubebuilder:validation:MaxItems=128
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:XValidation:rule=`self == '*' || isIP(self) || self.matches(r'^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])+[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')`,message="allowedEgress entries are hosts as in a Sandbox's network.allow, or '*' for any host"
+	// +listType=set
+	// +optional
+	AllowedEgress []string `json:"allowedEgress,omitempty"`
+
+	// AllowedEgressNetworks are internal address ranges (private,
+	// loopback, link-local, shared, cluster) the proxy of this class's
+	// Sandboxes may connect to when an allowed name resolves into them.
+	// Empty: never; public addresses only.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=64
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="allowedEgressNetworks entries are address ranges in CIDR notation, such as 10.0.0.0/8"
+	// +listType=set
+	// +optional
+	AllowedEgressNetworks []string `json:"allowedEgressNetworks,omitempty"`
 
 	// DefaultResources apply, field by field, where a Sandbox sets none of
 	// its own (spec.resources), on every backend.

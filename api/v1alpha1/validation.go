@@ -110,6 +110,7 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 			errs = append(errs, field.Invalid(p.Child("env", "passthrough").Index(i), n, MsgEnvName))
 		}
 	}
+	errs = append(errs, validateNetwork(spec.Network, p.Child("network"))...)
 	errs = append(errs, validateInput(spec, p)...)
 	return errs
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 
@@ -34,6 +35,13 @@ type Host struct {
 	// and as the node resolves them): each source is anchored at the
 	// longest that holds it. Empty: every source is resolved beneath "/".
 	MountRoots []string
+	// NetnsDir holds the network namespaces of the instances whose egress
+	// is an allowlist, one file per instance; empty: egress Allowlist is
+	// refused.
+	NetnsDir string
+	// EgressNets are the internal address ranges a Sandbox's proxy may
+	// connect to (its class's allowedEgressNetworks).
+	EgressNets []string
 }
 
 // Owner is what an instance records as the Sandbox that owns it.
@@ -206,6 +214,9 @@ func describe(owner string, spec *v1alpha1.SandboxSpec, host Host) (runtimes.Ins
 	}
 	sort.Strings(in.Env)
 	in.Resources = resources(spec)
+	if in.Network, err = network(spec, host, in.Name); err != nil {
+		return runtimes.Instance{}, err
+	}
 	describeBackend(spec, &in)
 	in.ConfigHash = in.Hash()
 	return in, nil
@@ -312,4 +323,29 @@ func defaultIdentities(root string) (*areas.Identities, error) {
 	}
 	defaultIDs[root] = ids
 	return ids, nil
+}
+
+// network describes the instance's network: nil (nothing beyond
+// loopback) unless spec's egress is an allowlist, which gets a namespace
+// of its own in host.NetnsDir and the proxy listening inside it.
+func network(spec *v1alpha1.SandboxSpec, host Host, name string) (*runtimes.Network, error) {
+	if spec.EgressOrDefault() != v1alpha1.EgressAllowlist {
+		return nil, nil
+	}
+	if host.NetnsDir == "" {
+		return nil, fmt.Errorf("spec.network.egress: Allowlist needs network namespaces, which this controller does not make (it runs without a state directory for them)")
+	}
+	n := &runtimes.Network{
+		Namespace:   filepath.Join(host.NetnsDir, name),
+		Proxy:       egress.ProxyURL,
+		AllowedNets: slices.Clone(host.EgressNets),
+	}
+	for _, r := range spec.Network.Allow {
+		rule := runtimes.EgressRule{Host: r.Host}
+		for _, p := range r.Ports {
+			rule.Ports = append(rule.Ports, int(p))
+		}
+		n.Allow = append(n.Allow, rule)
+	}
+	return n, nil
 }

@@ -51,6 +51,7 @@ func Resolve(ctx context.Context, c client.Reader, spec *v1alpha1.SandboxSpec, h
 	}
 	// Every later act resolves each source beneath the root that allowed it.
 	host.MountRoots = MountRoots(class)
+	host.EgressNets = class.Spec.AllowedEgressNetworks
 	if class.Spec.AgentIDs == "" {
 		return Resolved{Class: class, Spec: out, Host: host}, nil, nil
 	}

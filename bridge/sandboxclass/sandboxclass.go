@@ -28,6 +28,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/backend"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 )
 
@@ -129,6 +130,14 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 	}
 	if spec.Devices.All && !cs.Devices.All {
 		v = append(v, fmt.Sprintf("spec.devices.all: SandboxClass %q does not allow the host /dev", name))
+	}
+
+	if spec.EgressOrDefault() == v1alpha1.EgressAllowlist {
+		for i, r := range spec.Network.Allow {
+			if !slices.ContainsFunc(cs.AllowedEgress, func(a string) bool { return egress.Covers(a, r.Host) }) {
+				v = append(v, fmt.Sprintf("spec.network.allow[%d].host: SandboxClass %q does not allow egress to %q (allowedEgress: [%s])", i, name, r.Host, strings.Join(cs.AllowedEgress, ", ")))
+			}
+		}
 	}
 
 	// The backend's own settings (an image, a disk size) follow its rules.

@@ -323,3 +323,29 @@ func TestConnectionsAreBounded(t *testing.T) {
 		t.Fatal("a second connection was served past MaxConns 1")
 	}
 }
+
+func TestCovers(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, host string
+		want          bool
+	}{
+		{"*", "anything.example", true},
+		{"github.com", "github.com", true},
+		{"github.com", "GitHub.com.", true},
+		{"github.com", "api.github.com", false},
+		{"*.pythonhosted.org", "files.pythonhosted.org", true},
+		{"*.pythonhosted.org", "*.cdn.pythonhosted.org", true},
+		{"*.pythonhosted.org", "pythonhosted.org", false},
+		{"*.pythonhosted.org", "evilpythonhosted.org", false},
+		{"*.pythonhosted.org", "*.org", false},
+		{"192.0.2.1", "192.0.2.1", true},
+		{"*.2.1", "192.0.2.1", false},
+	} {
+		if got := Covers(tc.pattern, tc.host); got != tc.want {
+			t.Errorf("Covers(%q, %q) = %v, want %v", tc.pattern, tc.host, got, tc.want)
+		}
+	}
+	if err := CheckRule(Rule{Host: "fe80::1%eth0"}); err == nil {
+		t.Error("an address with a zone must be refused")
+	}
+}

@@ -16,6 +16,14 @@ import (
 	"strings"
 )
 
+// ProxyPort is where a Sandbox's proxy listens on the loopback of its
+// network namespace (each namespace has a loopback of its own), and
+// ProxyURL what its commands are told.
+const (
+	ProxyPort = 3128
+	ProxyURL  = "http://127.0.0.1:3128"
+)
+
 // DefaultPorts are the ports a rule without ports allows.
 var DefaultPorts = []int{443, 80}
 
@@ -50,7 +58,10 @@ func CheckRule(r Rule) error {
 			return fmt.Errorf("port %d is not between 1 and 65535", p)
 		}
 	}
-	if _, err := netip.ParseAddr(h); err == nil {
+	if a, err := netip.ParseAddr(h); err == nil {
+		if a.Zone() != "" {
+			return fmt.Errorf("%q: an address with a zone names an interface of the host", h)
+		}
 		return nil
 	}
 	name := strings.TrimPrefix(h, "*.")
@@ -180,4 +191,23 @@ func splitHostPort(hostport string, defaultPort int) (string, int, error) {
 		return "", 0, fmt.Errorf("bad port in %q", hostport)
 	}
 	return host, port, nil
+}
+
+// Covers says whether pattern, an entry of a class's allowed hosts,
+// covers host, a Sandbox's rule: "*" covers every host, a name itself,
+// and "*.d" every name and wildcard below d (not d itself, as the rule it
+// would be does not match d, and never an address).
+func Covers(pattern, host string) bool {
+	pattern, host = normalHost(pattern), normalHost(host)
+	switch {
+	case pattern == "*", pattern == host:
+		return true
+	case strings.HasPrefix(pattern, "*."):
+		if _, err := netip.ParseAddr(host); err == nil {
+			// An address is covered only by itself or "*".
+			return false
+		}
+		return strings.HasSuffix(host, pattern[1:]) && len(host) > len(pattern)-1
+	}
+	return false
 }

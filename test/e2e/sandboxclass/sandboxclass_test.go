@@ -105,6 +105,7 @@ func teamA(name string) *v1alpha1.SandboxClass {
 			AllowedMountSourceRoots: []string{filepath.Join(srv, "team-a")},
 			AllowedEnv:              []string{"TZ", "LC_*"},
 			MaxMounts:               ptr.To[int32](2),
+			AllowedEgress:           []string{"github.com", "*.pythonhosted.org"},
 			MaxResources: &v1alpha1.Resources{PidsLimit: ptr.To[int64](512),
 				Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("2")), Memory: ptr.To(resource.MustParse("1Gi"))}},
 		},
@@ -204,6 +205,24 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(err.Error()).To(ContainSubstring(`spec.env.passthrough[1]: SandboxClass "team-a" does not allow passing the controller's variable "AWS_SECRET_ACCESS_KEY"`))
 		allowed := sandbox(ns, "adm-env-ok", "team-a", nil, v1alpha1.Devices{})
 		allowed.Spec.Env.Passthrough = []v1alpha1.EnvVarName{"TZ", "LC_ALL"}
+		Expect(k8s.Create(ctx, allowed)).To(Succeed())
+	})
+
+	It("refuses at admission egress to a host team-a does not allow, with the controller's words", func() {
+		for _, hosts := range [][]string{{"pypi.org"}, {"github.com", "pythonhosted.org"}, {"*.github.com"}, {"140.82.112.3"}} {
+			sb := sandbox(ns, "adm-egress", "team-a", nil, v1alpha1.Devices{})
+			sb.Spec.Network = &v1alpha1.Network{Egress: v1alpha1.EgressAllowlist}
+			for _, h := range hosts {
+				sb.Spec.Network.Allow = append(sb.Spec.Network.Allow, v1alpha1.EgressRule{Host: h})
+			}
+			err := k8s.Create(ctx, sb)
+			Expect(err).To(HaveOccurred(), "%v", hosts)
+			Expect(err.Error()).To(ContainSubstring(expected(teamA("team-a"), sb)))
+			Expect(err.Error()).To(ContainSubstring("spec.network.allow[%d].host", len(hosts)-1))
+		}
+		allowed := sandbox(ns, "adm-egress-ok", "team-a", nil, v1alpha1.Devices{})
+		allowed.Spec.Network = &v1alpha1.Network{Egress: v1alpha1.EgressAllowlist, Allow: []v1alpha1.EgressRule{
+			{Host: "github.com", Ports: []int32{443, 22}}, {Host: "files.pythonhosted.org"}, {Host: "*.cdn.pythonhosted.org"}}}
 		Expect(k8s.Create(ctx, allowed)).To(Succeed())
 	})
 
