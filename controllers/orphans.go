@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -23,6 +24,10 @@ import (
 type orphanCollector struct {
 	reader   client.Reader
 	runtimes map[v1alpha1.Backend]runtimes.Runtime
+	// networks, when set, are the instances' network namespaces: one
+	// whose instance is gone from every runtime, and which no proxy of
+	// this process serves, is removed.
+	networks *egress.Networks
 	interval time.Duration
 	// node is this controller's node: an instance whose Sandbox moved to
 	// another node (onNodeLost: Move) is an orphan here too.
@@ -78,13 +83,17 @@ func (o *orphanCollector) movedAway(oldObj, newObj any) {
 
 func (o *orphanCollector) collect(ctx context.Context) {
 	logger := log.FromContext(ctx).WithName("orphans")
+	live := map[string]bool{}
+	listed := true
 	for backend, rt := range o.runtimes {
 		states, err := rt.List(ctx)
 		if err != nil {
 			logger.Error(err, "listing instances", "backend", backend)
+			listed = false
 			continue
 		}
 		for _, st := range states {
+			live[st.Name] = true
 			gone, err := o.ownerGone(ctx, st.Owner)
 			if err != nil {
 				logger.Error(err, "looking up the owner of an instance", "instance", st.Name, "owner", st.Owner)
@@ -97,7 +106,13 @@ func (o *orphanCollector) collect(ctx context.Context) {
 				logger.Error(err, "deleting orphaned instance", "instance", st.Name, "owner", st.Owner)
 				continue
 			}
+			delete(live, st.Name)
 			logger.Info("deleted orphaned instance; host areas kept", "instance", st.Name, "owner", st.Owner, "backend", backend)
+		}
+	}
+	if o.networks != nil && listed {
+		for _, name := range o.networks.Prune(func(name string) bool { return live[name] }) {
+			logger.Info("removed the network namespace of a gone instance", "instance", name)
 		}
 	}
 }

@@ -41,6 +41,9 @@ type SandboxReconciler struct {
 	// warned holds, by Sandbox UID, the last generation told it uses a
 	// deprecated field, so the warning is one Event a change.
 	warned sync.Map
+	// egress hears the proxies of Sandboxes with an allowlist; nil
+	// without Networks.
+	egress *egressWatch
 }
 
 // The controller's own rights, least privilege: it writes a Sandbox only to
@@ -420,6 +423,11 @@ func (r *SandboxReconciler) restartIfRequired(ctx context.Context, s *sandboxSco
 // ensure starts the instance unless it already runs with this configuration,
 // so a restarted controller adopts a running instance instead of recreating it.
 func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
+	if err := r.serveNetwork(s); err != nil {
+		s.facts.failErr(err)
+		r.Recorder.Eventf(s.sb, "Warning", instance.ErrorReason(err), "%v", err)
+		return err
+	}
 	if s.state.Running && s.state.ConfigHash == s.instance.ConfigHash {
 		return nil
 	}
@@ -469,6 +477,12 @@ func (r *SandboxReconciler) reconcileDelete(ctx context.Context, s *sandboxScope
 				return ctrl.Result{}, err
 			}
 			log.FromContext(ctx).Info("deleted instance; host areas kept", "instance", name)
+		}
+		if !st.Exists || st.Owner == s.owner {
+			if err := r.releaseNetwork(name); err != nil {
+				s.facts.failErr(err)
+				return ctrl.Result{}, err
+			}
 		}
 	}
 	if err := patchFinalizer(ctx, r.Client, s.sb, false); err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -74,6 +75,10 @@ type Options struct {
 	// reconciled at once (never one object twice at once); zero means 4
 	// and 16.
 	SandboxWorkers, ClaimWorkers int
+	// Networks, when set, makes and serves the network namespaces and
+	// proxies of Sandboxes whose egress is an allowlist (Host.NetnsDir is
+	// its Dir); nil: such Sandboxes are refused.
+	Networks *egress.Networks
 }
 
 // DefaultReconcileTimeout is the deadline of one reconcile: longer than a
@@ -136,10 +141,19 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}); err != nil {
 		return fmt.Errorf("indexing Sandboxes by agent: %w", err)
 	}
+	var ew *egressWatch
+	if opts.Networks != nil {
+		if err := registerEgressMetrics(); err != nil {
+			return fmt.Errorf("registering the egress metrics: %w", err)
+		}
+		ew = &egressWatch{recorder: mgr.GetEventRecorderFor("sandbox-egress"), now: opts.Now, owners: map[string]*egressOwner{}} //nolint:staticcheck // core/v1 Events, as the reconcilers'
+		opts.Networks.OnDecision = ew.decide
+		opts.Host.NetnsDir = opts.Networks.Dir
+	}
 	gate := &shutdownGate{}
 	// With a node name the placer writes conditions too.
 	status := statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader(), shared: opts.NodeName != ""}
-	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate, status: status} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
+	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate, status: status, egress: ew} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
 	if err := sr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Sandbox controller: %w", err)
 	}
@@ -147,7 +161,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if gcEvery == 0 {
 		gcEvery = 5 * time.Minute
 	}
-	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, interval: gcEvery, node: opts.NodeName, informers: mgr.GetCache()}); err != nil {
+	if err := mgr.Add(&orphanCollector{reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, networks: opts.Networks, interval: gcEvery, node: opts.NodeName, informers: mgr.GetCache()}); err != nil {
 		return fmt.Errorf("adding the orphan collector: %w", err)
 	}
 	if err := mgr.Add(&shutdownStopper{gate: gate, reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {

@@ -117,6 +117,14 @@ type Network struct {
 	AllowedNets []string     `json:"-"`
 }
 
+// ProxyURL is the URL of the instance's egress proxy; empty without one.
+func (in Instance) ProxyURL() string {
+	if in.Network == nil {
+		return ""
+	}
+	return in.Network.Proxy
+}
+
 // EgressRule is one destination of an allowlist: a host (name, "*." and a
 // domain, or an address) and its ports (none: 443 and 80).
 type EgressRule struct {

@@ -59,6 +59,9 @@ const (
 	// ReasonRestartRequired: the spec changed in a way the running instance
 	// cannot take live; it is applied per spec.restartPolicy.
 	ReasonRestartRequired = "RestartRequired"
+	// ReasonEgressDenied (an Event): the Sandbox's proxy refused a
+	// connection.
+	ReasonEgressDenied = "EgressDenied"
 	// ReasonImageNotFound: the image is not present where the runtime looks.
 	ReasonImageNotFound = "ImageNotFound"
 	// ReasonInstanceNotFound: the runtime has no such instance, or it is

@@ -2,6 +2,7 @@ package instance
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -333,7 +334,7 @@ func network(spec *v1alpha1.SandboxSpec, host Host, name string) (*runtimes.Netw
 		return nil, nil
 	}
 	if host.NetnsDir == "" {
-		return nil, fmt.Errorf("spec.network.egress: Allowlist needs network namespaces, which this controller does not make (it runs without a state directory for them)")
+		return nil, fmt.Errorf("spec.network.egress: Allowlist needs a network namespace of its own, which this controller does not make (it makes them only when it runs as root)")
 	}
 	n := &runtimes.Network{
 		Namespace:   filepath.Join(host.NetnsDir, name),
@@ -348,4 +349,20 @@ func network(spec *v1alpha1.SandboxSpec, host Host, name string) (*runtimes.Netw
 		n.Allow = append(n.Allow, rule)
 	}
 	return n, nil
+}
+
+// EgressPolicy is the policy the proxy of network n holds requests to.
+func EgressPolicy(n *runtimes.Network) (egress.Policy, error) {
+	var p egress.Policy
+	for _, r := range n.Allow {
+		p.Rules = append(p.Rules, egress.Rule{Host: r.Host, Ports: r.Ports})
+	}
+	for _, s := range n.AllowedNets {
+		pr, err := netip.ParsePrefix(s)
+		if err != nil {
+			return egress.Policy{}, fmt.Errorf("allowedEgressNetworks: %q is not an address range in CIDR notation", s)
+		}
+		p.AllowedNets = append(p.AllowedNets, pr.Masked())
+	}
+	return p, nil
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -210,7 +211,17 @@ Ctrl-C stops the controller and the control plane.
 		return fmt.Errorf("--agent-ids: %w", err)
 	}
 	host := instance.Host{AreasRoot: areasRoot, Home: home, Identities: ids}
+	// Egress allowlists need network namespaces, which only root makes.
+	var networks *egress.Networks
+	if os.Geteuid() == 0 {
+		networks = &egress.Networks{Dir: filepath.Join(stateDir, "netns")}
+		host.NetnsDir = networks.Dir
+		// The namespaces stay for the next start to adopt; their proxies
+		// stop with this process.
+		defer networks.Close()
+	}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
+		Networks:        networks,
 		Runtimes:        rts,
 		Host:            host,
 		NodeName:        f.nodeName,

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +63,19 @@ type Proxy struct {
 
 	once  sync.Once
 	slots chan struct{}
+	live  atomic.Pointer[Policy]
+}
+
+// SetPolicy replaces Policy for the requests that come after it, while
+// the proxy serves.
+func (p *Proxy) SetPolicy(pol Policy) { p.live.Store(&pol) }
+
+// policy is the policy a request is held to now.
+func (p *Proxy) policy() Policy {
+	if pol := p.live.Load(); pol != nil {
+		return *pol
+	}
+	return p.Policy
 }
 
 func (p *Proxy) init() {
@@ -147,7 +161,8 @@ func (p *Proxy) serveConn(c net.Conn) {
 // first one that answers. It never dials a name: what was checked is what
 // is dialled.
 func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, error) {
-	if !p.Policy.Allows(host, port) {
+	pol := p.policy()
+	if !pol.Allows(host, port) {
 		return nil, refuse(http.StatusForbidden, "%s:%d is not in the Sandbox's egress allowlist", host, port)
 	}
 	var addrs []netip.Addr
@@ -163,7 +178,7 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 	}
 	var reachable []netip.Addr
 	for _, a := range addrs {
-		if p.Policy.Reachable(a) {
+		if pol.Reachable(a) {
 			reachable = append(reachable, a)
 		}
 	}

@@ -58,12 +58,25 @@ type EnvSources struct {
 	// Home is HOME; empty means SandboxHome. Only the unsandboxed path sets
 	// it, because /workspace does not exist on the host.
 	Home string
+	// Proxy, when set, is the URL of the Sandbox's egress proxy: the
+	// proxy variables (ProxyVars) point at it, and NO_PROXY keeps
+	// loopback direct. They override .env and passthrough: the proxy is
+	// the only way out, so pointing a tool elsewhere only breaks it.
+	Proxy string
 }
+
+// ProxyVars are the variables tools read their proxy from, in both the
+// upper-case and the lower-case spelling (curl reads only http_proxy).
+var ProxyVars = []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"}
+
+// NoProxy is NO_PROXY with a proxy: loopback stays direct.
+const NoProxy = "localhost,127.0.0.1,::1"
 
 // BuildEnv builds a command's environment from nothing, in this order, later
 // sources winning: LANG and LC_ALL (from the runtime, else C.UTF-8), the
-// values of workspace/.env, the passthrough variables; then GitConfig, PATH
-// and HOME, which nothing overrides. The result is sorted "NAME=value" entries.
+// values of workspace/.env, the passthrough variables; then the proxy
+// variables (with a Proxy), GitConfig, PATH and HOME, which nothing
+// overrides. The result is sorted "NAME=value" entries.
 //
 // LC_ALL defaults to C.UTF-8 only when the runtime sets neither LANG nor
 // LC_ALL, so that a runtime LANG is not silently overridden.
@@ -108,6 +121,12 @@ func BuildEnv(src EnvSources) ([]string, error) {
 		}
 	}
 
+	if src.Proxy != "" {
+		for _, k := range ProxyVars {
+			env[k] = src.Proxy
+		}
+		env["NO_PROXY"], env["no_proxy"] = NoProxy, NoProxy
+	}
 	for _, kv := range GitConfig {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v

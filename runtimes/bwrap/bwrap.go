@@ -498,7 +498,7 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabl
 	if err != nil {
 		return Command{}, err
 	}
-	src := policy.EnvSources{Passthrough: in.Env, Lookup: r.lookupEnv, DotEnv: dotEnv}
+	src := policy.EnvSources{Passthrough: in.Env, Lookup: r.lookupEnv, DotEnv: dotEnv, Proxy: in.ProxyURL()}
 	if disabled {
 		// /workspace does not exist on the host: HOME is the workspace
 		// there too, at its host path.

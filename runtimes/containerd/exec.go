@@ -89,7 +89,7 @@ func (r *Runtime) command(info containers.Container, in runtimes.Instance, argv 
 	if err != nil {
 		return nil, err
 	}
-	env, err := policy.BuildEnv(policy.EnvSources{Passthrough: in.Env, Lookup: r.cfg.LookupEnv, DotEnv: dotEnv})
+	env, err := policy.BuildEnv(policy.EnvSources{Passthrough: in.Env, Lookup: r.cfg.LookupEnv, DotEnv: dotEnv, Proxy: in.ProxyURL()})
 	if err != nil {
 		return nil, err
 	}

@@ -80,7 +80,7 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest) (map[s
 	if err != nil {
 		return nil, err
 	}
-	list, err := policy.BuildEnv(policy.EnvSources{Passthrough: in.Env, Lookup: r.cfg.LookupEnv, DotEnv: dotEnv})
+	list, err := policy.BuildEnv(policy.EnvSources{Passthrough: in.Env, Lookup: r.cfg.LookupEnv, DotEnv: dotEnv, Proxy: in.ProxyURL()})
 	if err != nil {
 		return nil, err
 	}

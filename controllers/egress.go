@@ -1,0 +1,154 @@
+package controllers
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/record"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
+)
+
+// egressConnections counts the requests of the Sandboxes' proxies, by
+// Sandbox, host and decision. Hosts are bounded per Sandbox (maxEgressHosts,
+// then "other"): a wildcard rule, or an agent trying names, must not grow
+// the metrics without end.
+var egressConnections = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "sandbox_egress_connections_total",
+	Help: "Connections a Sandbox's egress proxy allowed or denied, by host (at most 64 hosts per Sandbox, then \"other\").",
+}, []string{"namespace", "sandbox", "host", "decision"})
+
+// maxEgressHosts bounds the host label values of one Sandbox.
+const maxEgressHosts = 64
+
+// egressDenialEvery is how often at most a denial of one host is told in
+// an Event, per Sandbox.
+const egressDenialEvery = time.Minute
+
+var registerEgressMetrics = sync.OnceValue(func() error {
+	return crmetrics.Registry.Register(egressConnections)
+})
+
+// egressWatch hears every proxy's decisions: it counts them and tells the
+// Sandbox of denials in Events, at most one per host and minute.
+type egressWatch struct {
+	recorder record.EventRecorder
+	now      func() time.Time
+
+	mu     sync.Mutex
+	owners map[string]*egressOwner
+}
+
+// egressOwner is the Sandbox an instance's proxy serves.
+type egressOwner struct {
+	sb        *v1alpha1.Sandbox
+	hosts     map[string]bool
+	lastEvent map[string]time.Time
+}
+
+// own says which Sandbox the proxy of instance name serves.
+func (w *egressWatch) own(name string, sb *v1alpha1.Sandbox) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if o, ok := w.owners[name]; ok && o.sb.UID == sb.UID {
+		return
+	}
+	ref := &v1alpha1.Sandbox{}
+	ref.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Sandbox"))
+	ref.Namespace, ref.Name, ref.UID = sb.Namespace, sb.Name, sb.UID
+	w.owners[name] = &egressOwner{sb: ref, hosts: map[string]bool{}, lastEvent: map[string]time.Time{}}
+}
+
+// forget drops instance name's Sandbox.
+func (w *egressWatch) forget(name string) {
+	w.mu.Lock()
+	delete(w.owners, name)
+	w.mu.Unlock()
+}
+
+// decide is the proxies' OnDecision.
+func (w *egressWatch) decide(name string, d egress.Decision) {
+	w.mu.Lock()
+	o, ok := w.owners[name]
+	if !ok {
+		w.mu.Unlock()
+		return
+	}
+	host := d.Host
+	if host == "" {
+		host = "none"
+	}
+	if !o.hosts[host] {
+		if len(o.hosts) >= maxEgressHosts {
+			host = "other"
+		} else {
+			o.hosts[host] = true
+		}
+	}
+	decision := "denied"
+	if d.Allowed {
+		decision = "allowed"
+	}
+	egressConnections.WithLabelValues(o.sb.Namespace, o.sb.Name, host, decision).Inc()
+	tell := false
+	if !d.Allowed {
+		now := w.now()
+		if last, seen := o.lastEvent[host]; !seen || now.Sub(last) >= egressDenialEvery {
+			o.lastEvent[host] = now
+			tell = true
+		}
+	}
+	sb := o.sb
+	w.mu.Unlock()
+	if tell {
+		target := d.Host
+		if d.Port != 0 {
+			target = fmt.Sprintf("%s:%d", d.Host, d.Port)
+		}
+		w.recorder.Eventf(sb, "Warning", v1alpha1.ReasonEgressDenied, "egress to %q denied: %s (further denials of this host are counted in sandbox_egress_connections_total, told again after %s)", target, d.Reason, egressDenialEvery)
+	}
+}
+
+// serveNetwork makes sure the instance's network namespace exists and its
+// proxy serves the Sandbox's allowlist, before the instance is started
+// or adopted: a restarted controller serves the proxy again for an
+// instance that kept running.
+func (r *SandboxReconciler) serveNetwork(s *sandboxScope) error {
+	n := s.instance.Network
+	if n == nil {
+		return nil
+	}
+	if r.Networks == nil || r.egress == nil {
+		return fmt.Errorf("spec.network.egress: Allowlist needs a network namespace of its own, which this controller does not make")
+	}
+	pol, err := instance.EgressPolicy(n)
+	if err != nil {
+		return err
+	}
+	r.egress.own(s.instance.Name, s.sb)
+	path, err := r.Networks.Serve(s.instance.Name, pol)
+	if err != nil {
+		return fmt.Errorf("serving the egress proxy of %s: %w", s.instance.Name, err)
+	}
+	if path != n.Namespace {
+		return fmt.Errorf("the network namespace of %s is %s, not %s as described", s.instance.Name, path, n.Namespace)
+	}
+	return nil
+}
+
+// releaseNetwork removes the network namespace and proxy of instance name,
+// if it has them.
+func (r *SandboxReconciler) releaseNetwork(name string) error {
+	if r.Networks == nil {
+		return nil
+	}
+	if r.egress != nil {
+		r.egress.forget(name)
+	}
+	return r.Networks.Release(name)
+}

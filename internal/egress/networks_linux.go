@@ -1,0 +1,169 @@
+package egress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Networks keeps the network namespaces of the instances whose egress is
+// an allowlist, each in a file of Dir named after its instance, and serves
+// each one's proxy inside it. A namespace outlives the process serving it
+// (a controller restarting adopts it and listens in it again) until
+// Release.
+type Networks struct {
+	// Dir holds the namespaces' files.
+	Dir string
+	// Resolver resolves names for every proxy; nil: the host's resolver.
+	Resolver Resolver
+	// MaxConns and IdleTimeout bound every proxy (Proxy's defaults when
+	// zero).
+	MaxConns    int
+	IdleTimeout time.Duration
+	// OnDecision, when set, hears of every request of every proxy, with
+	// the name of the instance it was for.
+	OnDecision func(name string, d Decision)
+
+	mu     sync.Mutex
+	served map[string]*served
+}
+
+type served struct {
+	proxy *Proxy
+	l     net.Listener
+}
+
+// nsfsMagic is the file system type of a namespace file.
+const nsfsMagic = 0x6e736673
+
+// Serve makes sure the namespace of instance name exists and its proxy
+// serves pol there; a proxy already serving takes pol for its next
+// requests. It returns the namespace's path.
+func (n *Networks) Serve(name string, pol Policy) (string, error) {
+	if name == "" || name != filepath.Base(name) || name == "." || name == ".." {
+		return "", fmt.Errorf("network namespace name %q is not a file name", name)
+	}
+	path := filepath.Join(n.Dir, name)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s, ok := n.served[name]; ok {
+		s.proxy.SetPolicy(pol)
+		return path, nil
+	}
+	if err := os.MkdirAll(n.Dir, 0o700); err != nil {
+		return "", fmt.Errorf("the network namespaces' directory: %w", err)
+	}
+	l, err := n.listen(path)
+	if err != nil {
+		return "", err
+	}
+	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout}
+	if n.OnDecision != nil {
+		p.OnDecision = func(d Decision) { n.OnDecision(name, d) }
+	}
+	if n.served == nil {
+		n.served = map[string]*served{}
+	}
+	n.served[name] = &served{proxy: p, l: l}
+	go func() { _ = p.Serve(l) }()
+	return path, nil
+}
+
+// listen opens the proxy's listener inside the namespace held at path,
+// adopting it when it exists and making it when it does not.
+func (n *Networks) listen(path string) (net.Listener, error) {
+	var fs unix.Statfs_t
+	err := unix.Statfs(path, &fs)
+	switch {
+	case err == nil && fs.Type == nsfsMagic:
+		ns := Namespace{Path: path}
+		var l net.Listener
+		err := ns.Run(func() error {
+			var err error
+			l, err = net.Listen("tcp4", netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), ProxyPort).String())
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("listening in network namespace %s: %w", path, err)
+		}
+		return l, nil
+	case err == nil:
+		// A file left by a start that failed before holding the namespace.
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing %s, which holds no network namespace: %w", path, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	_, l, err := NewNamespace(path, ProxyPort)
+	return l, err
+}
+
+// Release stops name's proxy and lets its namespace go once no process
+// is in it.
+func (n *Networks) Release(name string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s, ok := n.served[name]; ok {
+		_ = s.l.Close()
+		delete(n.served, name)
+	}
+	ns := Namespace{Path: filepath.Join(n.Dir, name)}
+	return ns.Remove()
+}
+
+// Names lists the namespaces held in Dir, served or not.
+func (n *Networks) Names() ([]string, error) {
+	ents, err := os.ReadDir(n.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(ents))
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, nil
+}
+
+// Close stops every proxy and keeps the namespaces, for the next process
+// to adopt.
+func (n *Networks) Close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for name, s := range n.served {
+		_ = s.l.Close()
+		delete(n.served, name)
+	}
+}
+
+// Prune removes the namespaces that no proxy of this process serves and
+// keep does not keep, and names them.
+func (n *Networks) Prune(keep func(name string) bool) []string {
+	names, err := n.Names()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, name := range names {
+		if _, serving := n.served[name]; serving || keep(name) {
+			continue
+		}
+		ns := Namespace{Path: filepath.Join(n.Dir, name)}
+		if ns.Remove() == nil {
+			out = append(out, name)
+		}
+	}
+	return out
+}
