@@ -7,9 +7,9 @@
 #   hack/test-image.sh --name VARIANT     print the image name the tarball carries
 #   hack/test-image.sh --path VARIANT     print the tarball's path without building
 #
-# busybox: Debian's busybox-static and its applet links, and the host's git
+# busybox: Debian's busybox-static and its applet links, the host's git
 #          with its libraries (hack/add-git.sh), so git works inside the
-#          sandbox (about 7 MB, a second).
+#          sandbox, and the egress tests' probe (about 13 MB, seconds).
 # debian:  a Debian bookworm minbase with git and ca-certificates (about
 #          80 MB, a few minutes; built once and cached, like busybox, until
 #          the tarball is removed).
@@ -34,10 +34,19 @@ image_name() {
   esac
 }
 
-# REVISION goes up whenever what an image holds changes.
-REVISION=3
+# REVISION goes up whenever what an image holds changes; the busybox
+# image's name also carries a digest of the egress probe's source, which
+# it holds built.
+REVISION=4
+PROBE_SRC=$ROOT/testkit/egresstest/probe
 
-tar_path() { image_name "$1" >/dev/null && echo "$DIR/$1-r$REVISION-oci.tar"; }
+tar_path() {
+  image_name "$1" >/dev/null || return 1
+  case $1 in
+    busybox) echo "$DIR/$1-r$REVISION-$(cat "$PROBE_SRC"/*.go | sha256sum | cut -c1-12)-oci.tar" ;;
+    *) echo "$DIR/$1-r$REVISION-oci.tar" ;;
+  esac
+}
 
 apt_install() { "$ROOT/hack/install-deps.sh" "$@"; }
 
@@ -62,6 +71,10 @@ busybox_rootfs() {
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$r/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
   "$ROOT/hack/add-git.sh" "$r"
+  # The egress tests' probe (testkit/egresstest), static.
+  mkdir -p "$r/usr/local/bin"
+  (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags=-s -o "$r/usr/local/bin/egress-probe" ./testkit/egresstest/probe) ||
+    die "building the egress probe (needs go)"
   sandbox_dirs "$r"
 }
 

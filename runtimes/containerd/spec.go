@@ -85,7 +85,8 @@ func labels(in runtimes.Instance) map[string]string {
 // capabilities, no new privileges, containerd's default seccomp profile;
 // the areas and mounts bound with their modes, a 64 MiB /tmp, the devices
 // the spec opts into and the limits it sets. The rest is containerd's
-// default spec: its own pid, mount, network (loopback only), IPC and UTS
+// default spec: its own pid, mount, network (loopback only, unless the
+// instance has an egress namespace, which it joins), IPC and UTS
 // namespaces. Every command is run with the init's process settings
 // (command), so they hold for each of them too.
 func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts {
@@ -111,6 +112,11 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 	if q := cpuQuota(in); q > 0 {
 		opts = append(opts, oci.WithCPUCFS(q, cpuPeriod))
 	}
+	if n := networkOf(in); n != "" {
+		// The Sandbox's egress namespace, whose only way out is its proxy,
+		// in place of a new one with loopback alone.
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: n}))
+	}
 	switch {
 	case in.Devices.All:
 		opts = append(opts, oci.WithHostDevices, oci.WithAllDevicesAllowed)
@@ -122,6 +128,15 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 	}
 	// The profile follows the capabilities it is derived from: last.
 	return append(opts, seccomp.WithDefaultProfile())
+}
+
+// networkOf is the network namespace in's container joins; empty: a new
+// one.
+func networkOf(in runtimes.Instance) string {
+	if in.Network == nil {
+		return ""
+	}
+	return in.Network.Namespace
 }
 
 // agentUser is who the init and every command run as: the agent's host
@@ -251,6 +266,9 @@ func Diff(old, new runtimes.Instance) Change {
 	c.BindsAdded, c.BindsRemoved = runtimes.DiffGitDirs(old, new)
 	if old.Devices != new.Devices {
 		c.Restart = append(c.Restart, "devices")
+	}
+	if networkOf(old) != networkOf(new) {
+		c.Restart = append(c.Restart, fmt.Sprintf("network namespace %q → %q", networkOf(old), networkOf(new)))
 	}
 	if old.Identity != new.Identity {
 		c.Restart = append(c.Restart, fmt.Sprintf("identity %d:%d → %d:%d", old.Identity.UID, old.Identity.GID, new.Identity.UID, new.Identity.GID))

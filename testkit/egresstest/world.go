@@ -104,7 +104,8 @@ func (w *World) Allowlist() *v1alpha1.Network {
 }
 
 // Class allows the world's hosts and its servers' address, and the
-// backends given.
+// backends given; Sandboxes name it (it is not the default, so the
+// suite's other Sandboxes are not held to it).
 func Class(name string, backends ...v1alpha1.Backend) *v1alpha1.SandboxClass {
 	c := &v1alpha1.SandboxClass{Spec: v1alpha1.SandboxClassSpec{
 		AllowedBackends:       backends,
@@ -113,7 +114,6 @@ func Class(name string, backends ...v1alpha1.Backend) *v1alpha1.SandboxClass {
 		AllowedImages:         v1alpha1.ClassImages{Containerd: []string{"*"}, Incus: []string{"*"}},
 	}}
 	c.Name = name
-	c.Labels = map[string]string{v1alpha1.DefaultClassLabel: "true"}
 	return c
 }
 
@@ -166,10 +166,20 @@ except Exception as e:
     print("direct-outside: refused %s" % e)
 `
 
-// ProbeArgs are the probe's arguments for w.
+// ProbeArgs are the python3 probe's command for w.
 func (w *World) ProbeArgs() []string {
 	h, s := w.Ports()
 	return []string{"python3", "-c", Probe, fmt.Sprint(h), fmt.Sprint(s), w.CA}
+}
+
+// ProbeCommand is the name of the static probe (egresstest/probe) in the
+// containerd test image.
+const ProbeCommand = "egress-probe"
+
+// StaticProbeArgs are the static probe's command for w.
+func (w *World) StaticProbeArgs() []string {
+	h, s := w.Ports()
+	return []string{ProbeCommand, fmt.Sprint(h), fmt.Sprint(s), w.CA}
 }
 
 // AllowlistReaches are the tries an allowlist Sandbox must get through;

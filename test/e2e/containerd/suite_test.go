@@ -20,8 +20,10 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
+	"github.com/cireilclaw/sandbox-controller/testkit/egresstest"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
@@ -43,6 +45,10 @@ var (
 	drv   *containerd.Runtime
 	image string
 	mgr   *testharness.Manager
+	// world and networks serve the egress specs: the test's own servers
+	// and the Sandboxes' network namespaces and proxies.
+	world    *egresstest.World
+	networks *egress.Networks
 	ctx   = context.Background()
 )
 
@@ -57,6 +63,13 @@ var _ = BeforeSuite(func() {
 	image = importImage(drv, ce.ImageTar)
 	env = testharness.Start()
 	k8s = env.Client
+	if os.Geteuid() != 0 {
+		testenv.Missing(GinkgoT(), "root", "network namespaces need root: run the tests as root (CI does)")
+	}
+	var err error
+	world, err = egresstest.New()
+	Expect(err).NotTo(HaveOccurred())
+	networks = &egress.Networks{Dir: filepath.Join(env.Dir, "netns"), Resolver: world.Resolver()}
 	mgr = startManager()
 })
 
@@ -73,7 +86,13 @@ var _ = AfterSuite(func() {
 		}
 		Expect(drv.Close()).To(Succeed())
 	}
+	if networks != nil {
+		networks.Close()
+	}
 	env.Stop()
+	if world != nil {
+		world.Close()
+	}
 })
 
 func newDriver(addr string) *containerd.Runtime {
@@ -100,7 +119,7 @@ func importImage(d *containerd.Runtime, tar string) string {
 // startManager runs the controllers with the containerd driver only.
 func startManager() *testharness.Manager {
 	return env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendContainerd: drv},
-		controllers.Options{HealthInterval: healthInterval, OrphanInterval: orphanInterval})
+		controllers.Options{HealthInterval: healthInterval, OrphanInterval: orphanInterval, Networks: networks})
 }
 
 // repoRoot is the directory holding go.mod, where hack/ is.

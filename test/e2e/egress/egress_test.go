@@ -84,7 +84,7 @@ var _ = AfterSuite(func() {
 func sandbox(ns, name string, network *v1alpha1.Network) *v1alpha1.Sandbox {
 	return &v1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.SandboxSpec{Agent: ns + "-" + name, Network: network,
+		Spec: v1alpha1.SandboxSpec{Agent: ns + "-" + name, Network: network, ClassName: "egress-test",
 			Binaries: []v1alpha1.BinaryName{"python3", "env"}},
 	}
 }
