@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/egress"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 // egressConnections counts the requests of the Sandboxes' proxies, by
@@ -114,11 +116,14 @@ func (w *egressWatch) decide(name string, d egress.Decision) {
 	}
 }
 
-// serveNetwork makes sure the instance's network namespace exists and its
-// proxy serves the Sandbox's allowlist, before the instance is started
-// or adopted: a restarted controller serves the proxy again for an
-// instance that kept running.
-func (r *SandboxReconciler) serveNetwork(s *sandboxScope) error {
+// serveNetwork makes sure the instance's proxy serves the Sandbox's
+// allowlist, in the network namespace the instance runs in. Before the
+// instance is started (started false), a namespace of the controller's
+// own is made for drivers that join one; after it (started true), the
+// proxy is opened in the namespace of a driver whose instances keep their
+// own (runtimes.NetnsReporter). Both run on every pass, an adopted
+// instance's included, so a restarted controller serves its proxies again.
+func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, started bool) error {
 	n := s.instance.Network
 	if n == nil {
 		return nil
@@ -126,11 +131,26 @@ func (r *SandboxReconciler) serveNetwork(s *sandboxScope) error {
 	if r.Networks == nil || r.egress == nil {
 		return fmt.Errorf("spec.network.egress: Allowlist needs a network namespace of its own, which this controller does not make")
 	}
+	rep, reports := s.rt.(runtimes.NetnsReporter)
+	own := reports && rep.OwnNetwork()
+	if own != started {
+		return nil
+	}
 	pol, err := instance.EgressPolicy(n)
 	if err != nil {
 		return err
 	}
 	r.egress.own(s.instance.Name, s.sb)
+	if own {
+		path, err := rep.NetworkNamespace(ctx, s.instance.Name)
+		if err == nil {
+			err = r.Networks.ServeIn(s.instance.Name, path, pol)
+		}
+		if err != nil {
+			return fmt.Errorf("serving the egress proxy of %s: %w", s.instance.Name, err)
+		}
+		return nil
+	}
 	path, err := r.Networks.Serve(s.instance.Name, pol)
 	if err != nil {
 		return fmt.Errorf("serving the egress proxy of %s: %w", s.instance.Name, err)

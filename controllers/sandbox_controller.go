@@ -423,13 +423,11 @@ func (r *SandboxReconciler) restartIfRequired(ctx context.Context, s *sandboxSco
 // ensure starts the instance unless it already runs with this configuration,
 // so a restarted controller adopts a running instance instead of recreating it.
 func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
-	if err := r.serveNetwork(s); err != nil {
-		s.facts.failErr(err)
-		r.Recorder.Eventf(s.sb, "Warning", instance.ErrorReason(err), "%v", err)
+	if err := r.network(ctx, s, false); err != nil {
 		return err
 	}
 	if s.state.Running && s.state.ConfigHash == s.instance.ConfigHash {
-		return nil
+		return r.network(ctx, s, true)
 	}
 	st, err := s.rt.Ensure(ctx, s.instance)
 	if err != nil {
@@ -442,6 +440,17 @@ func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
 		r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonRunning, "started instance %s for %d claim(s)", s.instance.Name, s.live)
 	}
 	s.state = st
+	return r.network(ctx, s, true)
+}
+
+// network serves the instance's egress proxy (serveNetwork) and reports
+// a failure as the pass's.
+func (r *SandboxReconciler) network(ctx context.Context, s *sandboxScope, started bool) error {
+	if err := r.serveNetwork(ctx, s, started); err != nil {
+		s.facts.failErr(err)
+		r.Recorder.Eventf(s.sb, "Warning", instance.ErrorReason(err), "%v", err)
+		return err
+	}
 	return nil
 }
 

@@ -36,9 +36,10 @@
 set -euo pipefail
 
 ALIAS=${INCUS_IMAGE_ALIAS:-sandbox-busybox}
-# IMAGE_REVISION goes up whenever what the test image holds changes; an
-# imported image of another revision is replaced.
-IMAGE_REVISION=2
+# IMAGE_REVISION goes up whenever what the test image holds changes (it
+# carries the egress probe's digest too); an imported image of another
+# revision is replaced.
+IMAGE_REVISION=3-$("$(dirname "${BASH_SOURCE[0]}")/egress-probe.sh" --digest)
 POOL_DRIVER=${INCUS_POOL_DRIVER:-dir}
 POOL_SIZE=${INCUS_POOL_SIZE:-8GiB}
 QUOTA_POOL=${INCUS_QUOTA_POOL:-quota}
@@ -60,6 +61,9 @@ BASE_RANGE="root:1000000:1000000000"
 # map agent ids with raw.idmap but never hands them out as container ids.
 AGENT_PIECE=32768
 
+# The image's egress probe is built with the caller's go.
+GO=${GO:-$(command -v go || true)}
+export GO
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export DEBIAN_FRONTEND=noninteractive
 
@@ -270,11 +274,12 @@ build_image() {
     chmod 700 root
   )
   "$(dirname "${BASH_SOURCE[0]}")/add-git.sh" "$work/rootfs"
+  "$(dirname "${BASH_SOURCE[0]}")/egress-probe.sh" "$work/rootfs"
   cat >"$work/metadata.yaml" <<EOF
 architecture: $(uname -m)
 creation_date: $(date +%s)
 properties:
-  description: busybox-static and git, test image of sandbox-controller
+  description: busybox-static, git and the egress probe, test image of sandbox-controller
   revision: "$IMAGE_REVISION"
   os: busybox
   release: "$(busybox 2>&1 | head -1 | awk '{print $2}')"

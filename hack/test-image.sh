@@ -38,12 +38,11 @@ image_name() {
 # image's name also carries a digest of the egress probe's source, which
 # it holds built.
 REVISION=4
-PROBE_SRC=$ROOT/testkit/egresstest/probe
 
 tar_path() {
   image_name "$1" >/dev/null || return 1
   case $1 in
-    busybox) echo "$DIR/$1-r$REVISION-$(cat "$PROBE_SRC"/*.go | sha256sum | cut -c1-12)-oci.tar" ;;
+    busybox) echo "$DIR/$1-r$REVISION-$("$ROOT/hack/egress-probe.sh" --digest)-oci.tar" ;;
     *) echo "$DIR/$1-r$REVISION-oci.tar" ;;
   esac
 }
@@ -71,10 +70,7 @@ busybox_rootfs() {
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$r/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
   "$ROOT/hack/add-git.sh" "$r"
-  # The egress tests' probe (testkit/egresstest), static.
-  mkdir -p "$r/usr/local/bin"
-  (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags=-s -o "$r/usr/local/bin/egress-probe" ./testkit/egresstest/probe) ||
-    die "building the egress probe (needs go)"
+  "$ROOT/hack/egress-probe.sh" "$r" || die "building the egress probe"
   sandbox_dirs "$r"
 }
 

@@ -32,6 +32,17 @@ type Runtime interface {
 	List(ctx context.Context) ([]State, error)
 }
 
+// NetnsReporter is a driver whose instances may keep a network namespace of
+// their own (Incus's containers, owned by their user namespace), in which
+// the controller serves an egress proxy rather than giving them one.
+type NetnsReporter interface {
+	// OwnNetwork says whether the instances keep their own namespace.
+	OwnNetwork() bool
+	// NetworkNamespace is a path that opens the running instance's
+	// network namespace (/proc/<pid>/ns/net of its init).
+	NetworkNamespace(ctx context.Context, name string) (string, error)
+}
+
 // State is what a driver observed of one instance.
 type State struct {
 	Name    string

@@ -93,17 +93,23 @@ func loopbackUp() error {
 // Run calls fn on a thread inside the namespace; the thread is thrown
 // away after.
 func (n *Namespace) Run(fn func() error) error {
+	fd, err := unix.Open(n.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening network namespace %s: %w", n.Path, err)
+	}
+	defer unix.Close(fd)
+	return inNamespace(fd, fn)
+}
+
+// inNamespace calls fn on a thread inside the network namespace fd
+// refers to; the thread is thrown away after.
+func inNamespace(fd int, fn func() error) error {
 	ch := make(chan error, 1)
 	go func() {
+		// Never unlocked: the thread ends with this goroutine.
 		runtime.LockOSThread()
-		fd, err := unix.Open(n.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ch <- fmt.Errorf("opening network namespace %s: %w", n.Path, err)
-			return
-		}
-		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			ch <- fmt.Errorf("entering network namespace %s: %w", n.Path, err)
+			ch <- fmt.Errorf("entering the network namespace: %w", err)
 			return
 		}
 		ch <- fn()

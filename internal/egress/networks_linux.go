@@ -38,6 +38,9 @@ type Networks struct {
 type served struct {
 	proxy *Proxy
 	l     net.Listener
+	// ino is the namespace of a runtime's own (ServeIn), which may be
+	// replaced when its instance restarts; 0 for one of Dir.
+	ino uint64
 }
 
 // nsfsMagic is the file system type of a namespace file.
@@ -64,15 +67,7 @@ func (n *Networks) Serve(name string, pol Policy) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout}
-	if n.OnDecision != nil {
-		p.OnDecision = func(d Decision) { n.OnDecision(name, d) }
-	}
-	if n.served == nil {
-		n.served = map[string]*served{}
-	}
-	n.served[name] = &served{proxy: p, l: l}
-	go func() { _ = p.Serve(l) }()
+	n.start(name, l, pol, 0)
 	return path, nil
 }
 
@@ -104,6 +99,64 @@ func (n *Networks) listen(path string) (net.Listener, error) {
 	}
 	_, l, err := NewNamespace(path, ProxyPort)
 	return l, err
+}
+
+// ServeIn serves pol in a network namespace a runtime made for instance
+// name (an Incus container's, nsPath being /proc/<pid>/ns/net of its
+// init), bringing its loopback up; the namespace is not held here and not
+// removed by Release. A namespace that changed (the instance restarted)
+// gets a new listener.
+func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
+	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the network namespace of %s: %w", name, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("the network namespace of %s: %w", name, err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != nsfsMagic {
+		return fmt.Errorf("%s is not a namespace", nsPath)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s, ok := n.served[name]; ok {
+		if s.ino == st.Ino {
+			s.proxy.SetPolicy(pol)
+			return nil
+		}
+		_ = s.l.Close()
+		delete(n.served, name)
+	}
+	var l net.Listener
+	err = inNamespace(fd, func() error {
+		if err := loopbackUp(); err != nil {
+			return err
+		}
+		var err error
+		l, err = net.Listen("tcp4", netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), ProxyPort).String())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("listening in the network namespace of %s: %w", name, err)
+	}
+	n.start(name, l, pol, st.Ino)
+	return nil
+}
+
+// start serves pol on l for instance name.
+func (n *Networks) start(name string, l net.Listener, pol Policy, ino uint64) {
+	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout}
+	if n.OnDecision != nil {
+		p.OnDecision = func(d Decision) { n.OnDecision(name, d) }
+	}
+	if n.served == nil {
+		n.served = map[string]*served{}
+	}
+	n.served[name] = &served{proxy: p, l: l, ino: ino}
+	go func() { _ = p.Serve(l) }()
 }
 
 // Release stops name's proxy and lets its namespace go once no process

@@ -514,3 +514,37 @@ func stateOf(inst *incusapi.Instance) runtimes.State {
 		CreatedAt:  inst.CreatedAt,
 	}
 }
+
+// OwnNetwork says Incus instances keep their own network namespace
+// (runtimes.NetnsReporter).
+func (r *Runtime) OwnNetwork() bool { return true }
+
+// NetworkNamespace is the network namespace of the running instance's
+// init (runtimes.NetnsReporter). An instance's namespace belongs to its
+// user namespace, so it cannot join one the controller made (mounting
+// sysfs inside would fail); the controller serves its egress proxy in
+// this one instead. The default profile gives the instance no NIC, so
+// loopback is all it has.
+func (r *Runtime) NetworkNamespace(ctx context.Context, name string) (string, error) {
+	cl, inst, _, err := r.locate(ctx, name)
+	if err != nil {
+		return "", r.fail("finding", name, err)
+	}
+	if inst == nil {
+		return "", runtimes.Errorf(runtimes.ReasonNotFound, "finding", name, "no such instance")
+	}
+	for dev, d := range inst.ExpandedDevices {
+		if d["type"] == "nic" {
+			// A NIC is a way out the proxy does not see.
+			return "", fmt.Errorf("instance %s has NIC device %q (from its profiles): an egress allowlist needs an instance with loopback alone", name, dev)
+		}
+	}
+	st, err := cl.GetInstanceState(ctx, name)
+	if err != nil {
+		return "", r.fail("reading the state of", name, err)
+	}
+	if st.Pid <= 0 {
+		return "", fmt.Errorf("instance %s has no init process (status %s), so no network namespace", name, st.Status)
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", st.Pid), nil
+}

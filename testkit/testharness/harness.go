@@ -296,6 +296,21 @@ func NewClaim(ns, name, sandbox string) *v1alpha1.SessionClaim {
 	}
 }
 
+// OwnNetwork and NetworkNamespace pass runtimes.NetnsReporter through,
+// for a driver that is one.
+func (r *Recorder) OwnNetwork() bool {
+	rep, ok := r.Runtime.(runtimes.NetnsReporter)
+	return ok && rep.OwnNetwork()
+}
+
+func (r *Recorder) NetworkNamespace(ctx context.Context, name string) (string, error) {
+	rep, ok := r.Runtime.(runtimes.NetnsReporter)
+	if !ok {
+		return "", fmt.Errorf("driver %T keeps no network namespace of its own", r.Runtime)
+	}
+	return rep.NetworkNamespace(ctx, name)
+}
+
 // Usage passes through to the wrapped driver when it reports usage.
 func (r *Recorder) Usage(name string) (runtimes.Usage, error) {
 	ur, ok := r.Runtime.(runtimes.UsageReader)

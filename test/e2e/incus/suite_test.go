@@ -24,9 +24,11 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
+	"github.com/cireilclaw/sandbox-controller/testkit/egresstest"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
@@ -40,6 +42,10 @@ var (
 	mgr    *testharness.Manager
 	image  string
 	ctx    = context.Background()
+	// world and networks serve the egress specs: the test's own servers
+	// and the Sandboxes' proxies.
+	world    *egresstest.World
+	networks *egress.Networks
 )
 
 func TestIncus(t *testing.T) {
@@ -65,6 +71,9 @@ var _ = BeforeSuite(func() {
 	}
 	env = testharness.Start()
 	k8s = env.Client
+	world, err = egresstest.New()
+	Expect(err).NotTo(HaveOccurred())
+	networks = &egress.Networks{Dir: filepath.Join(env.Dir, "netns"), Resolver: world.Resolver()}
 	mgr = startManager()
 })
 
@@ -88,7 +97,13 @@ var _ = AfterSuite(func() {
 			}
 		}
 	}
+	if networks != nil {
+		networks.Close()
+	}
 	env.Stop()
+	if world != nil {
+		world.Close()
+	}
 })
 
 // startManager runs the controllers with the suite's incus driver. The
@@ -96,7 +111,7 @@ var _ = AfterSuite(func() {
 // behind are removed before the specs look.
 func startManager() *testharness.Manager {
 	return env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendIncus: driver},
-		controllers.Options{HealthInterval: time.Second})
+		controllers.Options{HealthInterval: time.Second, Networks: networks})
 }
 
 func rt() *testharness.Recorder { return mgr.Runtimes[v1alpha1.BackendIncus] }
