@@ -66,11 +66,14 @@ func (w *egressWatch) own(name string, sb *v1alpha1.Sandbox) {
 	w.owners[name] = &egressOwner{sb: ref, hosts: map[string]bool{}, lastEvent: map[string]time.Time{}}
 }
 
-// forget drops instance name's Sandbox.
+// forget drops instance name's Sandbox and its counters.
 func (w *egressWatch) forget(name string) {
 	w.mu.Lock()
-	delete(w.owners, name)
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	if o, ok := w.owners[name]; ok {
+		egressConnections.DeletePartialMatch(prometheus.Labels{"namespace": o.sb.Namespace, "sandbox": o.sb.Name})
+		delete(w.owners, name)
+	}
 }
 
 // decide is the proxies' OnDecision.

@@ -46,12 +46,21 @@ func class(dir string) *v1alpha1.SandboxClass {
 			AllowedMountSourceRoots: []string{filepath.Join(dir, "srv/projects/team-a"), filepath.Join(dir, "home/alice/projects")},
 			MaxMounts:               ptr.To[int32](2),
 			AllowedEnv:              []string{"TZ", "LC_*"},
+			AllowedEgress:           []string{"github.com", "*.pythonhosted.org"},
 			AllowedImages:           v1alpha1.ClassImages{Containerd: []string{"docker.io/library/alpine:3.20", "registry.example.com/team-a/*"}},
 			DefaultLimits:           &v1alpha1.ClassLimits{MemoryLimit: ptr.To(resource.MustParse("512Mi"))},
 			MaxLimits:               &v1alpha1.ClassLimits{MemoryLimit: ptr.To(resource.MustParse("1Gi")), PidsLimit: ptr.To[int64](256)},
 			MaxResources:            &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("2"))}},
 		},
 	}
+}
+
+func allow(hosts ...string) *v1alpha1.Network {
+	n := &v1alpha1.Network{Egress: v1alpha1.EgressAllowlist}
+	for _, h := range hosts {
+		n.Allow = append(n.Allow, v1alpha1.EgressRule{Host: h})
+	}
+	return n
 }
 
 func TestEffective(t *testing.T) {
@@ -107,6 +116,12 @@ func TestEffective(t *testing.T) {
 		{"refused: a bwrap Sandbox's pids above the maximum", v1alpha1.SandboxSpec{Resources: &v1alpha1.Resources{PidsLimit: ptr.To[int64](257)}}, `spec.resources.pidsLimit: 257 is above the maximum 256 of SandboxClass "team-a"`},
 		{"refused: cpu above the maximum", v1alpha1.SandboxSpec{Resources: &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("3"))}}}, `spec.resources.limits.cpu: 3 is above the maximum 2 of SandboxClass "team-a"`},
 		{"allowed: limits within the maximum", v1alpha1.SandboxSpec{Resources: &v1alpha1.Resources{PidsLimit: ptr.To[int64](100), Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("500m")), Memory: ptr.To(resource.MustParse("256Mi"))}}}, ""},
+		{"allowed: egress to listed hosts and below a listed wildcard", v1alpha1.SandboxSpec{Network: allow("github.com", "files.pythonhosted.org", "*.cdn.pythonhosted.org")}, ""},
+		{"allowed: egress None whatever the class", v1alpha1.SandboxSpec{Network: &v1alpha1.Network{Egress: v1alpha1.EgressNone}}, ""},
+		{"refused: egress to a host the class does not list", v1alpha1.SandboxSpec{Network: allow("github.com", "pypi.org")}, `spec.network.allow[1].host: SandboxClass "team-a" does not allow egress to "pypi.org" (allowedEgress: [github.com, *.pythonhosted.org])`},
+		{"refused: egress to the domain of a wildcard", v1alpha1.SandboxSpec{Network: allow("pythonhosted.org")}, `does not allow egress to "pythonhosted.org"`},
+		{"refused: egress to a wildcard wider than the class's name", v1alpha1.SandboxSpec{Network: allow("*.github.com")}, `does not allow egress to "*.github.com"`},
+		{"refused: egress to an address", v1alpha1.SandboxSpec{Network: allow("140.82.112.3")}, `does not allow egress to "140.82.112.3"`},
 		{"refused: pids above the maximum", v1alpha1.SandboxSpec{Backend: v1alpha1.BackendContainerd, Containerd: ctr("docker.io/library/alpine:3.20", "", 1000)}, `spec.containerd.pidsLimit: 1000 is above the maximum 256`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

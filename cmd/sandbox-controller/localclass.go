@@ -26,6 +26,7 @@ func permissiveClass() *v1alpha1.SandboxClass {
 			AllowedEnv:              []string{"*"},
 			Devices:                 v1alpha1.ClassDevices{USB: true, All: true},
 			AllowedImages:           v1alpha1.ClassImages{Containerd: []string{"*"}, Incus: []string{"*"}},
+			AllowedEgress:           []string{"*"},
 		},
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -48,6 +49,27 @@ type flags struct {
 	certValidity                            time.Duration
 	apiService                              string
 	mode                                    string
+	egress                                  egressFlags
+}
+
+// egressFlags bound every egress proxy of the node.
+type egressFlags struct {
+	maxConns       int
+	idleTimeout    time.Duration
+	bytesPerSecond resource.Quantity
+}
+
+// check names the flag that is out of range.
+func (e egressFlags) check() error {
+	switch {
+	case e.maxConns < 1:
+		return fmt.Errorf("--egress-max-connections=%d: at least 1", e.maxConns)
+	case e.idleTimeout < time.Second:
+		return fmt.Errorf("--egress-idle-timeout=%s: at least 1s", e.idleTimeout)
+	case e.bytesPerSecond.Sign() != 0 && e.bytesPerSecond.Value() < 1024:
+		return fmt.Errorf("--egress-bandwidth=%s: 0 (no bound) or at least 1Ki bytes a second", e.bytesPerSecond.String())
+	}
+	return nil
 }
 
 func main() {
@@ -75,6 +97,9 @@ func main() {
 	flag.DurationVar(&f.certValidity, "api-cert-validity", servingcert.DefaultValidity, "validity of the exec API's serving certificate when it comes from the cluster's CA; it is renewed at two thirds")
 	flag.StringVar(&f.apiService, "api-service", "sandbox-controller-exec-api", "Service in --system-namespace that APIService "+execapi.APIServiceName+" points at, served by --mode=api (which names it in its certificate and sets the APIService's caBundle); a node then takes forwarded requests only from the forwarder CA that --mode=api publishes, and reads the exec API's CA that it makes; empty: the exec API is reached on the nodes only, and a node makes the CA itself")
 	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
+	flag.IntVar(&f.egress.maxConns, "egress-max-connections", egress.DefaultMaxConns, "connections one Sandbox's egress proxy serves at once (spec.network.egress Allowlist); more are refused")
+	flag.DurationVar(&f.egress.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "an egress connection that moves no byte this long is closed")
+	flag.Var(quantityFlag{&f.egress.bytesPerSecond}, "egress-bandwidth", "bytes a second one Sandbox's egress proxy moves, each way, all its connections together (a quantity: 10Mi); 0 for no bound")
 	logFormat := flag.String("log-format", "json", "log encoding: json (one object a line, for log collectors) or console (human-readable, with stack traces from warnings on: the development mode `make run` uses)")
 	logLevel := flag.String("log-level", "info", "least important log lines written: error, info, debug, or a number N for logr's V(N) and below (steady-state lines are V(4))")
 	showVersion := flag.Bool("version", false, "print the version and exit")
@@ -82,6 +107,10 @@ func main() {
 	if *showVersion {
 		fmt.Println("sandbox-controller", buildVersion())
 		return
+	}
+	if err := f.egress.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
+		os.Exit(2)
 	}
 	if err := checkPlacementFlags(f.capacity, f.nodeLostAfter); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
@@ -214,7 +243,8 @@ Ctrl-C stops the controller and the control plane.
 	// Egress allowlists need network namespaces, which only root makes.
 	var networks *egress.Networks
 	if os.Geteuid() == 0 {
-		networks = &egress.Networks{Dir: filepath.Join(stateDir, "netns")}
+		networks = &egress.Networks{Dir: filepath.Join(stateDir, "netns"), MaxConns: f.egress.maxConns,
+			IdleTimeout: f.egress.idleTimeout, BytesPerSecond: f.egress.bytesPerSecond.Value()}
 		host.NetnsDir = networks.Dir
 		// The namespaces stay for the next start to adopt; their proxies
 		// stop with this process.
@@ -324,4 +354,26 @@ func clusterCertificate(ctx context.Context, cfg *rest.Config, scheme *runtime.S
 		return nil, fmt.Errorf("exec API serving certificate: %w", err)
 	}
 	return src, nil
+}
+
+// quantityFlag is a flag holding a Kubernetes quantity ("10Mi").
+type quantityFlag struct{ q *resource.Quantity }
+
+func (f quantityFlag) String() string {
+	if f.q == nil {
+		return "0"
+	}
+	return f.q.String()
+}
+
+func (f quantityFlag) Set(s string) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a quantity (such as 10Mi or 500Ki): %w", s, err)
+	}
+	if q.Sign() < 0 {
+		return fmt.Errorf("%q is below zero", s)
+	}
+	*f.q = q
+	return nil
 }

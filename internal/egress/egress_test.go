@@ -349,3 +349,31 @@ func TestCovers(t *testing.T) {
 		t.Error("an address with a zone must be refused")
 	}
 }
+
+// A proxy with BytesPerSecond moves no more than that: 96 KiB at 32 KiB/s
+// (a burst of 32 KiB) takes at least two seconds. Only a lower bound is
+// held, which a loaded machine cannot break.
+func TestBandwidthIsBounded(t *testing.T) {
+	body := strings.Repeat("x", 96<<10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, body) }))
+	defer srv.Close()
+	p := &Proxy{Policy: labPolicy(Rule{Host: "example.com"})(0, port(t, srv)), Resolver: names{"example.com": loopback}, BytesPerSecond: 32 << 10}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { _ = p.Serve(l) }()
+	c := &http.Client{Timeout: time.Minute, Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: l.Addr().String()})}}
+	start := time.Now()
+	got, err := get(c, fmt.Sprintf("http://example.com:%d/", port(t, srv)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(body) {
+		t.Fatalf("got %d bytes, want %d", len(got), len(body))
+	}
+	if took := time.Since(start); took < 1900*time.Millisecond {
+		t.Fatalf("96 KiB at 32 KiB/s took %s: the bound did not hold", took)
+	}
+}

@@ -27,6 +27,9 @@ type Networks struct {
 	// zero).
 	MaxConns    int
 	IdleTimeout time.Duration
+	// BytesPerSecond bounds each proxy's traffic, each way (none when
+	// zero).
+	BytesPerSecond int64
 	// OnDecision, when set, hears of every request of every proxy, with
 	// the name of the instance it was for.
 	OnDecision func(name string, d Decision)
@@ -148,7 +151,7 @@ func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
 
 // start serves pol on l for instance name.
 func (n *Networks) start(name string, l net.Listener, pol Policy, ino uint64) {
-	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout}
+	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout, BytesPerSecond: n.BytesPerSecond}
 	if n.OnDecision != nil {
 		p.OnDecision = func(d Decision) { n.OnDecision(name, d) }
 	}

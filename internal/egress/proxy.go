@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Resolver finds the addresses of a name (net.Resolver is one).
@@ -58,12 +60,18 @@ type Proxy struct {
 	MaxConns int
 	// IdleTimeout closes a connection that moved no byte this long.
 	IdleTimeout time.Duration
+	// BytesPerSecond bounds what all the proxy's connections move
+	// together, each way; zero: no bound.
+	BytesPerSecond int64
 	// OnDecision, when set, hears of every request.
 	OnDecision func(Decision)
 
 	once  sync.Once
 	slots chan struct{}
 	live  atomic.Pointer[Policy]
+	// up and down share BytesPerSecond among the connections, towards
+	// the destinations and towards the Sandbox.
+	up, down *rate.Limiter
 }
 
 // SetPolicy replaces Policy for the requests that come after it, while
@@ -90,6 +98,10 @@ func (p *Proxy) init() {
 			p.Resolver = net.DefaultResolver
 		}
 		p.slots = make(chan struct{}, p.MaxConns)
+		if p.BytesPerSecond > 0 {
+			p.up = rate.NewLimiter(rate.Limit(p.BytesPerSecond), int(min(p.BytesPerSecond, maxBurst)))
+			p.down = rate.NewLimiter(rate.Limit(p.BytesPerSecond), int(min(p.BytesPerSecond, maxBurst)))
+		}
 	})
 }
 
@@ -267,13 +279,12 @@ func (p *Proxy) forward(c net.Conn, req *http.Request) {
 	req.Header.Del("Proxy-Connection")
 	req.Close = true
 	req.RequestURI = ""
-	deadline := time.Now().Add(p.IdleTimeout)
-	_ = up.SetDeadline(deadline)
-	_ = c.SetDeadline(deadline)
-	if err := req.Write(up); err != nil {
+	idle := &idleClock{timeout: p.IdleTimeout, conns: []net.Conn{c, up}}
+	idle.touch()
+	if err := req.Write(limited(p.up, idle.writer(up))); err != nil {
 		return
 	}
-	_, _ = io.Copy(c, up)
+	_, _ = io.Copy(limited(p.down, idle.writer(c)), up)
 }
 
 // answer refuses a request, telling the client why in a short body and
@@ -297,14 +308,14 @@ func (p *Proxy) splice(c net.Conn, fromClient io.Reader, up net.Conn) {
 	idle.touch()
 	done := make(chan struct{}, 2)
 	go func() {
-		_, _ = io.Copy(idle.writer(up), fromClient)
+		_, _ = io.Copy(limited(p.up, idle.writer(up)), fromClient)
 		if tc, ok := up.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		done <- struct{}{}
 	}()
 	go func() {
-		_, _ = io.Copy(idle.writer(c), up)
+		_, _ = io.Copy(limited(p.down, idle.writer(c)), up)
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
@@ -331,6 +342,34 @@ func (i *idleClock) writer(w io.Writer) io.Writer {
 	return writerFunc(func(b []byte) (int, error) {
 		i.touch()
 		return w.Write(b)
+	})
+}
+
+// maxBurst bounds a limiter's burst, and so each write it lets through.
+const maxBurst = 64 << 10
+
+// limited is w written no faster than l allows; w itself without l.
+func limited(l *rate.Limiter, w io.Writer) io.Writer {
+	if l == nil {
+		return w
+	}
+	return writerFunc(func(b []byte) (int, error) {
+		n := 0
+		for len(b) > 0 {
+			chunk := b[:min(len(b), l.Burst())]
+			// A chunk is at most a second's worth (the burst), so no
+			// wait is longer than that.
+			if err := l.WaitN(context.Background(), len(chunk)); err != nil {
+				return n, err
+			}
+			m, err := w.Write(chunk)
+			n += m
+			if err != nil {
+				return n, err
+			}
+			b = b[len(chunk):]
+		}
+		return n, nil
 	})
 }
 

@@ -36,13 +36,13 @@ func layer(pkg string) (int, string, bool) {
 		return -1, group, true
 	case top("config"):
 		return 0, group, true
-	case top("api", "internal", "testkit/testenv"):
+	case top("api", "internal", "testkit/testenv", "testkit/egresstest/probe"):
 		return 0, group, true
 	case top("runtimes", "testkit/runtimetest"):
 		return 1, group, true
 	case top("bridge"):
 		return 2, group, true
-	case top("testkit/testharness"):
+	case top("testkit/testharness", "testkit/egresstest"):
 		// The controllers' test kit: it runs them.
 		return 3, "controllers", true
 	case top("controllers", "frontends"):

@@ -49,7 +49,7 @@ var (
 	// and the Sandboxes' network namespaces and proxies.
 	world    *egresstest.World
 	networks *egress.Networks
-	ctx   = context.Background()
+	ctx      = context.Background()
 )
 
 func TestContainerd(t *testing.T) {

@@ -91,6 +91,7 @@ func sniMismatch(port string, cfg *tls.Config) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("%s", resp.Status)
 	}
