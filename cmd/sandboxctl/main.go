@@ -25,6 +25,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/frontends/sandboxtoml"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -87,7 +88,17 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sand
 		return nil, err
 	}
 	home, _ := os.UserHomeDir()
-	return sandboxtoml.NewRunner(src, rt, v1alpha1.BackendBwrap, instance.Host{AreasRoot: root, Home: home}), nil
+	host := instance.Host{AreasRoot: root, Home: home}
+	var networks *egress.Networks
+	if os.Geteuid() == 0 {
+		// An egress allowlist's namespace and proxy live while this
+		// process runs.
+		networks = &egress.Networks{Dir: filepath.Join(state, "netns")}
+		host.NetnsDir = networks.Dir
+	}
+	r := sandboxtoml.NewRunner(src, rt, v1alpha1.BackendBwrap, host)
+	r.Networks = networks
+	return r, nil
 }
 
 // staticRunner is the runner of the agent's sandbox as the configuration

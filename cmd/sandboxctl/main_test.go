@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -334,5 +336,54 @@ func TestRunHoldsTheLimitsTable(t *testing.T) {
 	code, _, stderr = sandboxctl(t, "", "run", "--config", bad, "--agent", "lim", "--areas-root", areas, "--", "python3", "-c", "1")
 	if code != exitFailed || !strings.Contains(stderr, "limits.memory") {
 		t.Fatalf("a bad [limits] memory: exit %d stderr %q; want the key named", code, stderr)
+	}
+}
+
+// A [network] allowlist gets a namespace and a proxy for the run: the
+// command finds the proxy in HTTPS_PROXY, the proxy refuses an internal
+// address although it is listed (no class allows one here), a direct
+// connection reaches nothing, and the namespace goes when the run ends.
+func TestRunWithAnEgressAllowlist(t *testing.T) {
+	needBwrap(t)
+	testenv.Binary(t, "python3", "install python3")
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "network namespaces need root: run the tests as root (CI does)")
+	}
+	l, err := net.Listen("tcp4", "127.0.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "reached") }), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	port := l.Addr().(*net.TCPAddr).Port
+	dir := t.TempDir()
+	areas := filepath.Join(dir, "areas")
+	cfg := writeConfig(t, dir, fmt.Sprintf("[bwrap]\nbinaries = [\"python3\"]\n[network]\negress = \"Allowlist\"\n[[network.allow]]\nhost = \"127.0.0.2\"\nports = [%d]\n", port))
+	probe := fmt.Sprintf(`
+import os, socket, urllib.request, urllib.error
+print("proxy", os.environ.get("HTTPS_PROXY"))
+try:
+    urllib.request.urlopen("http://127.0.0.2:%[1]d/", timeout=10)
+    print("through the proxy: reached")
+except urllib.error.HTTPError as e:
+    print("through the proxy:", e.code, e.read().decode().strip())
+try:
+    socket.create_connection(("127.0.0.2", %[1]d), timeout=5)
+    print("direct: reached")
+except OSError:
+    print("direct: refused")
+`, port)
+	code, out, stderr := sandboxctl(t, "", "run", "--config", cfg, "--agent", "net", "--areas-root", areas, "--", "python3", "-c", probe)
+	if code != 0 {
+		t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	for _, want := range []string{"proxy http://127.0.0.1:3128", "through the proxy: 403", "internal addresses", "direct: refused"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the command said %q, lacking %q", out, want)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(areas, ".sandboxctl", "netns", "*")); len(left) > 0 {
+		t.Errorf("network namespaces left after the run: %v", left)
 	}
 }

@@ -44,6 +44,21 @@ type file struct {
 	// Limits is beyond the seed: the Sandbox's spec.resources limits, in
 	// the same units.
 	Limits *fileLimits `toml:"limits"`
+	// Network is beyond the seed: the Sandbox's spec.network, egress
+	// None (the default) or Allowlist with [[network.allow]] entries.
+	Network *fileNetwork `toml:"network"`
+}
+
+// fileNetwork is [network].
+type fileNetwork struct {
+	Egress string           `toml:"egress"`
+	Allow  []fileEgressRule `toml:"allow"`
+}
+
+// fileEgressRule is one [[network.allow]]: a host and its ports.
+type fileEgressRule struct {
+	Host  string  `toml:"host"`
+	Ports []int32 `toml:"ports"`
 }
 
 // fileLimits are [limits]: cpu ("500m", "2") and memory ("256Mi") as
@@ -296,6 +311,15 @@ func toSpec(f file, agent string) (*v1alpha1.SandboxSpec, field.ErrorList) {
 	}
 	if f.Containerd != nil {
 		spec.Containerd = &v1alpha1.ContainerdSpec{Image: f.Containerd.Image}
+	}
+	if n := f.Network; n != nil {
+		spec.Network = &v1alpha1.Network{Egress: v1alpha1.EgressMode(n.Egress)}
+		if spec.Network.Egress == "" {
+			spec.Network.Egress = v1alpha1.EgressNone
+		}
+		for _, r := range n.Allow {
+			spec.Network.Allow = append(spec.Network.Allow, v1alpha1.EgressRule{Host: r.Host, Ports: r.Ports})
+		}
 	}
 	if l := f.Limits; l != nil {
 		spec.Resources = &v1alpha1.Resources{PidsLimit: l.Pids}

@@ -106,7 +106,7 @@ func TestUnknownKeysAndSyntaxErrorsHaveLineAndColumn(t *testing.T) {
 	}{
 		{"unknown top-level key", "backend = \"bwrap\"\nbackends = 1\n", `sandbox.toml:2:1: backends: unknown key "backends"`},
 		{"unknown key in a table", "[bwrap]\n  binaries = []\n  binarys = [\"git\"]\n", `sandbox.toml:3:3: bwrap.binarys: unknown key "bwrap.binarys"`},
-		{"unknown table once, not per key", "[network]\nallow = true\ndeny = false\n", `sandbox.toml:1:1: network: unknown key "network"`},
+		{"unknown table once, not per key", "[firewall]\nallow = true\ndeny = false\n", `sandbox.toml:1:1: firewall: unknown key "firewall"`},
 		{"case matters", "Backend = \"bwrap\"\n", `sandbox.toml:1:1: Backend: unknown key "Backend" (keys are case-sensitive: did you mean "backend"?)`},
 		{"unknown key in a mount", "[[mounts]]\nsource = \"/a\"\ntarget = \"a\"\nreadonly = true\n", `sandbox.toml:4:1: mounts.readonly: unknown key "mounts.readonly"`},
 		{"unknown key in an inline mount", "mounts = [{source = \"/a\", target = \"a\", mdoe = \"rw\"}]\n", `sandbox.toml:1:41: mounts.mdoe: unknown key "mounts.mdoe"`},
@@ -172,6 +172,16 @@ func TestRulesAreTheAPIsRules(t *testing.T) {
 				s.Mounts = []v1alpha1.Mount{{Source: "/a", Target: "a", Mode: "ro"}, {Source: "/b", Target: "a", Mode: "ro"}}
 			},
 			v1alpha1.MsgMountOverlap, "1:1"},
+		{"egress host with a scheme", "[network]\negress = \"Allowlist\"\n[[network.allow]]\nhost = \"https://github.com\"\n",
+			func(s *v1alpha1.SandboxSpec) {
+				s.Network = &v1alpha1.Network{Egress: v1alpha1.EgressAllowlist, Allow: []v1alpha1.EgressRule{{Host: "https://github.com"}}}
+			},
+			v1alpha1.MsgEgressHost, "4:1"},
+		{"egress allow entries without Allowlist", "[network]\n[[network.allow]]\nhost = \"github.com\"\n",
+			func(s *v1alpha1.SandboxSpec) {
+				s.Network = &v1alpha1.Network{Egress: v1alpha1.EgressNone, Allow: []v1alpha1.EgressRule{{Host: "github.com"}}}
+			},
+			v1alpha1.MsgEgressAllowOnly, ""},
 		{"binary with a space", "[bwrap]\nbinaries = [\"git status\"]\n",
 			func(s *v1alpha1.SandboxSpec) { s.Binaries = []v1alpha1.BinaryName{"git status"} },
 			v1alpha1.MsgBinarySpace, "2:1"},
@@ -281,6 +291,29 @@ func unjoin(err error) []error {
 		return j.Unwrap()
 	}
 	return []error{err}
+}
+
+func TestNetworkTable(t *testing.T) {
+	spec, err := Parse("sandbox.toml", []byte("[network]\negress = \"Allowlist\"\n[[network.allow]]\nhost = \"github.com\"\nports = [443, 22]\n[[network.allow]]\nhost = \"*.pythonhosted.org\"\n"), "ada")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &v1alpha1.Network{Egress: v1alpha1.EgressAllowlist, Allow: []v1alpha1.EgressRule{{Host: "github.com", Ports: []int32{443, 22}}, {Host: "*.pythonhosted.org"}}}
+	if !reflect.DeepEqual(spec.Network, want) {
+		t.Fatalf("network = %+v, want %+v", spec.Network, want)
+	}
+	out, err := Manifest(spec, "", "agents")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "egress: Allowlist") || !strings.Contains(string(out), "host: '*.pythonhosted.org'") {
+		t.Fatalf("the manifest lacks the network:\n%s", out)
+	}
+	_, err = Parse("sandbox.toml", []byte("[network]\negress = \"Allowlist\"\n[[network.allow]]\nhost = \"github.com\"\nports = [0]\n"), "ada")
+	var te *Error
+	if !errors.As(err, &te) || te.Key != "network.allow[0].ports[0]" || !strings.Contains(te.Message, v1alpha1.MsgEgressPort) {
+		t.Fatalf("port 0: %v (%+v)", err, te)
+	}
 }
 
 func TestManifest(t *testing.T) {

@@ -2,11 +2,13 @@ package sandboxtoml
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -26,6 +28,12 @@ func (s Static) Current() Snapshot { return Snapshot{Spec: s.Spec, Generation: 1
 // configuration; a reload reaches the next command, never one already
 // running and never half of one.
 type Runner struct {
+	// Networks, when set, makes and serves the network namespace and
+	// proxy of a configuration whose egress is an allowlist, while the
+	// runner runs (its Dir is the Host's NetnsDir); nil: such a
+	// configuration is refused.
+	Networks *egress.Networks
+
 	src     Source
 	rt      runtimes.Runtime
 	backend v1alpha1.Backend
@@ -69,6 +77,15 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("describing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
 	}
+	if n := in.Network; n != nil && r.Networks != nil {
+		pol, err := instance.EgressPolicy(n)
+		if err != nil {
+			return "", err
+		}
+		if _, err := r.Networks.Serve(in.Name, pol); err != nil {
+			return "", fmt.Errorf("serving the egress proxy of agent %s: %w", snap.Spec.Agent, err)
+		}
+	}
 	if _, err := r.rt.Ensure(ctx, in); err != nil {
 		return "", fmt.Errorf("preparing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
 	}
@@ -86,6 +103,9 @@ func (r *Runner) Close(ctx context.Context) error {
 		return nil
 	}
 	err := r.rt.Stop(ctx, r.name)
+	if r.Networks != nil {
+		err = errors.Join(err, r.Networks.Release(r.name))
+	}
 	r.applied, r.name = 0, ""
 	return err
 }
