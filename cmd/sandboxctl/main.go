@@ -25,8 +25,8 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
-	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/frontends/sandboxtoml"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 )
