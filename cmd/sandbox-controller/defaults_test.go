@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/rest"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,5 +116,32 @@ func TestPlacementFlagsRefused(t *testing.T) {
 	}
 	if err := checkPlacementFlags(0, 40*time.Second); err != nil {
 		t.Errorf("the defaults refused: %v", err)
+	}
+}
+
+func TestEgressFlagsRefused(t *testing.T) {
+	ok := egressFlags{maxConns: 256, idleTimeout: 5 * time.Minute}
+	if err := ok.check(); err != nil {
+		t.Errorf("the defaults refused: %v", err)
+	}
+	for _, tc := range []struct {
+		mut  func(*egressFlags)
+		want string
+	}{
+		{func(e *egressFlags) { e.maxConns = 0 }, "--egress-max-connections=0"},
+		{func(e *egressFlags) { e.idleTimeout = time.Millisecond }, "--egress-idle-timeout=1ms"},
+		{func(e *egressFlags) { e.bytesPerSecond = resource.MustParse("100") }, "--egress-bandwidth=100"},
+		{func(e *egressFlags) { e.internalNets = "10.96.0.0/12, 11.0.0.0" }, `--egress-internal-networks: "11.0.0.0"`},
+	} {
+		e := ok
+		tc.mut(&e)
+		if err := e.check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("check() = %v, want an error naming %s", err, tc.want)
+		}
+	}
+	e := ok
+	e.internalNets = "11.96.0.0/12,fd00:10::/108"
+	if nets, err := e.internal(); err != nil || len(nets) != 2 {
+		t.Errorf("internal() = %v, %v", nets, err)
 	}
 }

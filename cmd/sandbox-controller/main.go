@@ -8,8 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -57,6 +59,23 @@ type egressFlags struct {
 	maxConns       int
 	idleTimeout    time.Duration
 	bytesPerSecond resource.Quantity
+	internalNets   string
+}
+
+// internal parses --egress-internal-networks.
+func (e egressFlags) internal() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(e.internalNets, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-internal-networks: %q is not an address range in CIDR notation (10.96.0.0/12)", s)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // check names the flag that is out of range.
@@ -69,7 +88,8 @@ func (e egressFlags) check() error {
 	case e.bytesPerSecond.Sign() != 0 && e.bytesPerSecond.Value() < 1024:
 		return fmt.Errorf("--egress-bandwidth=%s: 0 (no bound) or at least 1Ki bytes a second", e.bytesPerSecond.String())
 	}
-	return nil
+	_, err := e.internal()
+	return err
 }
 
 func main() {
@@ -99,6 +119,7 @@ func main() {
 	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
 	flag.IntVar(&f.egress.maxConns, "egress-max-connections", egress.DefaultMaxConns, "connections one Sandbox's egress proxy serves at once (spec.network.egress Allowlist); more are refused")
 	flag.DurationVar(&f.egress.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "an egress connection that moves no byte this long is closed")
+	flag.StringVar(&f.egress.internalNets, "egress-internal-networks", "", "comma-separated address ranges (CIDR) egress proxies treat as internal, beyond loopback, link-local, private and shared ones: a cluster's service and pod ranges where they are not private; a SandboxClass's allowedEgressNetworks still opens them")
 	flag.Var(quantityFlag{&f.egress.bytesPerSecond}, "egress-bandwidth", "bytes a second one Sandbox's egress proxy moves, each way, all its connections together (a quantity: 10Mi); 0 for no bound")
 	logFormat := flag.String("log-format", "json", "log encoding: json (one object a line, for log collectors) or console (human-readable, with stack traces from warnings on: the development mode `make run` uses)")
 	logLevel := flag.String("log-level", "info", "least important log lines written: error, info, debug, or a number N for logr's V(N) and below (steady-state lines are V(4))")
@@ -245,6 +266,8 @@ Ctrl-C stops the controller and the control plane.
 	if os.Geteuid() == 0 {
 		networks = &egress.Networks{Dir: filepath.Join(stateDir, "netns"), MaxConns: f.egress.maxConns,
 			IdleTimeout: f.egress.idleTimeout, BytesPerSecond: f.egress.bytesPerSecond.Value()}
+		// Checked at start (egressFlags.check).
+		networks.InternalNets, _ = f.egress.internal()
 		host.NetnsDir = networks.Dir
 		// The namespaces stay for the next start to adopt; their proxies
 		// stop with this process.

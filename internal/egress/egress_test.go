@@ -98,6 +98,14 @@ func TestReachable(t *testing.T) {
 	if !lab.Reachable(netip.MustParseAddr("10.200.3.4")) || lab.Reachable(netip.MustParseAddr("10.201.0.1")) {
 		t.Error("AllowedNets opens its range and nothing else")
 	}
+	cluster := Policy{InternalNets: []netip.Prefix{netip.MustParsePrefix("11.96.0.0/12")}}
+	if cluster.Reachable(netip.MustParseAddr("11.96.0.10")) || !cluster.Reachable(netip.MustParseAddr("11.128.0.1")) {
+		t.Error("InternalNets closes its range and nothing else")
+	}
+	cluster.AllowedNets = []netip.Prefix{netip.MustParsePrefix("11.96.0.10/32")}
+	if !cluster.Reachable(netip.MustParseAddr("11.96.0.10")) {
+		t.Error("a class's AllowedNets opens an operator's internal range")
+	}
 }
 
 // names resolves the test's names; anything else does not resolve.

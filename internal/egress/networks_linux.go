@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,6 +31,8 @@ type Networks struct {
 	// BytesPerSecond bounds each proxy's traffic, each way (none when
 	// zero).
 	BytesPerSecond int64
+	// InternalNets are added to every policy's (Policy.InternalNets).
+	InternalNets []netip.Prefix
 	// OnDecision, when set, hears of every request of every proxy, with
 	// the name of the instance it was for.
 	OnDecision func(name string, d Decision)
@@ -60,7 +63,7 @@ func (n *Networks) Serve(name string, pol Policy) (string, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s, ok := n.served[name]; ok {
-		s.proxy.SetPolicy(pol)
+		s.proxy.SetPolicy(n.withInternal(pol))
 		return path, nil
 	}
 	if err := os.MkdirAll(n.Dir, 0o700); err != nil {
@@ -127,7 +130,7 @@ func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
 	defer n.mu.Unlock()
 	if s, ok := n.served[name]; ok {
 		if s.ino == st.Ino {
-			s.proxy.SetPolicy(pol)
+			s.proxy.SetPolicy(n.withInternal(pol))
 			return nil
 		}
 		_ = s.l.Close()
@@ -151,6 +154,7 @@ func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
 
 // start serves pol on l for instance name.
 func (n *Networks) start(name string, l net.Listener, pol Policy, ino uint64) {
+	pol = n.withInternal(pol)
 	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout, BytesPerSecond: n.BytesPerSecond}
 	if n.OnDecision != nil {
 		p.OnDecision = func(d Decision) { n.OnDecision(name, d) }
@@ -222,4 +226,10 @@ func (n *Networks) Prune(keep func(name string) bool) []string {
 		}
 	}
 	return out
+}
+
+// withInternal is pol with the operator's internal ranges added.
+func (n *Networks) withInternal(pol Policy) Policy {
+	pol.InternalNets = append(slices.Clip(pol.InternalNets), n.InternalNets...)
+	return pol
 }

@@ -44,6 +44,10 @@ type Policy struct {
 	// are internal (loopback, private, link-local, shared, multicast...),
 	// as a SandboxClass may allow; none by default.
 	AllowedNets []netip.Prefix
+	// InternalNets are more ranges treated as internal, as the operator
+	// knows them (a cluster's service and pod ranges outside the private
+	// ones).
+	InternalNets []netip.Prefix
 }
 
 // CheckRule says what is wrong with r, or nil: the rules admission holds
@@ -153,7 +157,8 @@ func mustPrefixes(ss ...string) []netip.Prefix {
 }
 
 // Reachable says whether the policy lets a connection go to addr: any
-// public address, and an internal one only inside AllowedNets.
+// public address outside InternalNets, and an internal one only inside
+// AllowedNets.
 func (p Policy) Reachable(addr netip.Addr) bool {
 	addr = addr.Unmap()
 	for _, n := range p.AllowedNets {
@@ -161,9 +166,11 @@ func (p Policy) Reachable(addr netip.Addr) bool {
 			return true
 		}
 	}
-	for _, n := range internalNets {
-		if n.Contains(addr) {
-			return false
+	for _, nets := range [][]netip.Prefix{internalNets, p.InternalNets} {
+		for _, n := range nets {
+			if n.Contains(addr) {
+				return false
+			}
 		}
 	}
 	return addr.IsValid()
