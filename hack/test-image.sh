@@ -138,6 +138,11 @@ build() {
     rm -rf "$rootfs"
     trap - EXIT
     say "built $name as $out"
+    # Older revisions of the same image are of no use any more.
+    local old
+    for old in "$DIR/$variant"-r*-oci.tar; do
+      [ "$old" = "$out" ] || rm -f "$old"
+    done
   fi
   echo "$out"
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -378,7 +379,7 @@ except OSError:
 	if code != 0 {
 		t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
 	}
-	for _, want := range []string{"proxy http://127.0.0.1:3128", "through the proxy: 403", "internal addresses", "direct: refused"} {
+	for _, want := range []string{"proxy " + egress.ProxyURL, "through the proxy: 403", "internal addresses", "direct: refused"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the command said %q, lacking %q", out, want)
 		}

@@ -18,10 +18,13 @@ import (
 
 // ProxyPort is where a Sandbox's proxy listens on the loopback of its
 // network namespace (each namespace has a loopback of its own), and
-// ProxyURL what its commands are told.
+// ProxyURL what its commands are told. The port is below 1024, which only
+// a process with CAP_NET_BIND_SERVICE over the namespace may bind: an
+// agent's process that outlived a controller restart cannot take the
+// proxy's place.
 const (
-	ProxyPort = 3128
-	ProxyURL  = "http://127.0.0.1:3128"
+	ProxyPort = 312
+	ProxyURL  = "http://127.0.0.1:312"
 )
 
 // DefaultPorts are the ports a rule without ports allows.
