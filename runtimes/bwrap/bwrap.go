@@ -171,6 +171,13 @@ func New(cfg Config) (*Runtime, error) {
 		if err := os.MkdirAll(r.trees, 0o711); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}
+		if cfg.TreesDir == "" {
+			// Stale trees slow every mount on the host down: a failure to
+			// remove one is a warning, not a reason to refuse to start.
+			if err := claimTrees(cfg.StateDir, r.trees); err != nil {
+				fmt.Fprintf(warningsOr(cfg.Warnings), "sandbox: removing stale mount trees: %v\n", err)
+			}
+		}
 	}
 	sum := sha256.Sum256([]byte(filepath.Clean(cfg.StateDir)))
 	r.cgroups, r.cgroupErr = cgroup.New("sandbox-controller-bwrap-"+hex.EncodeToString(sum[:6]), cfg.CgroupParent)
@@ -700,6 +707,18 @@ func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, dir+"/")
 }
 
+// warningsOr is w, or stderr when nil.
+func warningsOr(w io.Writer) io.Writer {
+	if w == nil {
+		return os.Stderr
+	}
+	return w
+}
+
+// TreesDir is where a driver over stateDir keeps its instances' mount
+// trees by default.
+func TreesDir(stateDir string) string { return defaultTrees(stateDir) }
+
 func defaultTrees(stateDir string) string {
 	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
 	return filepath.Join(DefaultTreesDir, hex.EncodeToString(sum[:6]))
@@ -711,20 +730,7 @@ func defaultTrees(stateDir string) string {
 // controller itself never calls it: a restarted controller adopts running
 // instances with their trees. Running commands keep their own copies.
 func DetachTrees(stateDir string) error {
-	dir := defaultTrees(stateDir)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if err := (mounttree.Generations{Dir: filepath.Join(dir, e.Name())}).Remove(); err != nil {
-			return err
-		}
-	}
-	return os.Remove(dir)
+	return removeTreesDir(defaultTrees(stateDir))
 }
 
 func (r *Runtime) treeLock(name string) *sync.Mutex {

@@ -1,0 +1,149 @@
+package bwrap
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
+)
+
+// unrecordedGrace is how long a tree may go without its instance's record
+// before it is stale.
+const unrecordedGrace = time.Minute
+
+// now is the clock of the stale-tree check.
+var now = time.Now
+
+// ownerFile, in a driver's directory of trees, names the state directory
+// the trees belong to. Instance names start with a letter, so it never
+// collides with one.
+const ownerFile = ".state-dir"
+
+// StaleTrees are trees no driver will come back for: those of a state
+// directory that no longer exists (a deleted clone, a test's throw-away
+// areas, a reinstalled node), and, below a driver's own directory, those
+// of instances it no longer records.
+type StaleTrees struct {
+	// Abandoned are directories of trees (one per state directory) whose
+	// state directory is gone, with the state directory they named.
+	Abandoned map[string]string
+	// Unrecorded are the trees of instances the state directory does not
+	// record.
+	Unrecorded []string
+}
+
+// Empty says whether there is nothing stale.
+func (s StaleTrees) Empty() bool { return len(s.Abandoned) == 0 && len(s.Unrecorded) == 0 }
+
+// FindStaleTrees looks below DefaultTreesDir for the trees of state
+// directories that are gone, and below stateDir's own trees for those of
+// instances it does not record. A directory of trees without an owner
+// file (made before owners were recorded) is left alone: whose it is
+// cannot be known.
+func FindStaleTrees(stateDir string) (StaleTrees, error) {
+	st := StaleTrees{Abandoned: map[string]string{}}
+	own := defaultTrees(stateDir)
+	entries, err := os.ReadDir(DefaultTreesDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return st, fmt.Errorf("listing %s: %w", DefaultTreesDir, err)
+	}
+	for _, e := range entries {
+		dir := filepath.Join(DefaultTreesDir, e.Name())
+		if dir == own || !e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue
+		}
+		owner := strings.TrimSpace(string(b))
+		if !filepath.IsAbs(owner) || defaultTrees(owner) != dir {
+			// Not what this driver writes: left alone.
+			continue
+		}
+		if _, err := os.Lstat(owner); errors.Is(err, fs.ErrNotExist) {
+			st.Abandoned[dir] = owner
+		}
+	}
+	names, err := os.ReadDir(own)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return st, fmt.Errorf("listing %s: %w", own, err)
+	}
+	for _, e := range names {
+		if e.Name() == ownerFile || !e.IsDir() {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(stateDir, e.Name()+".json")); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		// A new instance's tree is built just before its record is
+		// written, maybe by another process over the same state
+		// directory: only a tree that stayed unrecorded a while is stale.
+		if fi, err := e.Info(); err == nil && now().Sub(fi.ModTime()) >= unrecordedGrace {
+			st.Unrecorded = append(st.Unrecorded, filepath.Join(own, e.Name()))
+		}
+	}
+	return st, nil
+}
+
+// Remove detaches and removes the stale trees; it goes on past a tree it
+// cannot remove and reports every failure.
+func (s StaleTrees) Remove() error {
+	var errs []error
+	for dir := range s.Abandoned {
+		errs = append(errs, removeTreesDir(dir))
+	}
+	for _, g := range s.Unrecorded {
+		errs = append(errs, mounttree.Generations{Dir: g}.Remove())
+	}
+	return errors.Join(errs...)
+}
+
+// removeTreesDir detaches and removes a directory of trees, one per
+// instance, and its owner file.
+func removeTreesDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.Name() == ownerFile {
+			continue
+		}
+		errs = append(errs, mounttree.Generations{Dir: filepath.Join(dir, e.Name())}.Remove())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(dir, ownerFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.Remove(dir)
+}
+
+// claimTrees records stateDir as the owner of its directory of trees and
+// removes what is stale, at the driver's start: trees never outlive the
+// state directory that made them.
+func claimTrees(stateDir, trees string) error {
+	stateDir, err := filepath.Abs(stateDir)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(trees, ownerFile), []byte(filepath.Clean(stateDir)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("recording the owner of %s: %w", trees, err)
+	}
+	st, err := FindStaleTrees(stateDir)
+	if err != nil {
+		return err
+	}
+	return st.Remove()
+}

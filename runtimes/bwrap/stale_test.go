@@ -1,0 +1,94 @@
+package bwrap_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
+)
+
+// mountsBelow counts the mounts of this mount namespace at or below dir.
+func mountsBelow(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			n++
+		}
+	}
+	return n
+}
+
+// The trees of a state directory that is gone (a deleted clone, a test's
+// throw-away areas) are removed by the next driver that starts on the
+// host, whatever its own state directory: 1,000 abandoned trees, and
+// their mounts, are gone after it, and a command runs as before.
+func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
+	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "mount trees are built only as root: run the tests as root (CI does)")
+	}
+	dir := t.TempDir()
+	clone := filepath.Join(dir, "clone")
+	state := filepath.Join(clone, "state")
+	rt, err := bwrap.New(bwrap.Config{StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trees := bwrap.TreesDir(state)
+	const n = 1000
+	for i := range n {
+		spec := v1alpha1.SandboxSpec{Agent: fmt.Sprintf("gone-%d", i), Binaries: []v1alpha1.BinaryName{"true"}}
+		in, err := instance.Standalone(&spec, instance.Host{AreasRoot: filepath.Join(clone, "areas")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rt.Ensure(context.Background(), in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := mountsBelow(t, trees); got < n {
+		t.Fatalf("%d mounts below %s after %d instances, want at least %d", got, trees, n, n)
+	}
+	// The clone is deleted, its controller never to come back.
+	if err := os.RemoveAll(clone); err != nil {
+		t.Fatal(err)
+	}
+
+	next, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(dir, "next", "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mountsBelow(t, trees); got != 0 {
+		t.Fatalf("%d mounts of the abandoned trees left after the next start", got)
+	}
+	if _, err := os.Lstat(trees); !os.IsNotExist(err) {
+		t.Fatalf("the abandoned trees' directory %s is still there: %v", trees, err)
+	}
+	spec := v1alpha1.SandboxSpec{Agent: "after", Binaries: []v1alpha1.BinaryName{"true"}}
+	in, err := instance.Standalone(&spec, instance.Host{AreasRoot: filepath.Join(dir, "next", "areas")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Ensure(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = bwrap.DetachTrees(filepath.Join(dir, "next", "state")) }()
+	st, err := next.Exec(context.Background(), in.Name, runtimes.ExecRequest{Argv: []string{"true"}})
+	if err != nil || st.Code != 0 {
+		t.Fatalf("a command after the sweep: %+v %v", st, err)
+	}
+}
