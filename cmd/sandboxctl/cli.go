@@ -80,7 +80,7 @@ func newRoot(c *cli, name string) *cobra.Command {
 		&cobra.Group{ID: "claim", Title: "In a SessionClaim's sandbox, through the exec API:"})
 	for _, cmd := range []*cobra.Command{
 		newRunCommand(c), newServeCommand(c), newConvertCommand(c), newListCommand(c),
-		newDiffCommand(c), newApplyCommand(c), newRepairCommand(c),
+		newDiffCommand(c), newApplyCommand(c), newRepairCommand(c), newGCCommand(c),
 	} {
 		cmd.GroupID = "local"
 		root.AddCommand(cmd)

@@ -67,21 +67,30 @@ func defaultAreasRoot() string {
 	return ""
 }
 
-// runner builds the bwrap driver and a runner over src; the driver's
-// warnings (the sandbox disabled) go to warnings.
-func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sandboxtoml.Runner, error) {
-	root, err := filepath.Abs(f.areasRoot)
+// dirs are the areas root and the state directory, absolute.
+func (f *sandboxFlags) dirs() (root, state string, err error) {
+	root, err = filepath.Abs(f.areasRoot)
 	if err != nil || f.areasRoot == "" {
-		return nil, fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
+		return "", "", fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
 	}
-	state := f.stateDir
+	state = f.stateDir
 	if state == "" {
 		// Beside the agents' directories, never inside one: an agent name
 		// cannot begin with a dot.
 		state = filepath.Join(root, ".sandboxctl")
 	}
 	if state, err = filepath.Abs(state); err != nil {
-		return nil, fmt.Errorf("state directory %q: %w", f.stateDir, err)
+		return "", "", fmt.Errorf("state directory %q: %w", f.stateDir, err)
+	}
+	return root, state, nil
+}
+
+// runner builds the bwrap driver and a runner over src; the driver's
+// warnings (the sandbox disabled) go to warnings.
+func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sandboxtoml.Runner, error) {
+	root, state, err := f.dirs()
+	if err != nil {
+		return nil, err
 	}
 	rt, err := bwrap.New(bwrap.Config{StateDir: state, Warnings: warnings, AllowUnlimited: f.allowUnlimited})
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,8 +21,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -386,5 +389,57 @@ except OSError:
 	}
 	if left, _ := filepath.Glob(filepath.Join(areas, ".sandboxctl", "netns", "*")); len(left) > 0 {
 		t.Errorf("network namespaces left after the run: %v", left)
+	}
+}
+
+// gc lists the trees of a state directory that is gone and removes them,
+// with their mounts; --dry-run removes nothing.
+func TestGCRemovesAbandonedTrees(t *testing.T) {
+	needBwrap(t)
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "mount trees are built only as root: run the tests as root (CI does)")
+	}
+	dir := t.TempDir()
+	clone := filepath.Join(dir, "clone")
+	// What an interrupted serve leaves: instances ensured, never stopped.
+	state := filepath.Join(clone, "areas", ".sandboxctl")
+	rt, err := bwrap.New(bwrap.Config{StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, agent := range []string{"gc-a", "gc-b"} {
+		spec := v1alpha1.SandboxSpec{Agent: agent, Binaries: []v1alpha1.BinaryName{"true"}}
+		in, err := instance.Standalone(&spec, instance.Host{AreasRoot: filepath.Join(clone, "areas")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rt.Ensure(context.Background(), in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trees := bwrap.TreesDir(state)
+	if n := testenv.MountsBelow(t, trees); n < 2 {
+		t.Fatalf("%d mounts below %s after two instances", n, trees)
+	}
+	if err := os.RemoveAll(clone); err != nil {
+		t.Fatal(err)
+	}
+	other := []string{"--areas-root", filepath.Join(dir, "other")}
+	code, out, _ := sandboxctl(t, "", append([]string{"gc", "--dry-run"}, other...)...)
+	if code != 0 || !strings.Contains(out, "stale\t"+trees+"\tits state directory "+state+" is gone") {
+		t.Fatalf("gc --dry-run: exit %d %q", code, out)
+	}
+	if _, err := os.Stat(trees); err != nil {
+		t.Fatalf("--dry-run removed %s: %v", trees, err)
+	}
+	code, out, _ = sandboxctl(t, "", append([]string{"gc"}, other...)...)
+	if code != 0 || !strings.Contains(out, "removed\t"+trees) {
+		t.Fatalf("gc: exit %d %q", code, out)
+	}
+	if _, err := os.Stat(trees); !os.IsNotExist(err) {
+		t.Fatalf("%s after gc: %v", trees, err)
+	}
+	if n := testenv.MountsBelow(t, trees); n != 0 {
+		t.Fatalf("%d mounts below %s after gc", n, trees)
 	}
 }

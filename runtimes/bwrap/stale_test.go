@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -14,23 +13,6 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
-
-// mountsBelow counts the mounts of this mount namespace at or below dir.
-func mountsBelow(t *testing.T, dir string) int {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			n++
-		}
-	}
-	return n
-}
 
 // The trees of a state directory that is gone (a deleted clone, a test's
 // throw-away areas) are removed by the next driver that starts on the
@@ -60,7 +42,7 @@ func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := mountsBelow(t, trees); got < n {
+	if got := testenv.MountsBelow(t, trees); got < n {
 		t.Fatalf("%d mounts below %s after %d instances, want at least %d", got, trees, n, n)
 	}
 	// The clone is deleted, its controller never to come back.
@@ -72,7 +54,7 @@ func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := mountsBelow(t, trees); got != 0 {
+	if got := testenv.MountsBelow(t, trees); got != 0 {
 		t.Fatalf("%d mounts of the abandoned trees left after the next start", got)
 	}
 	if _, err := os.Lstat(trees); !os.IsNotExist(err) {

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -43,4 +44,21 @@ func ChownTree(root string, uid, gid uint32) error {
 		}
 		return os.Lchown(p, int(uid), int(gid))
 	})
+}
+
+// MountsBelow counts the mounts of this process's mount namespace at or
+// below dir.
+func MountsBelow(t testing.TB, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			n++
+		}
+	}
+	return n
 }
