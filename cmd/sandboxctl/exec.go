@@ -27,7 +27,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
@@ -68,12 +67,12 @@ const (
 
 func (f *clusterFlags) register(fs *pflag.FlagSet) {
 	f.kube.AddFlags(fs)
-	fs.StringVar(&f.via, "via", "", "how to reach the claim's sandbox: api-server (the aggregated API "+execapi.AggregatedGroup+", with the kubeconfig's own credentials, from anywhere kubectl works) or node (the exec API of the Sandbox's node, the claim's status.endpoint); default api-server when the API server serves that API, else node")
+	fs.StringVar(&f.via, "via", "", "how to reach the claim's sandbox: api-server (the aggregated API "+v1alpha1.SubresourceGroup+", with the kubeconfig's own credentials, from anywhere kubectl works) or node (the exec API of the Sandbox's node, the claim's status.endpoint); default api-server when the API server serves that API, else node")
 	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
 	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default: the cluster's exec API CA, published in ConfigMap "+servingcert.ConfigMapName+" of --system-namespace; without one, the kubeconfig's CA)")
 	fs.StringVar(&f.systemNamespace, "system-namespace", servingcert.DefaultNamespace, "the controller's namespace, where the exec API's CA is published")
 	fs.BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "do not verify the exec API's serving certificate (testing only)")
-	fs.StringVar(&f.audience, "api-audience", execapi.DefaultAudience, "the audience the exec API accepts tokens for (its --api-audience)")
+	fs.StringVar(&f.audience, "api-audience", v1alpha1.ExecAudience, "the audience the exec API accepts tokens for (its --api-audience)")
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "a bearer token issued for --api-audience (e.g. from your identity provider) to send instead of the kubeconfig's credentials")
 }
 
@@ -119,7 +118,7 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 		if f.server != "" {
 			return nil, "", "", errors.New("--server names a node's exec API; it does not go with --via " + viaAPIServer)
 		}
-		return cfg, ns, strings.TrimSuffix(cfg.Host, "/") + execapi.AggregatedPrefix, nil
+		return cfg, ns, strings.TrimSuffix(cfg.Host, "/") + v1alpha1.SubresourcePrefix, nil
 	}
 	server := f.server
 	if server == "" {
@@ -164,7 +163,7 @@ func aggregatedServed(cfg *rest.Config) bool {
 	if err != nil {
 		return false
 	}
-	gv := execapi.AggregatedGroup + "/" + execapi.AggregatedVersion
+	gv := v1alpha1.SubresourceGroup + "/" + v1alpha1.SubresourceVersion
 	res, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
 	if err != nil {
 		if !apierrors.IsNotFound(err) {

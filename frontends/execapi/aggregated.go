@@ -22,6 +22,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
 
 // The aggregated API: the API server authenticates and authorises the
@@ -29,11 +31,11 @@ import (
 // request headers, over TLS with its front-proxy client certificate.
 const (
 	// AggregatedGroup is the API group the APIService registers.
-	AggregatedGroup = "subresources.sandbox.cireilclaw.dev"
+	AggregatedGroup = v1alpha1.SubresourceGroup
 	// AggregatedVersion is its only version.
-	AggregatedVersion = "v1alpha1"
+	AggregatedVersion = v1alpha1.SubresourceVersion
 	// AggregatedPrefix is the path prefix of the group's version.
-	AggregatedPrefix = "/apis/" + AggregatedGroup + "/" + AggregatedVersion
+	AggregatedPrefix = v1alpha1.SubresourcePrefix
 	// APIServiceName is the name of the APIService object.
 	APIServiceName = AggregatedVersion + "." + AggregatedGroup
 )

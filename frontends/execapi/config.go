@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"time"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
 
 // Defaults of the limits; docs/exec-api.md lists them with their flags.
@@ -17,7 +19,7 @@ const (
 	// DefaultAudience is the audience a bearer token must be issued for.
 	// A token the API server accepts as its own is refused, so a token a
 	// node's controller sees cannot be replayed against the API server.
-	DefaultAudience = "sandbox.cireilclaw.dev/exec"
+	DefaultAudience = v1alpha1.ExecAudience
 )
 
 // Config is what the manager's flags set.

@@ -28,6 +28,9 @@ type latencyModes struct {
 	in   runtimes.Instance
 	args []string
 	bin  string
+	// oneShot is a sandboxctl binary and its arguments for `true`, a
+	// whole process as a user's shell starts it.
+	oneShot []string
 }
 
 func newLatencyModes(tb testing.TB) latencyModes {
@@ -64,7 +67,50 @@ func newLatencyModes(tb testing.TB) latencyModes {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return latencyModes{rt: rt, in: in, args: rt.Args(in, c), bin: bwrapPath}
+	return latencyModes{rt: rt, in: in, args: rt.Args(in, c), bin: bwrapPath, oneShot: buildSandboxctl(tb, dir)}
+}
+
+// buildSandboxctl builds sandboxctl into dir and returns the command line
+// of a one-shot `true` with a configuration allowing it.
+func buildSandboxctl(tb testing.TB, dir string) []string {
+	tb.Helper()
+	bin := filepath.Join(dir, "sandboxctl")
+	cmd, cancel := testenv.Command(10*time.Minute, "go", "build", "-o", bin, "github.com/cireilclaw/sandbox-controller/cmd/sandboxctl")
+	defer cancel()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("building sandboxctl: %v: %s", err, out)
+	}
+	cfg := filepath.Join(dir, "sandbox.toml")
+	if err := os.WriteFile(cfg, []byte("[bwrap]\nbinaries = [\"true\"]\n"), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	areas := filepath.Join(dir, "oneshot-areas")
+	tb.Cleanup(func() { _ = DetachTrees(filepath.Join(areas, ".sandboxctl")) })
+	return []string{bin, "run", "--config", cfg, "--agent", "oneshot", "--areas-root", areas, "--", "true"}
+}
+
+// sandboxctlRun runs `sandboxctl run -- true` as a process of its own.
+func (m latencyModes) sandboxctlRun(tb testing.TB) {
+	if out, err := exec.Command(m.oneShot[0], m.oneShot[1:]...).CombinedOutput(); err != nil {
+		tb.Fatalf("sandboxctl run: %v: %s", err, out)
+	}
+}
+
+// minimalBwrap is the least bubblewrap that runs `true`: the system
+// directories read-only, /proc and /dev, every namespace unshared.
+func (m latencyModes) minimalBwrap(tb testing.TB) {
+	args := []string{"--ro-bind", "/usr", "/usr"}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		if t, err := os.Readlink("/" + l); err == nil {
+			args = append(args, "--symlink", t, "/"+l)
+		} else if fi, err := os.Stat("/" + l); err == nil && fi.IsDir() {
+			args = append(args, "--ro-bind", "/"+l, "/"+l)
+		}
+	}
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--unshare-all", "--die-with-parent", "true")
+	if out, err := exec.Command(m.bin, args...).CombinedOutput(); err != nil {
+		tb.Fatalf("minimal bwrap: %v: %s", err, out)
+	}
 }
 
 func (m latencyModes) ours(tb testing.TB) {
@@ -124,6 +170,8 @@ func BenchmarkLatencyTable(t *testing.B) {
 		{name: "policy + bwrap backend (`Runtime.Exec`)", run: m.ours},
 		{name: "bwrap invoked directly, same flags", run: m.rawBwrap},
 		{name: "direct fork/exec of `true`", run: m.direct},
+		{name: "`sandboxctl run -- true`, a whole process (one-shot)", run: m.sandboxctlRun},
+		{name: "minimal bwrap, a whole process (the one-shot's baseline)", run: m.minimalBwrap},
 	}
 	for range 10 {
 		for i := range modes {
@@ -154,6 +202,10 @@ func BenchmarkLatencyTable(t *testing.B) {
 	fmt.Fprintf(&b, "\nOverhead of the policy and the driver over raw bwrap: **%+.1f%%** at the median "+
 		"(%s per command), %s the 10%% goal. The sandbox itself costs %.1f× a direct fork/exec.\n",
 		overhead*100, ms(med(ours)-med(raw)), verdict, float64(med(raw))/float64(med(direct)))
+	oneShot, minimal := med(modes[3].d), med(modes[4].d)
+	fmt.Fprintf(&b, "\nA one-shot `sandboxctl run -- true` takes %.1f× a minimal bwrap (%s against %s; the goal is 2×): "+
+		"the process's start (package initialisation), reading the configuration, and building and removing the "+
+		"agent's mount tree and cgroup each time.\n", float64(oneShot)/float64(minimal), ms(oneShot), ms(minimal))
 	fmt.Fprintf(&b, "\n%d runs of each, interleaved, after 10 warm-up runs. %s\n", benchRuns, testenv.MachineNote())
 	if out == "" {
 		t.Logf("%s is not set, so the table is not written:\n%s", testenv.BenchOutEnv, b.String())

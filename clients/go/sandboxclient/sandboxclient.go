@@ -38,7 +38,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
@@ -211,7 +210,7 @@ func (cl *Claim) target(ctx context.Context) (*rest.Config, string, error) {
 	c := cl.c
 	if c.aggregated() {
 		cfg := rest.CopyConfig(c.cfg)
-		return cfg, strings.TrimRight(cfg.Host, "/") + execapi.AggregatedPrefix, nil
+		return cfg, strings.TrimRight(cfg.Host, "/") + v1alpha1.SubresourcePrefix, nil
 	}
 	sc, err := cl.Get(ctx)
 	if err != nil {
@@ -246,7 +245,7 @@ func (c *Client) aggregated() bool {
 	if err != nil {
 		return false
 	}
-	resp, err := hc.Get(strings.TrimRight(c.cfg.Host, "/") + execapi.AggregatedPrefix)
+	resp, err := hc.Get(strings.TrimRight(c.cfg.Host, "/") + v1alpha1.SubresourcePrefix)
 	if err != nil {
 		return false
 	}
