@@ -164,14 +164,23 @@ func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, s
 	return nil
 }
 
-// releaseNetwork removes the network namespace and proxy of instance name,
-// if it has them.
-func (r *SandboxReconciler) releaseNetwork(name string) error {
-	if r.Networks == nil {
+// releaseNetwork removes the network namespace and proxy of instance
+// name when they serve sb: a Sandbox that lost the name to another one
+// never tears down that one's way out. What no pass of this process
+// served (deleted after a restart) is left to the orphan collector, which
+// removes it once no instance has the name.
+func (r *SandboxReconciler) releaseNetwork(name string, sb *v1alpha1.Sandbox) error {
+	if r.Networks == nil || r.egress == nil || !r.egress.serves(name, sb) {
 		return nil
 	}
-	if r.egress != nil {
-		r.egress.forget(name)
-	}
+	r.egress.forget(name)
 	return r.Networks.Release(name)
+}
+
+// serves says whether instance name's proxy serves sb.
+func (w *egressWatch) serves(name string, sb *v1alpha1.Sandbox) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	o, ok := w.owners[name]
+	return ok && o.sb.UID == sb.UID
 }

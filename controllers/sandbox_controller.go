@@ -487,11 +487,9 @@ func (r *SandboxReconciler) reconcileDelete(ctx context.Context, s *sandboxScope
 			}
 			log.FromContext(ctx).Info("deleted instance; host areas kept", "instance", name)
 		}
-		if !st.Exists || st.Owner == s.owner {
-			if err := r.releaseNetwork(name); err != nil {
-				s.facts.failErr(err)
-				return ctrl.Result{}, err
-			}
+		if err := r.releaseNetwork(name, s.sb); err != nil {
+			s.facts.failErr(err)
+			return ctrl.Result{}, err
 		}
 	}
 	if err := patchFinalizer(ctx, r.Client, s.sb, false); err != nil {

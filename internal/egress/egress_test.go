@@ -12,10 +12,13 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 func TestCheckRule(t *testing.T) {
@@ -112,6 +115,7 @@ func TestReachable(t *testing.T) {
 type names map[string][]netip.Addr
 
 func (n names) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	host = strings.TrimSuffix(host, ".") // the proxy asks for absolute names
 	if a, ok := n[host]; ok {
 		return a, nil
 	}
@@ -383,5 +387,175 @@ func TestBandwidthIsBounded(t *testing.T) {
 	}
 	if took := time.Since(start); took < 1900*time.Millisecond {
 		t.Fatalf("96 KiB at 32 KiB/s took %s: the bound did not hold", took)
+	}
+}
+
+// recordingNames is names that remembers what it was asked.
+type recordingNames struct {
+	names
+	asked []string
+}
+
+func (r *recordingNames) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	r.asked = append(r.asked, host)
+	return r.names.LookupNetIP(ctx, network, host)
+}
+
+// The ways around the tunnel's checks the review found, each refused: a
+// client that waits out the ClientHello's deadline before naming another
+// host, plain HTTP inside a tunnel to the web's ports (its Host header
+// would go unread), a server name that only Unicode case folding makes
+// the host's, a request host that is no name; and names are resolved as
+// absolute names, never below the resolver's search domains.
+func TestTunnelChecksCannotBeSkipped(t *testing.T) {
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "tls ok") }))
+	defer tlsSrv.Close()
+	res := &recordingNames{names: names{"example.com": loopback, "k.example.com": loopback}}
+	var mu sync.Mutex
+	var reasons []string
+	p := &Proxy{
+		Policy:       Policy{Rules: []Rule{{Host: "example.com", Ports: []int{443, port(t, tlsSrv)}}, {Host: "*.example.com", Ports: []int{port(t, tlsSrv)}}}, AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+		Resolver:     res,
+		HelloTimeout: 300 * time.Millisecond,
+		OnDecision: func(d Decision) {
+			mu.Lock()
+			reasons = append(reasons, d.Reason)
+			mu.Unlock()
+		},
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { _ = p.Serve(l) }()
+
+	// tunnel opens a CONNECT to target and returns the connection after
+	// the proxy's answer, or the answer's status line when it refused.
+	tunnel := func(target string) (net.Conn, string) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			c.Close()
+			return nil, resp.Status
+		}
+		return c, ""
+	}
+	tlsTarget := fmt.Sprintf("example.com:%d", port(t, tlsSrv))
+	pool := x509.NewCertPool()
+	pool.AddCert(tlsSrv.Certificate())
+
+	t.Run("silence past the deadline, then another name", func(t *testing.T) {
+		c, _ := tunnel(tlsTarget)
+		defer c.Close()
+		time.Sleep(600 * time.Millisecond)
+		tc := tls.Client(c, &tls.Config{ServerName: "other.example", RootCAs: pool, InsecureSkipVerify: true})
+		_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := tc.Handshake(); err == nil {
+			t.Fatal("a handshake for another name went through after the deadline")
+		}
+	})
+	t.Run("plain HTTP in a tunnel to port 443", func(t *testing.T) {
+		// A plain server on port 443 of its own address, which the
+		// tunnel reaches: the proxy must not forward plain bytes to it.
+		pl, err := net.Listen("tcp", "127.0.0.3:443")
+		if err != nil {
+			testenv.Missing(t, "binding port 443", "run the tests as root (CI does): "+err.Error())
+		}
+		defer pl.Close()
+		got := make(chan string, 1)
+		go func() {
+			c, err := pl.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			b := make([]byte, 256)
+			n, _ := c.Read(b)
+			got <- string(b[:n])
+		}()
+		res.names["plain.example.com"] = []netip.Addr{netip.MustParseAddr("127.0.0.3")}
+		p.SetPolicy(Policy{Rules: append(p.Policy.Rules, Rule{Host: "plain.example.com", Ports: []int{443}}), AllowedNets: p.Policy.AllowedNets})
+		defer p.SetPolicy(p.Policy)
+		c, status := tunnel("plain.example.com:443")
+		if c == nil {
+			t.Fatalf("the tunnel itself was refused: %s", status)
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: evil.example.net\r\n\r\n")
+		select {
+		case b := <-got:
+			if b != "" {
+				t.Fatalf("plain HTTP flowed through a tunnel to port 443: the server read %q", b)
+			}
+		case <-time.After(3 * time.Second):
+		}
+	})
+	t.Run("a server name equal only under Unicode folding", func(t *testing.T) {
+		c, _ := tunnel(fmt.Sprintf("k.example.com:%d", port(t, tlsSrv)))
+		defer c.Close()
+		tc := tls.Client(c, &tls.Config{ServerName: "\u212a.example.com", InsecureSkipVerify: true})
+		_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := tc.Handshake(); err == nil {
+			t.Fatal("a Kelvin sign passed for a k")
+		}
+	})
+	t.Run("a request host that is no name", func(t *testing.T) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprint(c, "CONNECT /p HTTP/1.1\r\nHost: 1.2.3.4 x.example.com:443\r\n\r\n")
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		if err == nil && resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("status %s, want 400 Bad Request", resp.Status)
+		}
+	})
+	t.Run("names are asked for as absolute names", func(t *testing.T) {
+		c, _ := tunnel(tlsTarget)
+		defer c.Close()
+		tc := tls.Client(c, &tls.Config{ServerName: "example.com", RootCAs: pool})
+		_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("the allowed tunnel: %v", err)
+		}
+		for _, a := range res.asked {
+			if !strings.HasSuffix(a, ".") {
+				t.Fatalf("the resolver was asked for %q, a name its search domains would extend", a)
+			}
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("refusals: %q", reasons)
+}
+
+func TestHostAddressesAreOfThisHost(t *testing.T) {
+	own, err := HostAddresses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(own, func(p netip.Prefix) bool { return p.Addr() == netip.MustParseAddr("127.0.0.1") && p.Bits() == 32 }) {
+		t.Fatalf("127.0.0.1/32 is not among this host's addresses %v", own)
+	}
+	pol := Policy{InternalNets: own}
+	for _, p := range own {
+		if pol.Reachable(p.Addr()) {
+			t.Errorf("the host's own %s is reachable", p.Addr())
+		}
 	}
 }

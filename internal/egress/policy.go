@@ -10,6 +10,7 @@ package egress
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -147,7 +148,7 @@ var internalNets = mustPrefixes(
 	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
 	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15",
 	"224.0.0.0/4", "240.0.0.0/4", "255.255.255.255/32",
-	"::/128", "::1/128", "64:ff9b::/96", "100::/64",
+	"::/96", "::1/128", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "2002::/16",
 	"fc00::/7", "fe80::/10", "ff00::/8",
 )
 
@@ -220,4 +221,24 @@ func Covers(pattern, host string) bool {
 		return strings.HasSuffix(host, pattern[1:]) && len(host) > len(pattern)-1
 	}
 	return false
+}
+
+// HostAddresses are this host's own addresses, each a range of one: a
+// proxy dials from the host, so a public address of the host would reach
+// services that trust the host itself.
+func HostAddresses() ([]netip.Prefix, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				ip = ip.Unmap()
+				out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
+	}
+	return out, nil
 }

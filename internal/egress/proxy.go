@@ -65,6 +65,9 @@ type Proxy struct {
 	BytesPerSecond int64
 	// OnDecision, when set, hears of every request.
 	OnDecision func(Decision)
+	// HelloTimeout bounds how long a tunnel's client may take to send its
+	// first bytes (a TLS ClientHello); zero: 15 seconds.
+	HelloTimeout time.Duration
 
 	once  sync.Once
 	slots chan struct{}
@@ -94,6 +97,9 @@ func (p *Proxy) init() {
 		if p.IdleTimeout <= 0 {
 			p.IdleTimeout = DefaultIdleTimeout
 		}
+		if p.HelloTimeout <= 0 {
+			p.HelloTimeout = helloTimeout
+		}
 		if p.Resolver == nil {
 			p.Resolver = net.DefaultResolver
 		}
@@ -108,14 +114,20 @@ func (p *Proxy) init() {
 // Serve answers connections on l until it is closed.
 func (p *Proxy) Serve(l net.Listener) error {
 	p.init()
+	var backoff time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return err
+			// Out of descriptors or buffers: wait and go on serving, or
+			// the Sandbox would lose its way out until a restart.
+			backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		select {
 		case p.slots <- struct{}{}:
 			go func() {
@@ -173,6 +185,9 @@ func (p *Proxy) serveConn(c net.Conn) {
 // first one that answers. It never dials a name: what was checked is what
 // is dialled.
 func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, error) {
+	if !requestHost(host) {
+		return nil, refuse(http.StatusBadRequest, "%q is neither a domain name nor an IP address", host)
+	}
 	pol := p.policy()
 	if !pol.Allows(host, port) {
 		return nil, refuse(http.StatusForbidden, "%s:%d is not in the Sandbox's egress allowlist", host, port)
@@ -182,7 +197,10 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 		addrs = []netip.Addr{a}
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, dialTimeout)
-		addrs, err = p.Resolver.LookupNetIP(rctx, "ip", host)
+		// The name as it is, never below a search domain: the host's
+		// resolver (a cluster's, say) would try github.com.<namespace>.svc
+		// first, a name a tenant may own.
+		addrs, err = p.Resolver.LookupNetIP(rctx, "ip", host+".")
 		cancel()
 		if err != nil || len(addrs) == 0 {
 			return nil, refuse(http.StatusBadGateway, "%s does not resolve", host)
@@ -227,12 +245,26 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	// What the client sends first: a TLS ClientHello must name host.
-	_ = c.SetReadDeadline(time.Now().Add(helloTimeout))
-	first, name, isTLS := peekHello(br)
+	// What the client sends first: a TLS ClientHello must name host. A
+	// client that sends nothing in time is not let through unchecked (it
+	// could send a ClientHello for another name later), and a tunnel to
+	// the web's ports must carry TLS: plain HTTP inside one would name its
+	// host in a header the proxy never reads (plain requests are sent to
+	// the proxy itself, which reads it).
+	_ = c.SetReadDeadline(time.Now().Add(p.HelloTimeout))
+	first, name, isTLS, err := peekHello(br)
 	_ = c.SetReadDeadline(time.Time{})
-	if isTLS && !serverNameFits(name, host) {
+	switch {
+	case err != nil:
+		d.Reason = fmt.Sprintf("the client sent nothing the proxy could check within %s", p.HelloTimeout)
+		p.decide(d)
+		return
+	case isTLS && !serverNameFits(name, host):
 		d.Reason = fmt.Sprintf("TLS server name %q is not the host %s the tunnel was opened for", name, host)
+		p.decide(d)
+		return
+	case !isTLS && (port == 443 || port == 80):
+		d.Reason = fmt.Sprintf("a tunnel to port %d must carry TLS", port)
 		p.decide(d)
 		return
 	}
@@ -244,6 +276,13 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 	p.splice(c, br, up)
 }
 
+// requestHost says whether host, as a request named it, is a name or an
+// address a rule could allow: nothing else reaches the policy, the
+// resolver, the metrics or an Event.
+func requestHost(host string) bool {
+	return !strings.Contains(host, "*") && CheckRule(Rule{Host: host}) == nil
+}
+
 // serverNameFits says whether a ClientHello's server name is the tunnel's
 // host: the same name, or none for an address literal (clients send no
 // name for an address).
@@ -252,7 +291,25 @@ func serverNameFits(name, host string) bool {
 		_, err := netip.ParseAddr(host)
 		return err == nil
 	}
-	return strings.EqualFold(strings.TrimSuffix(name, "."), host)
+	for i := range len(name) {
+		// ASCII only: Unicode case folding would take a Kelvin sign for
+		// a 'k', and the server would read another name.
+		if name[i] >= 0x80 {
+			return false
+		}
+	}
+	return asciiLower(strings.TrimSuffix(name, ".")) == host
+}
+
+// asciiLower lowers the ASCII letters of s and nothing else.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // forward serves a plain HTTP request in absolute form.
@@ -380,14 +437,17 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 // peekHello reads what the client sends first. When it is a TLS
 // ClientHello, name is its server name ("" when it names none). first is
 // every byte read, to be sent on as it came.
-func peekHello(br *bufio.Reader) (first []byte, name string, isTLS bool) {
+func peekHello(br *bufio.Reader) (first []byte, name string, isTLS bool, err error) {
 	head, err := br.Peek(1)
-	if err != nil || head[0] != 0x16 { // not a TLS handshake record
+	if err != nil {
+		return nil, "", false, err
+	}
+	if head[0] != 0x16 { // not a TLS handshake record
 		n := br.Buffered()
 		first, _ = br.Peek(n)
 		first = bytes.Clone(first)
 		_, _ = br.Discard(n)
-		return first, "", false
+		return first, "", false, nil
 	}
 	rec := &recordingConn{r: br}
 	// The standard library parses the ClientHello; the handshake is
@@ -397,7 +457,7 @@ func peekHello(br *bufio.Reader) (first []byte, name string, isTLS bool) {
 		name = h.ServerName
 		return nil, errSeen
 	}}).Handshake()
-	return rec.read.Bytes(), name, true
+	return rec.read.Bytes(), name, true, nil
 }
 
 // capReader reads r until left bytes are read (never, when left < 0).

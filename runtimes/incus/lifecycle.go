@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -515,6 +516,10 @@ func stateOf(inst *incusapi.Instance) runtimes.State {
 	}
 }
 
+// networkDevices are the Incus device types that are a way to a network:
+// an instance with an egress allowlist has none.
+var networkDevices = []string{"nic", "proxy", "infiniband"}
+
 // OwnNetwork says Incus instances keep their own network namespace
 // (runtimes.NetnsReporter).
 func (r *Runtime) OwnNetwork() bool { return true }
@@ -534,9 +539,14 @@ func (r *Runtime) NetworkNamespace(ctx context.Context, name string) (string, er
 		return "", runtimes.Errorf(runtimes.ReasonNotFound, "finding", name, "no such instance")
 	}
 	for dev, d := range inst.ExpandedDevices {
-		if d["type"] == "nic" {
-			// A NIC is a way out the proxy does not see.
-			return "", fmt.Errorf("instance %s has NIC device %q (from its profiles): an egress allowlist needs an instance with loopback alone", name, dev)
+		if slices.Contains(networkDevices, d["type"]) {
+			// A way out the proxy does not see: the instance does not
+			// run with it.
+			err := fmt.Errorf("instance %s has %s device %q (from its profiles): an egress allowlist needs an instance with loopback alone", name, d["type"], dev)
+			if serr := r.stop(ctx, cl, name); serr != nil {
+				err = errors.Join(err, serr)
+			}
+			return "", err
 		}
 	}
 	st, err := cl.GetInstanceState(ctx, name)

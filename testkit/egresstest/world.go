@@ -81,6 +81,7 @@ func (w *World) Resolver() egress.Resolver { return names{} }
 type names struct{}
 
 func (names) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	host = strings.TrimSuffix(host, ".") // the proxy asks for absolute names
 	switch host {
 	case Allowed, Wildcard, Unlisted:
 		return []netip.Addr{netip.MustParseAddr(ServerAddr)}, nil
