@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -126,6 +128,7 @@ func (n names) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, err
 // listening on loopback: "example.com" (the name httptest's certificate
 // holds) resolves to them.
 type harness struct {
+	proxy     *Proxy
 	proxyURL  *url.URL
 	tlsSrv    *httptest.Server
 	plainSrv  *httptest.Server
@@ -171,6 +174,7 @@ func newHarness(t *testing.T, policy func(tlsPort, plainPort int) Policy, resolv
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	go func() { _ = p.Serve(l) }()
+	h.proxy = p
 	h.proxyURL = &url.URL{Scheme: "http", Host: l.Addr().String()}
 	return h
 }
@@ -558,4 +562,43 @@ func TestHostAddressesAreOfThisHost(t *testing.T) {
 			t.Errorf("the host's own %s is reachable", p.Addr())
 		}
 	}
+}
+
+// A new policy closes the open tunnels it no longer allows, and leaves
+// the others.
+func TestNewPolicyClosesRefusedTunnels(t *testing.T) {
+	h := newHarness(t, labPolicy(Rule{Host: "example.com"}, Rule{Host: "other.example"}), names{"example.com": loopback, "other.example": loopback}, 0)
+	open := func(host string) *tls.Conn {
+		c, err := net.Dial("tcp", h.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		target := fmt.Sprintf("%s:%d", host, port(t, h.tlsSrv))
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("CONNECT %s: %v %v", host, resp, err)
+		}
+		_ = resp.Body.Close()
+		tc := tls.Client(c, &tls.Config{ServerName: host, InsecureSkipVerify: true})
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("TLS to %s: %v", host, err)
+		}
+		return tc
+	}
+	kept, cut := open("example.com"), open("other.example")
+	h.proxy.SetPolicy(labPolicy(Rule{Host: "example.com"})(port(t, h.tlsSrv), port(t, h.plainSrv)))
+	_ = cut.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := cut.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the tunnel to a host the new policy refuses is still open: %v", err)
+	}
+	fmt.Fprint(kept, "GET / HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n")
+	_ = kept.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(kept), nil)
+	if err != nil {
+		t.Fatalf("the allowed tunnel after the new policy: %v", err)
+	}
+	_ = resp.Body.Close()
 }

@@ -72,14 +72,51 @@ type Proxy struct {
 	once  sync.Once
 	slots chan struct{}
 	live  atomic.Pointer[Policy]
+	// tunnels are the open tunnels, for SetPolicy.
+	tunnelsMu sync.Mutex
+	tunnels   map[*openTunnel]struct{}
 	// up and down share BytesPerSecond among the connections, towards
 	// the destinations and towards the Sandbox.
 	up, down *rate.Limiter
 }
 
 // SetPolicy replaces Policy for the requests that come after it, while
-// the proxy serves.
-func (p *Proxy) SetPolicy(pol Policy) { p.live.Store(&pol) }
+// the proxy serves, and closes the open tunnels it no longer allows.
+func (p *Proxy) SetPolicy(pol Policy) {
+	p.live.Store(&pol)
+	p.tunnelsMu.Lock()
+	defer p.tunnelsMu.Unlock()
+	for t := range p.tunnels {
+		if !pol.Allows(t.host, t.port) || !pol.Reachable(t.addr) {
+			_ = t.conn.Close()
+		}
+	}
+}
+
+// openTunnel is a tunnel being spliced: where it goes and the client's
+// connection, closed when a new policy refuses it.
+type openTunnel struct {
+	host string
+	port int
+	addr netip.Addr
+	conn net.Conn
+}
+
+// track adds t to the open tunnels until the returned function is
+// called.
+func (p *Proxy) track(t *openTunnel) func() {
+	p.tunnelsMu.Lock()
+	if p.tunnels == nil {
+		p.tunnels = map[*openTunnel]struct{}{}
+	}
+	p.tunnels[t] = struct{}{}
+	p.tunnelsMu.Unlock()
+	return func() {
+		p.tunnelsMu.Lock()
+		delete(p.tunnels, t)
+		p.tunnelsMu.Unlock()
+	}
+}
 
 // policy is the policy a request is held to now.
 func (p *Proxy) policy() Policy {
@@ -271,6 +308,13 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 	d.Allowed = true
 	p.decide(d)
 	if _, err := up.Write(first); err != nil {
+		return
+	}
+	addr, _ := netip.ParseAddrPort(up.RemoteAddr().String())
+	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), conn: c}
+	defer p.track(t)()
+	// A policy set between the check and now has not seen this tunnel.
+	if pol := p.policy(); !pol.Allows(host, port) || !pol.Reachable(t.addr) {
 		return
 	}
 	p.splice(c, br, up)
