@@ -14,6 +14,8 @@ case ${1:?"--digest or ROOTFS"} in
   --digest) cat "$SRC"/*.go | sha256sum | cut -c1-12 ;;
   *)
     GO=${GO:-$(command -v go || true)}
+    # Where hack/install-deps.sh and the Go tarball put it.
+    [ -n "$GO" ] || [ ! -x /usr/local/go/bin/go ] || GO=/usr/local/go/bin/go
     [ -n "$GO" ] || { echo "egress-probe.sh: building the probe needs go (in PATH, or named by GO)" >&2; exit 1; }
     mkdir -p "$1/usr/local/bin"
     (cd "$ROOT" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags=-s -o "$1/usr/local/bin/egress-probe" ./testkit/egresstest/probe)
