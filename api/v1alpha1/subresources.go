@@ -16,3 +16,11 @@ const (
 	// must be issued for.
 	ExecAudience = "sandbox.cireilclaw.dev/exec"
 )
+
+// Where clients find the exec API's CA: a ConfigMap of the controllers'
+// namespace (theirs unless told otherwise), its certificate under a key.
+const (
+	DefaultSystemNamespace = "sandbox-controller-system"
+	ExecCAConfigMap        = "sandbox-controller-ca"
+	ExecCAConfigMapKey     = "ca.crt"
+)

@@ -28,7 +28,6 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
-	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
 // refusedPrefix starts the message of a command the policy refused; the
@@ -69,8 +68,8 @@ func (f *clusterFlags) register(fs *pflag.FlagSet) {
 	f.kube.AddFlags(fs)
 	fs.StringVar(&f.via, "via", "", "how to reach the claim's sandbox: api-server (the aggregated API "+v1alpha1.SubresourceGroup+", with the kubeconfig's own credentials, from anywhere kubectl works) or node (the exec API of the Sandbox's node, the claim's status.endpoint); default api-server when the API server serves that API, else node")
 	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
-	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default: the cluster's exec API CA, published in ConfigMap "+servingcert.ConfigMapName+" of --system-namespace; without one, the kubeconfig's CA)")
-	fs.StringVar(&f.systemNamespace, "system-namespace", servingcert.DefaultNamespace, "the controller's namespace, where the exec API's CA is published")
+	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default: the cluster's exec API CA, published in ConfigMap "+v1alpha1.ExecCAConfigMap+" of --system-namespace; without one, the kubeconfig's CA)")
+	fs.StringVar(&f.systemNamespace, "system-namespace", v1alpha1.DefaultSystemNamespace, "the controller's namespace, where the exec API's CA is published")
 	fs.BoolVar(&f.insecure, "insecure-skip-tls-verify", false, "do not verify the exec API's serving certificate (testing only)")
 	fs.StringVar(&f.audience, "api-audience", v1alpha1.ExecAudience, "the audience the exec API accepts tokens for (its --api-audience)")
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "a bearer token issued for --api-audience (e.g. from your identity provider) to send instead of the kubeconfig's credentials")
@@ -187,18 +186,18 @@ func publishedCA(ctx context.Context, cfg *rest.Config, namespace string) ([]byt
 	if err != nil {
 		return nil, err
 	}
-	cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, servingcert.ConfigMapName, metav1.GetOptions{})
+	cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, v1alpha1.ExecCAConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, nil
 	case err != nil:
-		return nil, fmt.Errorf("reading the exec API's CA (ConfigMap %s/%s; or give --api-ca-file): %w", namespace, servingcert.ConfigMapName, err)
+		return nil, fmt.Errorf("reading the exec API's CA (ConfigMap %s/%s; or give --api-ca-file): %w", namespace, v1alpha1.ExecCAConfigMap, err)
 	}
-	ca, err := servingcert.CAOf(cm)
-	if err != nil {
-		return nil, fmt.Errorf("%w; give --api-ca-file", err)
+	ca := cm.Data[v1alpha1.ExecCAConfigMapKey]
+	if ca == "" {
+		return nil, fmt.Errorf("the ConfigMap %s/%s has no %s; give --api-ca-file", namespace, v1alpha1.ExecCAConfigMap, v1alpha1.ExecCAConfigMapKey)
 	}
-	return ca, nil
+	return []byte(ca), nil
 }
 
 // claimEndpoint reads status.endpoint of the SessionClaim.

@@ -41,6 +41,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
 
 // A node's controller's own Role in its namespace (config/rbac/role.yaml):
@@ -53,7 +55,7 @@ import (
 
 // DefaultNamespace is the controllers' namespace unless they are told
 // otherwise (--system-namespace): the Secret and the ConfigMap live there.
-const DefaultNamespace = "sandbox-controller-system"
+const DefaultNamespace = v1alpha1.DefaultSystemNamespace
 
 // Names of the objects in the controllers' namespace.
 const (
@@ -62,7 +64,7 @@ const (
 	SecretName = "sandbox-controller-ca"
 	// ConfigMapName holds the exec API CA's certificate (ConfigMapKey) for
 	// clients.
-	ConfigMapName = "sandbox-controller-ca"
+	ConfigMapName = v1alpha1.ExecCAConfigMap
 	// ForwarderSecretName holds the forwarder CA's certificate and key: it
 	// signs the aggregated API's serving certificate and the client
 	// certificate it forwards requests to the nodes with. Only the
@@ -72,7 +74,7 @@ const (
 	// the nodes trust to name a user.
 	ForwarderConfigMapName = "sandbox-controller-forwarder-ca"
 	// ConfigMapKey is the key of the certificate in a ConfigMap.
-	ConfigMapKey = "ca.crt"
+	ConfigMapKey = v1alpha1.ExecCAConfigMapKey
 )
 
 // Authority is a CA of the controllers' namespace: the Secret with its
