@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -50,10 +51,28 @@ func (s Suite) Register() bool {
 	return Describe("Egress on "+string(s.Backend), Ordered, func() {
 		var ns string
 		var k8s client.Client
+		var made []*v1alpha1.Sandbox
+		class := Class(ClassName, s.Backend)
 		BeforeAll(func() {
 			k8s = s.Env().Client
 			ns = s.Env().NewNamespace()
-			Expect(client.IgnoreAlreadyExists(k8s.Create(context.Background(), Class(ClassName, s.Backend)))).To(Succeed())
+			Expect(k8s.Create(context.Background(), class)).To(Succeed())
+		})
+		// The suite's other specs name no class: with a class in the
+		// cluster and none marked default they would be refused, so the
+		// class lives only while these specs run.
+		AfterAll(func() {
+			ctx := context.Background()
+			objs := []client.Object{}
+			for _, sb := range made {
+				objs = append(objs, sb)
+			}
+			for _, o := range append(objs, class) {
+				Expect(client.IgnoreNotFound(k8s.Delete(ctx, o))).To(Succeed())
+				Eventually(func() bool {
+					return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(o), o))
+				}, testharness.Timeout).Should(BeTrue(), "%s should be gone", o.GetName())
+			}
 		})
 
 		start := func(name string, network *v1alpha1.Network) *v1alpha1.Sandbox {
@@ -67,6 +86,7 @@ func (s Suite) Register() bool {
 				s.Spec(&sb.Spec)
 			}
 			ExpectWithOffset(1, k8s.Create(ctx, sb)).To(Succeed())
+			made = append(made, sb)
 			ExpectWithOffset(1, k8s.Create(ctx, testharness.NewClaim(ns, name+"-claim", name))).To(Succeed())
 			EventuallyWithOffset(1, s.Env().SandboxStatus(ns, name), testharness.Timeout).
 				Should(testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
