@@ -274,14 +274,12 @@ func (t Tree) VerifyAreas() error {
 	return err
 }
 
-// verifyAreas checks the areas and returns a descriptor of the workspace's.
+// verifyAreas checks the areas and returns a descriptor of the workspace's,
+// which the caller closes. (It once closed it on return as well: the
+// caller then read through, and closed, a descriptor number another
+// goroutine might hold by then, which a command start saw as EBADF.)
 func (t Tree) verifyAreas() (int, error) {
 	root := -1
-	defer func() {
-		if root >= 0 {
-			unix.Close(root)
-		}
-	}()
 	fail := func(err error) (int, error) {
 		if root >= 0 {
 			unix.Close(root)
