@@ -48,7 +48,7 @@ func main() {
 			return
 		}
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if resp.StatusCode != http.StatusOK {
 			fmt.Printf("%s: refused %s\n", name, resp.Status)
 			return
@@ -104,7 +104,7 @@ func sniMismatch(port string, cfg *tls.Config) (string, error) {
 		return "", err
 	}
 	defer r.Body.Close()
-	b, err := io.ReadAll(r.Body)
+	b, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	return string(b), err
 }
 
