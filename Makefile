@@ -76,7 +76,7 @@ E2E_PKGS   = $(shell grep -rl --include='*_test.go' '^//go:build e2e$$' . | xarg
 test: manifests generate vet ## Everything (the README's command; CI runs it): unit, envtest and e2e suites against real dependencies, the two race tests alone at full strength (hack/run-tests.sh; starts incusd, and a private containerd it stops after), then the real-cluster suite (hack/test-cluster.sh, as make test-cluster). Output in bin/test-output.log, a summary at the end.
 	@hack/install-deps.sh
 	@hack/install-deps.sh python3-kubernetes python3-websocket python3-pytest
-	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
+	@WITH_KUBECTL=1 WITH_SCHEDULER=1 hack/envtest-assets.sh >/dev/null
 	@hack/incus.sh start >/dev/null
 	@hack/containerd.sh start >/dev/null
 	@mkdir -p $(BIN)
@@ -90,7 +90,7 @@ test: manifests generate vet ## Everything (the README's command; CI runs it): u
 .PHONY: test-unit
 test-unit: manifests generate vet ## The fast loop: unit tests and envtest suites with the real bwrap and git; no daemons.
 	@hack/install-deps.sh
-	@WITH_KUBECTL=1 hack/envtest-assets.sh >/dev/null
+	@WITH_KUBECTL=1 WITH_SCHEDULER=1 hack/envtest-assets.sh >/dev/null
 	KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-e2e

@@ -2,23 +2,21 @@ package controllers
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,306 +26,507 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/source"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
-// Placement. Every node's controller (one started with a node name)
-// renews a Lease of its own that says it is alive, how many Sandboxes it
-// takes and which backends it enables. The live node whose name sorts
-// first is the coordinator: its placer gives each Sandbox that names no
-// node one (status.nodeName), spreading them over the eligible nodes, and
-// marks the Sandboxes of a lost node NodeLost, moving those whose policy
-// allows it. There is no election beyond that: two nodes that briefly
-// disagree on who coordinates both write with the object's resourceVersion,
-// so the second write fails and is retried against what the first did.
+// Placement on a cluster: a Pod per Sandbox. The placer (run by the
+// aggregated API's Deployment, --mode=api) gives every Sandbox a Pod in
+// the Sandbox's namespace, owned by it, carrying its resources as requests
+// and limits and its scheduling fields; kube-scheduler binds the Pod to a
+// node, and that node runs the Sandbox: the placer copies the Pod's node
+// to status.nodeName, where the node's controller finds it. While the Pod
+// waits for a node, or the API server refuses it (a ResourceQuota, a
+// LimitRange, Pod Security admission), the Sandbox's Ready condition says
+// so in the scheduler's or the API server's own words. A node's loss is
+// the Pod's: the Pod of an onNodeLost: Stay Sandbox tolerates it for ever;
+// that of a Move Sandbox is evicted after NodeLostAfter and replaced by one
+// the scheduler binds elsewhere.
+//
+// The Pod runs the pause image and nothing else: it reserves the node's
+// room and carries the Sandbox through quota and admission; the
+// Sandbox's processes are the node's controller's.
 
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 
-// Lease labels and annotations of a node's controller.
+// Labels of the Pods the placer makes, and of the node controllers' Pods.
 const (
-	// LabelNodeLease marks a node controller's Lease.
-	LabelNodeLease = "sandbox.cireilclaw.dev/node-lease"
-	// AnnotationCapacity is how many Sandboxes the node takes ("0": no limit).
-	AnnotationCapacity = "sandbox.cireilclaw.dev/capacity"
-	// AnnotationBackends are the backends the node enables, comma-separated.
-	AnnotationBackends = "sandbox.cireilclaw.dev/backends"
-	// nodeLeasePrefix begins the name of a node's Lease.
-	nodeLeasePrefix = "sandbox-node-"
+	// LabelSandboxPod marks a Sandbox's Pod ("true").
+	LabelSandboxPod = "sandbox.cireilclaw.dev/sandbox-pod"
+	// LabelSandboxUID is the UID of the Pod's Sandbox.
+	LabelSandboxUID = "sandbox.cireilclaw.dev/sandbox-uid"
+	// LabelBackendPrefix, followed by a backend's name, marks a node
+	// controller's Pod that enables that backend ("true"): a Sandbox's Pod
+	// is scheduled only beside one, on the same node.
+	LabelBackendPrefix = "backends.sandbox.cireilclaw.dev/"
 )
 
 // DefaultSystemNamespace is the controller's namespace unless Options says
-// otherwise: the node Leases and the exec API's CA live there.
+// otherwise: the node controllers' Pods and the exec API's CA live there.
 const DefaultSystemNamespace = servingcert.DefaultNamespace
 
-// DefaultNodeLostAfter is how long a node may go without renewing its
-// Lease (or stay not Ready) before its Sandboxes are NodeLost.
+// DefaultNodeLostAfter is how long the Pod of an onNodeLost: Move Sandbox
+// tolerates its node being not ready or unreachable before it is evicted
+// and the Sandbox moves.
 const DefaultNodeLostAfter = 40 * time.Second
 
-// NodeLeaseName is the name of node's Lease.
-func NodeLeaseName(node string) string { return nodeLeasePrefix + node }
+// DefaultPodImage is the image of the Sandboxes' Pods: the pause image
+// every node of a cluster holds for its pods' sandboxes.
+const DefaultPodImage = "registry.k8s.io/pause:3.10"
 
-func (o Options) systemNamespace() string {
-	if o.SystemNamespace != "" {
-		return o.SystemNamespace
+// PlacementOptions configure the placer.
+type PlacementOptions struct {
+	// SystemNamespace is where the node controllers' Pods run; empty:
+	// DefaultSystemNamespace.
+	SystemNamespace string
+	// PodImage is the image of the Sandboxes' Pods; empty: DefaultPodImage.
+	PodImage string
+	// NodeLostAfter is how long a Move Sandbox's Pod tolerates the loss of
+	// its node; zero: DefaultNodeLostAfter.
+	NodeLostAfter time.Duration
+	// Now is the clock; nil: time.Now.
+	Now func() time.Time
+}
+
+func (o *PlacementOptions) defaults() {
+	if o.SystemNamespace == "" {
+		o.SystemNamespace = DefaultSystemNamespace
 	}
-	return DefaultSystemNamespace
-}
-
-func (o Options) nodeLostAfter() time.Duration {
-	if o.NodeLostAfter > 0 {
-		return o.NodeLostAfter
+	if o.PodImage == "" {
+		o.PodImage = DefaultPodImage
 	}
-	return DefaultNodeLostAfter
+	if o.NodeLostAfter <= 0 {
+		o.NodeLostAfter = DefaultNodeLostAfter
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 }
 
-// renewEvery is how often a node renews its Lease and the coordinator
-// looks for work: four renewals fit in the time a node may miss them.
-func (o Options) renewEvery() time.Duration {
-	return max(o.nodeLostAfter()/4, 100*time.Millisecond)
-}
+// indexSandboxNode finds the Sandboxes a node runs.
+const indexSandboxNode = "status.node"
 
-// nodeInfo is what the placer knows of one node.
-type nodeInfo struct {
-	name     string
-	capacity int // 0: no limit
-	backends []string
-	labels   map[string]string
-	// lostSince is zero for a live node, else since when it counts as lost.
-	lostSince time.Time
-	lostWhy   string
-	placed    int
-	// renewing says this process has seen the node renew its Lease, or is
-	// that node, or the Lease's renewTime is recent: only then does it take
-	// new Sandboxes. A Lease first read counts as renewed when read (for
-	// loss), so a node that died just before this process started would
-	// otherwise take them until it counts as lost.
-	renewing bool
-}
-
-func (n *nodeInfo) live() bool { return n.lostSince.IsZero() }
-
-// nodeView is every node with a Lease, sorted by name, at one moment.
-type nodeView struct {
-	nodes []*nodeInfo
-}
-
-func (v nodeView) get(name string) *nodeInfo {
-	for _, n := range v.nodes {
-		if n.name == name {
-			return n
+// SetupPlacement registers the placer with mgr, whose cache must hold the
+// Sandboxes' Pods (LabelSandboxPod), Nodes, Sandboxes and claims.
+func SetupPlacement(ctx context.Context, mgr ctrl.Manager, o PlacementOptions) error {
+	o.defaults()
+	idx := mgr.GetFieldIndexer()
+	if err := indexClaims(ctx, idx); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.Sandbox{}, indexSandboxNode, func(obj client.Object) []string {
+		if n := obj.(*v1alpha1.Sandbox).Node(); n != "" {
+			return []string{n}
 		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing Sandboxes by node: %w", err)
 	}
-	return nil
+	p := &placer{
+		Client:   mgr.GetClient(),
+		status:   statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader(), shared: true},
+		opts:     o,
+		recorder: mgr.GetEventRecorderFor("sandbox-placement"), //nolint:staticcheck // core/v1 Events, as the reconcilers'
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.Sandbox{}, builder.WithPredicates(predicate.Funcs{
+			// A node's controller writes the status often; the placer
+			// cares for the spec, the node and the conditions' reason.
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				a, b := e.ObjectOld.(*v1alpha1.Sandbox), e.ObjectNew.(*v1alpha1.Sandbox)
+				return a.Generation != b.Generation || a.Status.NodeName != b.Status.NodeName ||
+					readyReason(a) != readyReason(b) || !b.DeletionTimestamp.IsZero()
+			},
+		})).
+		Owns(&corev1.Pod{}).
+		// A claim made or deleted while its Sandbox has no node: no
+		// node's controller looks at it.
+		Watches(&v1alpha1.SessionClaim{}, handler.EnqueueRequestsFromMapFunc(claimSandbox), builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+			},
+		})).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(p.sandboxesOn), builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false },
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return nodeReadyStatus(e.ObjectOld.(*corev1.Node)) != nodeReadyStatus(e.ObjectNew.(*corev1.Node))
+			},
+			DeleteFunc:  func(event.DeleteEvent) bool { return true },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
+		Named("placement").
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(p)
 }
 
-// coordinator is the live node whose name sorts first; "" when none is.
-func (v nodeView) coordinator() string {
-	for _, n := range v.nodes {
-		if n.live() {
-			return n.name
-		}
+func readyReason(sb *v1alpha1.Sandbox) string {
+	if c := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		return c.Reason
 	}
 	return ""
 }
 
-// buildView reads the Leases and Nodes as of now. A Lease this process has
-// not seen renewed for the lease's duration makes its node lost (clock
-// says since when), and so does a Node whose Ready condition has not been
-// True for lostAfter.
-func buildView(leases []coordinationv1.Lease, nodes []corev1.Node, clock *leaseClock, self string, now time.Time, lostAfter time.Duration) nodeView {
-	var v nodeView
-	listed := make(map[string]bool, len(leases))
-	for i := range leases {
-		l := &leases[i]
-		name, ok := strings.CutPrefix(l.Name, nodeLeasePrefix)
-		if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != name {
-			continue
-		}
-		listed[l.Name] = true
-		n := &nodeInfo{name: name}
-		n.capacity, _ = strconv.Atoi(l.Annotations[AnnotationCapacity])
-		if b := l.Annotations[AnnotationBackends]; b != "" {
-			n.backends = strings.Split(b, ",")
-		}
-		d := lostAfter
-		if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
-			d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
-		}
-		seen, renewing := clock.lastChange(l.Name, l.Spec.RenewTime, now)
-		// Seen renewing, this node itself, or a renewTime recent by the
-		// node's own clock: a node that stopped before this process
-		// started has an old one.
-		n.renewing = renewing || name == self || (l.Spec.RenewTime != nil && now.Sub(l.Spec.RenewTime.Time) <= d)
-		if now.Sub(seen) > d {
-			n.lostSince = seen.Add(d)
-			n.lostWhy = fmt.Sprintf("its controller has not renewed its Lease since %s", seen.UTC().Format(time.RFC3339))
-			if l.Spec.RenewTime == nil {
-				n.lostWhy = "its controller never renewed its Lease"
-			}
-		}
-		v.nodes = append(v.nodes, n)
+// sandboxesOn is every Sandbox the node runs.
+func (p *placer) sandboxesOn(ctx context.Context, n client.Object) []reconcile.Request {
+	var list v1alpha1.SandboxList
+	if err := p.List(ctx, &list, client.MatchingFields{indexSandboxNode: n.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "listing the Sandboxes of a node", "node", n.GetName())
+		return nil
 	}
-	clock.forgetAllBut(listed)
-	slices.SortFunc(v.nodes, func(a, b *nodeInfo) int { return strings.Compare(a.name, b.name) })
-	for i := range nodes {
-		n := v.get(nodes[i].Name)
-		if n == nil {
-			continue
-		}
-		n.labels = nodes[i].Labels
-		if c := nodeReady(&nodes[i]); c != nil && c.Status != corev1.ConditionTrue && now.Sub(c.LastTransitionTime.Time) > lostAfter && n.live() {
-			n.lostSince = c.LastTransitionTime.Add(lostAfter)
-			n.lostWhy = fmt.Sprintf("its Node has not been Ready since %s (%s)", c.LastTransitionTime.UTC().Format(time.RFC3339), c.Reason)
-		}
-	}
-	return v
-}
-
-// addLeaseless adds the nodes that Sandboxes were placed on and that have
-// no Lease any more (deleted, or its namespace was), once this process has
-// missed the Lease for lostAfter: the placer put them there while the node
-// had one, so no controller is left to run them. A node a Sandbox only
-// names in spec.nodeName may never have had a controller and is left out.
-// Only lost nodes are added: a live one without a Lease would be a
-// candidate for new Sandboxes, or the coordinator.
-func (v *nodeView) addLeaseless(sandboxes []v1alpha1.Sandbox, clock *leaseClock, now time.Time, lostAfter time.Duration) {
-	named := map[string]bool{}
-	for i := range sandboxes {
-		sb := &sandboxes[i]
-		node := sb.Status.NodeName
-		if sb.Spec.NodeName != "" || node == "" || v.get(node) != nil {
-			continue
-		}
-		named[node] = true
-	}
-	for name, since := range clock.missing(named, now) {
-		if now.Sub(since) > lostAfter {
-			v.nodes = append(v.nodes, &nodeInfo{name: name, lostSince: since.Add(lostAfter),
-				lostWhy: fmt.Sprintf("its controller's Lease is gone (missed since %s)", since.UTC().Format(time.RFC3339))})
-		}
-	}
-	slices.SortFunc(v.nodes, func(a, b *nodeInfo) int { return strings.Compare(a.name, b.name) })
-}
-
-// leaseClock remembers, for each node's Lease, the renewTime last read and
-// when this process first read it. A node is lost when its Lease has not
-// changed for the lease's duration by this process's clock: renewTime is
-// written by the renewing node's clock, which may be off either way, and
-// comparing it with this one would count lost a node that renews on time,
-// or miss one that stopped. (The node lifecycle controller keeps its own
-// probe times for the same reason.) A Lease first read now counts as
-// renewed now, so a coordinator that just started waits a lease duration
-// before it counts any node lost.
-type leaseClock struct {
-	mu   sync.Mutex
-	seen map[string]leaseSeen
-	// gone is when this process first missed the Lease of a node that
-	// Sandboxes were placed on.
-	gone map[string]time.Time
-}
-
-type leaseSeen struct {
-	renew   time.Time
-	at      time.Time
-	renewed bool
-}
-
-// lastChange is when this process first read the Lease name with this
-// renewTime (nil: never renewed), and whether it has seen the Lease
-// renewed (read it with another renewTime before).
-func (c *leaseClock) lastChange(name string, renew *metav1.MicroTime, now time.Time) (time.Time, bool) {
-	var r time.Time
-	if renew != nil {
-		r = renew.Time
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.seen == nil {
-		c.seen = map[string]leaseSeen{}
-	}
-	s, ok := c.seen[name]
-	if !ok || !s.renew.Equal(r) {
-		s = leaseSeen{renew: r, at: now, renewed: ok}
-		c.seen[name] = s
-	}
-	return s.at, s.renewed
-}
-
-// missing records the nodes in named without a Lease as missed from now
-// on unless already missed, forgets the others, and returns since when
-// each of named's nodes has been missed.
-func (c *leaseClock) missing(named map[string]bool, now time.Time) map[string]time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.gone == nil {
-		c.gone = map[string]time.Time{}
-	}
-	for name := range c.gone {
-		if !named[name] {
-			delete(c.gone, name)
-		}
-	}
-	out := make(map[string]time.Time, len(named))
-	for name := range named {
-		if _, ok := c.gone[name]; !ok {
-			c.gone[name] = now
-		}
-		out[name] = c.gone[name]
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 	}
 	return out
 }
 
-// forgetAllBut drops the Leases no longer listed.
-func (c *leaseClock) forgetAllBut(listed map[string]bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for name := range c.seen {
-		if !listed[name] {
-			delete(c.seen, name)
+func claimSandbox(_ context.Context, o client.Object) []reconcile.Request {
+	c := o.(*v1alpha1.SessionClaim)
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: c.Namespace, Name: c.Spec.SandboxName}}}
+}
+
+// placer gives Sandboxes their Pods and follows them.
+type placer struct {
+	client.Client
+	// status is the one writer of statuses, as the reconcilers'.
+	status   statusWriter
+	opts     PlacementOptions
+	recorder record.EventRecorder
+}
+
+func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var sb v1alpha1.Sandbox
+	if err := p.Get(ctx, req.NamespacedName, &sb); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !sb.DeletionTimestamp.IsZero() {
+		// The Pods go with it (they are its own).
+		return ctrl.Result{}, nil
+	}
+	var pods corev1.PodList
+	if err := p.List(ctx, &pods, client.InNamespace(sb.Namespace), client.MatchingLabels{LabelSandboxUID: string(sb.UID)}); err != nil {
+		return ctrl.Result{}, err
+	}
+	cur, next, done := sandboxPods(&sb, pods.Items)
+	// Pods that ended (evicted by the kubelet, refused at its admission)
+	// are replaced; removing them keeps one Pod per Sandbox in sight.
+	for _, d := range done {
+		if err := p.Delete(ctx, d, client.Preconditions{UID: &d.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
 		}
+	}
+	if cur == nil {
+		return p.createPod(ctx, &sb, next)
+	}
+	node := cur.Spec.NodeName
+	if node == "" {
+		return p.pending(ctx, &sb, cur)
+	}
+	var n corev1.Node
+	lost := ""
+	switch err := p.Get(ctx, client.ObjectKey{Name: node}, &n); {
+	case apierrors.IsNotFound(err):
+		lost = fmt.Sprintf("node %s is gone (its Node was deleted)", node)
+	case err != nil:
+		return ctrl.Result{}, err
+	default:
+		if c := nodeReady(&n); c == nil || c.Status != corev1.ConditionTrue {
+			lost = nodeLostMessage(&n, c)
+		}
+	}
+	if sb.Status.NodeName != node {
+		return p.placed(ctx, &sb, node)
+	}
+	if lost != "" {
+		return p.nodeLost(ctx, &sb, &n, lost)
+	}
+	return ctrl.Result{}, nil
+}
+
+// sandboxPods sorts a Sandbox's Pods: the one that stands for it now (the
+// newest not deleted nor ended), the number the next one takes, and those
+// that ended. Pods of another owner are left out: the label is only a
+// hint, the owner reference decides.
+func sandboxPods(sb *v1alpha1.Sandbox, pods []corev1.Pod) (cur *corev1.Pod, next int, done []*corev1.Pod) {
+	for i := range pods {
+		pod := &pods[i]
+		if ref := metav1.GetControllerOf(pod); ref == nil || ref.UID != sb.UID {
+			continue
+		}
+		if k, err := strconv.Atoi(pod.Annotations[annotationPodAttempt]); err == nil && k >= next {
+			next = k + 1
+		}
+		switch {
+		case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+			if pod.DeletionTimestamp.IsZero() {
+				done = append(done, pod)
+			}
+		case !pod.DeletionTimestamp.IsZero():
+		case cur == nil || podAttempt(pod) > podAttempt(cur):
+			cur = pod
+		}
+	}
+	return cur, next, done
+}
+
+// annotationPodAttempt numbers a Sandbox's Pods: each new one (after an
+// eviction, say) takes the next number, and its name carries it.
+const annotationPodAttempt = "sandbox.cireilclaw.dev/attempt"
+
+func podAttempt(pod *corev1.Pod) int {
+	k, _ := strconv.Atoi(pod.Annotations[annotationPodAttempt])
+	return k
+}
+
+// SandboxPodName is the name of the Pod a Sandbox's attempt-th Pod takes:
+// the Sandbox's name and "-sandbox", then "-<attempt>" after the first;
+// a name too long for that is cut and given a hash of the whole.
+func SandboxPodName(sandbox string, attempt int) string {
+	base := sandbox
+	if len(base) > 200 {
+		sum := sha256.Sum256([]byte(sandbox))
+		base = strings.TrimRight(base[:190], "-.") + "-" + hex.EncodeToString(sum[:])[:8]
+	}
+	name := base + "-sandbox"
+	if attempt > 0 {
+		name += "-" + strconv.Itoa(attempt)
+	}
+	return name
+}
+
+// SandboxPod is the Pod that stands for sb: the pause image with sb's
+// resources as requests and limits, its scheduling fields, a required
+// affinity to a node controller enabling its backend, and the tolerations
+// its onNodeLost asks for. node binds it without the scheduler (pinned,
+// or staying where it was); attempt numbers it.
+func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt int) *corev1.Pod {
+	o.defaults()
+	res := sb.Spec.ResourcesOrDeprecated()
+	reqs := corev1.ResourceRequirements{}
+	add := func(list *corev1.ResourceList, name corev1.ResourceName, q *resource.Quantity) {
+		if q == nil {
+			return
+		}
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		(*list)[name] = q.DeepCopy()
+	}
+	add(&reqs.Requests, corev1.ResourceCPU, res.Requests.CPU)
+	add(&reqs.Requests, corev1.ResourceMemory, res.Requests.Memory)
+	add(&reqs.Limits, corev1.ResourceCPU, res.Limits.CPU)
+	add(&reqs.Limits, corev1.ResourceMemory, res.Limits.Memory)
+
+	affinity := sb.Spec.Affinity.DeepCopy()
+	if affinity == nil {
+		affinity = &corev1.Affinity{}
+	}
+	if affinity.PodAffinity == nil {
+		affinity.PodAffinity = &corev1.PodAffinity{}
+	}
+	affinity.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution = append(affinity.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution,
+		corev1.PodAffinityTerm{
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
+				LabelBackendPrefix + string(sb.Spec.BackendOrDefault()): "true",
+			}},
+			Namespaces:  []string{o.SystemNamespace},
+			TopologyKey: corev1.LabelHostname,
+		})
+
+	tolerations := slices.Clone(sb.Spec.Tolerations)
+	var forHow *int64
+	if sb.Spec.OnNodeLost == v1alpha1.NodeLostMove && sb.Spec.NodeName == "" {
+		forHow = ptr.To(int64((o.NodeLostAfter + time.Second - 1) / time.Second))
+	}
+	for _, taint := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
+		tolerations = append(tolerations, corev1.Toleration{Key: taint, Operator: corev1.TolerationOpExists,
+			Effect: corev1.TaintEffectNoExecute, TolerationSeconds: forHow})
+	}
+
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: sb.Namespace,
+			Name:      SandboxPodName(sb.Name, attempt),
+			Labels: map[string]string{
+				LabelSandboxPod:                "true",
+				LabelSandboxUID:                string(sb.UID),
+				"app.kubernetes.io/managed-by": "sandbox-controller",
+			},
+			Annotations: map[string]string{annotationPodAttempt: strconv.Itoa(attempt)},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: v1alpha1.GroupVersion.String(), Kind: "Sandbox", Name: sb.Name, UID: sb.UID,
+				Controller: ptr.To(true),
+			}},
+		},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name:            "sandbox",
+				Image:           o.PodImage,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Resources:       reqs,
+				SecurityContext: &corev1.SecurityContext{
+					RunAsNonRoot:             ptr.To(true),
+					RunAsUser:                ptr.To(int64(65535)),
+					RunAsGroup:               ptr.To(int64(65535)),
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+			}},
+			NodeName:                      node,
+			NodeSelector:                  sb.Spec.NodeSelector,
+			Affinity:                      affinity,
+			Tolerations:                   tolerations,
+			TopologySpreadConstraints:     sb.Spec.TopologySpreadConstraints,
+			PriorityClassName:             sb.Spec.PriorityClassName,
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To(int64(1)),
+		},
 	}
 }
 
-// count sets how many of sandboxes each node holds; nodeOf says where a
-// Sandbox is (nil: Sandbox.Node).
-func (v nodeView) count(sandboxes []v1alpha1.Sandbox, nodeOf func(*v1alpha1.Sandbox) string) {
-	if nodeOf == nil {
-		nodeOf = (*v1alpha1.Sandbox).Node
+// createPod makes sb's next Pod. It is bound without the scheduler when sb
+// is pinned, or stays (onNodeLost: Stay) on the node it was placed on: its
+// areas are there.
+func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, attempt int) (ctrl.Result, error) {
+	node := sb.Spec.NodeName
+	if node == "" && sb.Spec.OnNodeLost != v1alpha1.NodeLostMove {
+		node = sb.Status.NodeName
 	}
-	for i := range sandboxes {
-		if n := v.get(nodeOf(&sandboxes[i])); n != nil && sandboxes[i].DeletionTimestamp.IsZero() {
-			n.placed++
+	pod := SandboxPod(sb, p.opts, node, attempt)
+	err := p.Create(ctx, pod)
+	switch {
+	case err == nil:
+		log.FromContext(ctx).Info("created the Sandbox's Pod", "pod", pod.Name, "node", node)
+		return ctrl.Result{}, nil
+	case apierrors.IsAlreadyExists(err):
+		// Made by a pass the cache does not show yet.
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	case apierrors.IsForbidden(err) || apierrors.IsInvalid(err):
+		// A ResourceQuota, a LimitRange, Pod Security admission or a
+		// policy of the cluster's: in the API server's own words. Quota
+		// frees up without an event the placer watches.
+		why := "the API server refused the Sandbox's Pod: " + err.Error()
+		if res, werr := p.notPlaced(ctx, sb, v1alpha1.ReasonPodRefused, why); werr != nil {
+			return res, werr
 		}
+		return ctrl.Result{RequeueAfter: 15 * time.Second}, nil
+	default:
+		return ctrl.Result{}, err
 	}
 }
 
-// readView is the nodes as of now, and whether this node coordinates.
-// Only the coordinator goes on to read the Sandboxes, straight from the
-// cache without copies (the caller must not change them), and count them.
-func readView(ctx context.Context, r client.Reader, opts Options, clock *leaseClock, now time.Time, nodeOf func(*v1alpha1.Sandbox) string) (nodeView, []v1alpha1.Sandbox, bool, error) {
-	var leases coordinationv1.LeaseList
-	if err := r.List(ctx, &leases, client.InNamespace(opts.systemNamespace()), client.MatchingLabels{LabelNodeLease: "true"}); err != nil {
-		return nodeView{}, nil, false, err
+// pending reports a Pod the scheduler has not bound yet, in its words.
+func (p *placer) pending(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.Pod) (ctrl.Result, error) {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
+			return p.notPlaced(ctx, sb, v1alpha1.ReasonUnschedulable, fmt.Sprintf("Pod %s: %s", pod.Name, c.Message))
+		}
 	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
-		return nodeView{}, nil, false, err
+	// The scheduler has not looked yet, which takes moments: nothing to
+	// say, and no write to pay for; the Pod's next change brings this back.
+	return ctrl.Result{}, nil
+}
+
+// notPlaced says why sb has no node (yet): on sb, in an Event when that
+// is news, and on its claims.
+func (p *placer) notPlaced(ctx context.Context, sb *v1alpha1.Sandbox, reason, why string) (ctrl.Result, error) {
+	f := placementFacts{generation: sb.Generation, outcome: unschedulable, reason: reason, why: why}
+	if from := sb.Status.NodeName; from != "" {
+		// Moving off a node: no other node can take it yet.
+		f.outcome, f.lost, f.lostMsg = stranded, from, p.leftMessage(ctx, from)
 	}
-	v := buildView(leases.Items, nodes.Items, clock, opts.NodeName, now, opts.nodeLostAfter())
-	if v.coordinator() != opts.NodeName {
-		return v, nil, false, nil
+	read := sb.DeepCopy()
+	applyConditions(&sb.Status.Conditions, placementConditions(f))
+	if !equalStatus(read, sb) {
+		if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
+			return requeueOnConflict(err)
+		}
+		p.recorder.Event(sb, "Warning", reason, boundedMessage(why))
 	}
-	var list v1alpha1.SandboxList
-	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		return nodeView{}, nil, false, err
+	return p.markClaims(ctx, sb)
+}
+
+// placed records the node sb's Pod is bound to: that node's controller
+// runs it from now on. A Sandbox that had another node moved off it.
+func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, node string) (ctrl.Result, error) {
+	f := placementFacts{generation: sb.Generation, outcome: placedOn, node: node}
+	if from := sb.Status.NodeName; from != "" {
+		f.outcome, f.lost, f.lostMsg = movedOff, from, p.leftMessage(ctx, from)
 	}
-	v.count(list.Items, nodeOf)
-	v.addLeaseless(list.Items, clock, now, opts.nodeLostAfter())
-	return v, list.Items, true, nil
+	read := sb.DeepCopy()
+	sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: p.opts.Now()}
+	applyConditions(&sb.Status.Conditions, placementConditions(f))
+	// Only over the Sandbox as read: a node's controller that wrote first
+	// wins, and this pass is retried.
+	if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
+		return requeueOnConflict(err)
+	}
+	log.FromContext(ctx).Info("placed Sandbox", "node", node, "from", f.lost)
+	if f.outcome == movedOff {
+		if c := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+			p.recorder.Event(sb, "Warning", c.Reason, c.Message)
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// nodeLost marks sb NodeLost while its node is not ready: it stays, or
+// (Move) waits for its Pod's eviction. A node's controller that still runs
+// and writes Ready after the node's loss has the last word: the placer
+// does not write over a Ready condition newer than the loss, so the two
+// never take turns.
+func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, n *corev1.Node, msg string) (ctrl.Result, error) {
+	ready := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+	if ready != nil && ready.Reason == v1alpha1.ReasonNodeLost {
+		return p.markClaims(ctx, sb)
+	}
+	if c := nodeReady(n); ready != nil && c != nil && ready.LastTransitionTime.After(c.LastTransitionTime.Time) {
+		return ctrl.Result{}, nil
+	}
+	f := placementFacts{generation: sb.Generation, outcome: staysOn, lost: sb.Status.NodeName, lostMsg: msg, pinned: sb.Spec.NodeName != ""}
+	if sb.Spec.OnNodeLost == v1alpha1.NodeLostMove && sb.Spec.NodeName == "" {
+		f.outcome, f.evictAfter = evicting, p.opts.NodeLostAfter
+	}
+	read := sb.DeepCopy()
+	applyConditions(&sb.Status.Conditions, placementConditions(f))
+	if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
+		return requeueOnConflict(err)
+	}
+	if c := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, c.Message)
+	}
+	return p.markClaims(ctx, sb)
+}
+
+// leftMessage says why a Sandbox's Pod left node from: the node is lost,
+// or the Pod went (evicted, preempted, deleted) while the node was fine.
+func (p *placer) leftMessage(ctx context.Context, from string) string {
+	var n corev1.Node
+	err := p.Get(ctx, client.ObjectKey{Name: from}, &n)
+	switch c := nodeReady(&n); {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("node %s is gone (its Node was deleted)", from)
+	case err == nil && (c == nil || c.Status != corev1.ConditionTrue):
+		return nodeLostMessage(&n, c)
+	}
+	return fmt.Sprintf("its Pod left node %s", from)
+}
+
+// nodeLostMessage says since when and why a Node is not ready.
+func nodeLostMessage(n *corev1.Node, c *corev1.NodeCondition) string {
+	if c == nil {
+		return fmt.Sprintf("node %s has not reported Ready", n.Name)
+	}
+	msg := fmt.Sprintf("node %s not Ready since %s (%s", n.Name, c.LastTransitionTime.UTC().Format(time.RFC3339), c.Reason)
+	if c.Message != "" {
+		msg += ": " + c.Message
+	}
+	return msg + ")"
 }
 
 func nodeReady(n *corev1.Node) *corev1.NodeCondition {
@@ -339,331 +538,11 @@ func nodeReady(n *corev1.Node) *corev1.NodeCondition {
 	return nil
 }
 
-// choose is the eligible node with the fewest Sandboxes (ties: the name
-// that sorts first), or "" and why no node is, one reason per node.
-func (v nodeView) choose(sb *v1alpha1.Sandbox, except string) (string, string) {
-	// A selector no Node label can carry matches nothing: say why.
-	if errs := metav1validation.ValidateLabels(sb.Spec.NodeSelector, field.NewPath("spec", "nodeSelector")); len(errs) > 0 {
-		return "", errs.ToAggregate().Error()
+func nodeReadyStatus(n *corev1.Node) corev1.ConditionStatus {
+	if c := nodeReady(n); c != nil {
+		return c.Status
 	}
-	var best *nodeInfo
-	var why []string
-	for _, n := range v.nodes {
-		var no string
-		switch {
-		case n.name == except:
-			no = "lost"
-		case !n.live():
-			no = "lost: " + n.lostWhy
-		case !n.renewing:
-			no = "not seen renewing its Lease yet"
-		case !slices.Contains(n.backends, string(sb.Spec.BackendOrDefault())):
-			no = fmt.Sprintf("backend %s not enabled (enables %s)", sb.Spec.BackendOrDefault(), strings.Join(n.backends, ", "))
-		case !labels.SelectorFromSet(sb.Spec.NodeSelector).Matches(labels.Set(n.labels)):
-			no = "does not match nodeSelector"
-		case n.capacity > 0 && n.placed >= n.capacity:
-			no = fmt.Sprintf("full (%d of %d)", n.placed, n.capacity)
-		}
-		if no != "" {
-			why = append(why, n.name+": "+no)
-			continue
-		}
-		if best == nil || n.placed < best.placed {
-			best = n
-		}
-	}
-	if best != nil {
-		return best.name, ""
-	}
-	if len(why) == 0 {
-		return "", "no node controller has a live Lease"
-	}
-	if len(why) > 8 {
-		why = append(why[:8], fmt.Sprintf("and %d more", len(why)-8))
-	}
-	return "", strings.Join(why, "; ")
-}
-
-// nodeHeartbeat renews this node's Lease.
-type nodeHeartbeat struct {
-	client client.Client
-	reader client.Reader
-	opts   Options
-}
-
-func (h *nodeHeartbeat) NeedLeaderElection() bool { return false }
-
-func (h *nodeHeartbeat) Start(ctx context.Context) error {
-	logger := log.FromContext(ctx).WithName("lease")
-	t := time.NewTicker(h.opts.renewEvery())
-	defer t.Stop()
-	failing := false
-	for {
-		err := h.renew(ctx)
-		switch {
-		case err != nil && !failing && ctx.Err() == nil:
-			logger.Error(err, "renewing this node's Lease; other nodes count it lost after --node-lost-after", "node", h.opts.NodeName)
-			failing = true
-		case err == nil && failing:
-			logger.Info("renewing this node's Lease again", "node", h.opts.NodeName)
-			failing = false
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
-func (h *nodeHeartbeat) renew(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, h.opts.renewEvery()*2)
-	defer cancel()
-	now := metav1.NewMicroTime(h.opts.Now())
-	var backends []string
-	for b := range h.opts.Runtimes {
-		backends = append(backends, string(b))
-	}
-	slices.Sort(backends)
-	seconds := int32((h.opts.nodeLostAfter() + time.Second - 1) / time.Second)
-	key := client.ObjectKey{Namespace: h.opts.systemNamespace(), Name: NodeLeaseName(h.opts.NodeName)}
-	var l coordinationv1.Lease
-	err := h.reader.Get(ctx, key, &l)
-	if apierrors.IsNotFound(err) {
-		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-	} else if err != nil {
-		return err
-	}
-	if l.Labels == nil {
-		l.Labels = map[string]string{}
-	}
-	if l.Annotations == nil {
-		l.Annotations = map[string]string{}
-	}
-	l.Labels[LabelNodeLease] = "true"
-	l.Annotations[AnnotationCapacity] = strconv.Itoa(h.opts.Capacity)
-	l.Annotations[AnnotationBackends] = strings.Join(backends, ",")
-	holder := h.opts.NodeName
-	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &holder, &seconds, &now
-	if l.ResourceVersion == "" {
-		l.Spec.AcquireTime = &now
-		return h.client.Create(ctx, &l)
-	}
-	return h.client.Update(ctx, &l)
-}
-
-// placer places Sandboxes and handles lost nodes, on the coordinator.
-type placer struct {
-	client.Client
-	// status is the one writer of statuses, as the reconcilers'.
-	status   statusWriter
-	opts     Options
-	recorder record.EventRecorder
-	// clock is when this process saw each node's Lease renewed; the
-	// ticker shares it.
-	clock *leaseClock
-	// recent are placements this process made that the cache may not show
-	// yet, so a burst of new Sandboxes is spread, not piled on one node.
-	mu     sync.Mutex
-	recent map[types.UID]recentPlacement
-}
-
-type recentPlacement struct {
-	node string
-	at   time.Time
-}
-
-func (p *placer) setup(mgr ctrl.Manager) error {
-	wake := make(chan event.GenericEvent)
-	if err := mgr.Add(&placementTicker{reader: mgr.GetClient(), opts: p.opts, clock: p.clock, out: wake}); err != nil {
-		return err
-	}
-	return ctrl.NewControllerManagedBy(mgr).
-		// Only a Sandbox without a node needs the placer at once; lost
-		// nodes are found by the ticker.
-		For(&v1alpha1.Sandbox{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return o.(*v1alpha1.Sandbox).Node() == ""
-		}))).
-		WatchesRawSource(source.Channel(wake, &handler.EnqueueRequestForObject{})).
-		Named("placement").
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
-		Complete(p)
-}
-
-// placementTicker wakes the placer for the Sandboxes that need it: those
-// without a node (a node may have room now) and those on a lost node. A
-// Lease that stops being renewed sends no event, so this looks.
-type placementTicker struct {
-	reader client.Reader
-	opts   Options
-	clock  *leaseClock
-	out    chan<- event.GenericEvent
-}
-
-func (t *placementTicker) NeedLeaderElection() bool { return false }
-
-func (t *placementTicker) Start(ctx context.Context) error {
-	tick := time.NewTicker(t.opts.renewEvery())
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		v, sandboxes, coordinating, err := readView(ctx, t.reader, t.opts, t.clock, t.opts.Now(), nil)
-		if err != nil || !coordinating {
-			continue
-		}
-		for i := range sandboxes {
-			// The cache's own object: the handler reads only its key.
-			sb := &sandboxes[i]
-			n := sb.Node()
-			if n == "" || (v.get(n) != nil && !v.get(n).live()) {
-				select {
-				case t.out <- event.GenericEvent{Object: sb}:
-				case <-ctx.Done():
-					return nil
-				}
-			}
-		}
-	}
-}
-
-func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	var sb v1alpha1.Sandbox
-	if err := p.Get(ctx, req.NamespacedName, &sb); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !sb.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil
-	}
-	now := p.opts.Now()
-	v, _, coordinating, err := readView(ctx, p.Client, p.opts, p.clock, now, p.nodeOf(now))
-	if err != nil || !coordinating {
-		return ctrl.Result{}, err
-	}
-	if sb.Node() == "" && p.nodeOf(now)(&sb) != "" {
-		// Placed by this process; the cache has not caught up.
-		return ctrl.Result{}, nil
-	}
-	node := sb.Node()
-	switch n := v.get(node); {
-	case node == "":
-		return p.place(ctx, &sb, v, now, "", "")
-	case n != nil && !n.live():
-		return p.nodeLost(ctx, &sb, v, n, now)
-	}
-	return ctrl.Result{}, nil
-}
-
-// nodeOf is Sandbox.Node, with this process's placements that the cache
-// does not show yet; it forgets those the cache shows or that are old.
-func (p *placer) nodeOf(now time.Time) func(*v1alpha1.Sandbox) string {
-	return func(sb *v1alpha1.Sandbox) string {
-		if n := sb.Node(); n != "" {
-			return n
-		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		r, ok := p.recent[sb.UID]
-		if !ok {
-			return ""
-		}
-		if now.Sub(r.at) > recentFor {
-			delete(p.recent, sb.UID)
-			return ""
-		}
-		return r.node
-	}
-}
-
-// remember records a placement the cache may not show yet, and forgets
-// those older than recentFor: nodeOf drops an old one only when asked
-// about a Sandbox the cache still shows without a node, so without this
-// every placement would stay for the life of the process.
-func (p *placer) remember(uid types.UID, node string, now time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.recent == nil {
-		p.recent = map[types.UID]recentPlacement{}
-	}
-	for k, r := range p.recent {
-		if now.Sub(r.at) > recentFor {
-			delete(p.recent, k)
-		}
-	}
-	p.recent[uid] = recentPlacement{node: node, at: now}
-}
-
-// recentFor is how long a placement counts before the cache shows it.
-const recentFor = time.Minute
-
-// place gives sb a node, or says why none can take it. lost and lostMsg
-// are set when sb is moving off a lost node.
-func (p *placer) place(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, now time.Time, lost, lostMsg string) (ctrl.Result, error) {
-	node, why := v.choose(sb, lost)
-	f := placementFacts{generation: sb.Generation, node: node, lost: lost, lostMsg: lostMsg, why: why}
-	switch {
-	case node == "" && lost != "":
-		f.outcome = stranded
-	case node == "":
-		f.outcome = unschedulable
-	case lost != "":
-		f.outcome = movedOff
-	default:
-		f.outcome = placedOn
-	}
-	read := sb.DeepCopy()
-	if node != "" {
-		sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: now}
-	}
-	applyConditions(&sb.Status.Conditions, placementConditions(f))
-	if !equalStatus(read, sb) {
-		// Only over the Sandbox as read: a node's controller or another
-		// coordinator that wrote first wins, and this pass is retried.
-		if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
-			return requeueOnConflict(err)
-		}
-		p.announce(ctx, sb, f, now)
-	}
-	if node == "" {
-		return p.markClaims(ctx, sb)
-	}
-	return ctrl.Result{}, nil
-}
-
-// announce tells of a placement just written: the log, and a Warning
-// Event when the Sandbox lost its node or no node can take it.
-func (p *placer) announce(ctx context.Context, sb *v1alpha1.Sandbox, f placementFacts, now time.Time) {
-	if f.node != "" {
-		p.remember(sb.UID, f.node, now)
-		log.FromContext(ctx).Info("placed Sandbox", "node", f.node, "from", f.lost)
-	}
-	ready := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
-	if ready == nil || f.outcome == placedOn {
-		return
-	}
-	p.recorder.Event(sb, "Warning", ready.Reason, ready.Message)
-}
-
-// nodeLost marks sb NodeLost, and moves it when its policy allows.
-func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, v nodeView, n *nodeInfo, now time.Time) (ctrl.Result, error) {
-	msg := fmt.Sprintf("node %s lost since %s: %s", n.name, n.lostSince.UTC().Format(time.RFC3339), n.lostWhy)
-	if sb.Spec.NodeName == "" && sb.Spec.OnNodeLost == v1alpha1.NodeLostMove {
-		return p.place(ctx, sb, v, now, n.name, msg)
-	}
-	if c := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Reason == v1alpha1.ReasonNodeLost {
-		return p.markClaims(ctx, sb)
-	}
-	read := sb.DeepCopy()
-	applyConditions(&sb.Status.Conditions, placementConditions(placementFacts{
-		generation: sb.Generation, outcome: staysOn, lost: n.name, lostMsg: msg, pinned: sb.Spec.NodeName != ""}))
-	if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
-		return requeueOnConflict(err)
-	}
-	p.recorder.Event(sb, "Warning", v1alpha1.ReasonNodeLost, msg)
-	return p.markClaims(ctx, sb)
+	return ""
 }
 
 // releaseClaim lets a deleted claim of a Sandbox that no live node runs
@@ -690,8 +569,7 @@ func (p *placer) releaseClaim(ctx context.Context, c *v1alpha1.SessionClaim) err
 // placed, or its node lost) why they are not Ready. No node's controller
 // reconciles them meanwhile, and a claim left Ready on a node that is gone
 // sends its user there. The node that takes the Sandbox, or comes back,
-// derives them again from what it finds. The ticker brings this back for
-// claims made later.
+// derives them again from what it finds.
 func (p *placer) markClaims(ctx context.Context, sb *v1alpha1.Sandbox) (ctrl.Result, error) {
 	var list v1alpha1.SessionClaimList
 	if err := p.List(ctx, &list, client.InNamespace(sb.Namespace), client.MatchingFields{indexClaimSandbox: sb.Name}); err != nil {

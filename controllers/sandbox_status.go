@@ -238,6 +238,9 @@ const (
 	// staysOn: its node is lost and it stays there (onNodeLost: Stay, or
 	// spec.nodeName pins it).
 	staysOn
+	// evicting: its node is lost and its Pod is evicted after evictAfter
+	// (onNodeLost: Move).
+	evicting
 )
 
 // placementFacts is what one pass of the placer found of a Sandbox.
@@ -248,8 +251,11 @@ type placementFacts struct {
 	node string
 	// lost is the node it was on, lostMsg since when and why it is lost.
 	lost, lostMsg string
-	// why no node can take it (unschedulable, stranded).
-	why string
+	// why no node can take it (unschedulable, stranded), and the reason
+	// (unschedulable: Unschedulable or PodRefused).
+	why, reason string
+	// evictAfter is how long the Pod tolerates the loss (evicting).
+	evictAfter time.Duration
 	// pinned says spec.nodeName holds it on its lost node (staysOn).
 	pinned bool
 }
@@ -266,14 +272,20 @@ func placementConditions(f placementFacts) []conditionChange {
 	case placedOn:
 		notReady(v1alpha1.ReasonPlaced, fmt.Sprintf("placed on node %s; waiting for its controller", f.node))
 	case unschedulable:
-		notReady(v1alpha1.ReasonUnschedulable, "no node can take this Sandbox now: "+f.why)
+		reason := f.reason
+		if reason == "" {
+			reason = v1alpha1.ReasonUnschedulable
+		}
+		notReady(reason, "no node runs this Sandbox yet: "+f.why)
 	case movedOff:
 		notReady(v1alpha1.ReasonNodeLost, fmt.Sprintf(
 			"%s; moved to node %s (onNodeLost: Move): the agent's areas on %s stay there, and on %s it starts with the areas %s has", f.lostMsg, f.node, f.lost, f.node, f.node))
 	case stranded:
 		notReady(v1alpha1.ReasonNodeLost, f.lostMsg+"; no other node can take it: "+f.why)
+	case evicting:
+		notReady(v1alpha1.ReasonNodeLost, fmt.Sprintf("%s; its Pod is evicted %s after the node's loss and a new one is scheduled on another node (onNodeLost: Move)", f.lostMsg, f.evictAfter))
 	case staysOn:
-		stay := "it stays (onNodeLost: Stay) and runs again when the node's controller is back"
+		stay := "it stays (onNodeLost: Stay) and runs again when the node is back"
 		if f.pinned {
 			stay = "it stays: spec.nodeName pins it there"
 		}

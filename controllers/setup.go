@@ -59,18 +59,6 @@ type Options struct {
 	// SandboxReconcileTimeout bounds one Sandbox reconcile, runtime calls
 	// included; zero means DefaultSandboxReconcileTimeout.
 	SandboxReconcileTimeout time.Duration
-	// Capacity is how many Sandboxes this node takes when Sandboxes are
-	// placed (NodeName set); zero means no limit. Pinned Sandboxes count
-	// toward it and are never refused.
-	Capacity int
-	// SystemNamespace is the controller's own namespace: the node Leases
-	// and the exec API's CA live there; empty means
-	// DefaultSystemNamespace.
-	SystemNamespace string
-	// NodeLostAfter is how long a node may go without renewing its Lease
-	// (or stay not Ready) before its Sandboxes are NodeLost; zero means
-	// DefaultNodeLostAfter.
-	NodeLostAfter time.Duration
 	// SandboxWorkers and ClaimWorkers are how many Sandboxes and claims are
 	// reconciled at once (never one object twice at once); zero means 4
 	// and 16.
@@ -131,10 +119,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		opts.Getenv = os.Getenv
 	}
 	idx := mgr.GetFieldIndexer()
-	if err := idx.IndexField(ctx, &v1alpha1.SessionClaim{}, indexClaimSandbox, func(o client.Object) []string {
-		return []string{o.(*v1alpha1.SessionClaim).Spec.SandboxName}
-	}); err != nil {
-		return fmt.Errorf("indexing SessionClaims by sandbox: %w", err)
+	if err := indexClaims(ctx, idx); err != nil {
+		return err
 	}
 	if err := idx.IndexField(ctx, &v1alpha1.Sandbox{}, indexSandboxAgent, func(o client.Object) []string {
 		return []string{o.(*v1alpha1.Sandbox).Spec.Agent}
@@ -151,7 +137,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		opts.Host.NetnsDir = opts.Networks.Dir
 	}
 	gate := &shutdownGate{}
-	// With a node name the placer writes conditions too.
+	// With a node name the placer (SetupPlacement, in another process)
+	// writes conditions too.
 	status := statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader(), shared: opts.NodeName != ""}
 	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate, status: status, egress: ew} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
 	if err := sr.SetupWithManager(mgr); err != nil {
@@ -167,20 +154,19 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(&shutdownStopper{gate: gate, reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {
 		return fmt.Errorf("adding the shutdown stopper: %w", err)
 	}
-	if opts.NodeName != "" {
-		// A node's controller says it is alive and places Sandboxes that
-		// name no node (placement.go).
-		if err := mgr.Add(&nodeHeartbeat{client: mgr.GetClient(), reader: mgr.GetAPIReader(), opts: opts}); err != nil {
-			return fmt.Errorf("adding the node Lease: %w", err)
-		}
-		p := &placer{Client: mgr.GetClient(), status: status, opts: opts, clock: &leaseClock{}, recorder: mgr.GetEventRecorderFor("sandbox-placement")} //nolint:staticcheck // as above
-		if err := p.setup(mgr); err != nil {
-			return fmt.Errorf("setting up placement: %w", err)
-		}
-	}
 	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), status: status} //nolint:staticcheck // as above
 	if err := cr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the SessionClaim controller: %w", err)
+	}
+	return nil
+}
+
+// indexClaims looks claims up by their Sandbox.
+func indexClaims(ctx context.Context, idx client.FieldIndexer) error {
+	if err := idx.IndexField(ctx, &v1alpha1.SessionClaim{}, indexClaimSandbox, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.SessionClaim).Spec.SandboxName}
+	}); err != nil {
+		return fmt.Errorf("indexing SessionClaims by sandbox: %w", err)
 	}
 	return nil
 }

@@ -388,7 +388,9 @@ func TestPlacementConditions(t *testing.T) {
 		want  want
 	}{
 		{"placed", placementFacts{outcome: placedOn, node: "a"}, want{status: F, reason: v1alpha1.ReasonPlaced, message: "placed on node a; waiting for its controller"}},
-		{"unschedulable", placementFacts{outcome: unschedulable, why: "node a is full"}, want{status: F, reason: v1alpha1.ReasonUnschedulable, message: "no node can take this Sandbox now: node a is full"}},
+		{"unschedulable", placementFacts{outcome: unschedulable, why: "0/2 nodes are available: 2 Insufficient memory."}, want{status: F, reason: v1alpha1.ReasonUnschedulable, message: "no node runs this Sandbox yet: 0/2 nodes are available: 2 Insufficient memory."}},
+		{"refused", placementFacts{outcome: unschedulable, reason: v1alpha1.ReasonPodRefused, why: "exceeded quota"}, want{status: F, reason: v1alpha1.ReasonPodRefused, message: "no node runs this Sandbox yet: exceeded quota"}},
+		{"evicting", placementFacts{outcome: evicting, lost: "b", lostMsg: lost, evictAfter: 40 * time.Second}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; its Pod is evicted 40s after the node's loss"}},
 		{"moved", placementFacts{outcome: movedOff, node: "a", lost: "b", lostMsg: lost}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; moved to node a (onNodeLost: Move): the agent's areas on b stay there"}},
 		{"stranded", placementFacts{outcome: stranded, lost: "b", lostMsg: lost, why: "node a is full"}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; no other node can take it: node a is full"}},
 		{"stays", placementFacts{outcome: staysOn, lost: "b", lostMsg: lost}, want{status: F, reason: v1alpha1.ReasonNodeLost, message: lost + "; it stays (onNodeLost: Stay)"}},

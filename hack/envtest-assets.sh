@@ -20,6 +20,8 @@
 #   WITH_NODE     1 also builds kubelet, kube-controller-manager, kube-scheduler
 #                 and kube-proxy (default 0; about 7 more minutes on a busy
 #                 machine after kube-apiserver, a moment when built)
+#   WITH_SCHEDULER 1 also builds kube-scheduler alone (default 0), which the
+#                 placement suite runs against envtest's API server
 #   NODE_BIN_DIR  where those go (default bin/k8s-node/<K8S_VERSION>)
 #
 # Cold, on 2 cores: about 5 minutes (up to 8 on a busy machine), 2.4 GB peak
@@ -31,6 +33,7 @@ K8S_VERSION=${K8S_VERSION:-1.37.2}; K8S_VERSION=${K8S_VERSION#v}
 ETCD_VERSION=${ETCD_VERSION:-3.7.3}; ETCD_VERSION=${ETCD_VERSION#v}
 WITH_KUBECTL=${WITH_KUBECTL:-0}
 WITH_NODE=${WITH_NODE:-0}
+WITH_SCHEDULER=${WITH_SCHEDULER:-0}
 out=$root/bin/k8s/$K8S_VERSION
 node_out=${NODE_BIN_DIR:-$root/bin/k8s-node/$K8S_VERSION}
 work=$root/bin/.envtest-build
@@ -125,5 +128,7 @@ build_k8s kube-apiserver
 [ "$WITH_KUBECTL" = 1 ] && build_k8s kubectl
 if [ "$WITH_NODE" = 1 ]; then
   for c in kubelet kube-controller-manager kube-scheduler kube-proxy; do build_k8s "$c"; done
+elif [ "$WITH_SCHEDULER" = 1 ]; then
+  build_k8s kube-scheduler
 fi
 echo "$out"

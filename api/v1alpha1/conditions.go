@@ -94,15 +94,18 @@ const (
 	// rule. Nothing is started and no area is created.
 	ReasonClassForbids = "ClassForbids"
 
-	// ReasonUnschedulable: no node can take the Sandbox now (none alive,
-	// none matching its nodeSelector or enabling its backend, or all full);
-	// the message says why for each node. It is placed once one can.
+	// ReasonUnschedulable: the Sandbox's Pod waits for a node; the message
+	// is the scheduler's (for example "0/3 nodes are available: 3
+	// Insufficient memory"). It is placed once a node can take it.
 	ReasonUnschedulable = "Unschedulable"
+	// ReasonPodRefused: the API server refused the Sandbox's Pod (a
+	// ResourceQuota, a LimitRange, Pod Security admission, a policy); the
+	// message is the API server's. It is tried again every 15 seconds.
+	ReasonPodRefused = "PodRefused"
 	// ReasonPlaced: the Sandbox was placed on a node (status.nodeName) and
 	// waits for that node's controller.
 	ReasonPlaced = "Placed"
-	// ReasonNodeLost: the Sandbox's node stopped renewing its Lease, or its
-	// Node is not Ready, for longer than the controller allows; the
+	// ReasonNodeLost: the Sandbox's Node is not Ready (or gone); the
 	// message says since when and whether the Sandbox moves.
 	ReasonNodeLost = "NodeLost"
 

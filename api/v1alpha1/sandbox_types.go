@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -296,32 +297,64 @@ type SandboxSpec struct {
 	// +optional
 	ClassName string `json:"className,omitempty"`
 
-	// NodeName pins this sandbox to a node: that node's controller runs it.
-	// Empty: a controller started with --node-name places it on a node
-	// (status.nodeName) among those whose controller is alive, that match
-	// nodeSelector, enable its backend and have room; a controller started
-	// without --node-name (one machine, `make run`) runs every Sandbox that
-	// is neither pinned nor placed.
+	// NodeName pins this sandbox to a node: that node's controller runs it,
+	// and its Pod (on a cluster) is bound there without the scheduler.
+	// Empty: on a cluster the Sandbox's Pod is scheduled by kube-scheduler
+	// (by its resources, nodeSelector, affinity, tolerations, topology
+	// spread and priority) among the nodes whose controller enables its
+	// backend, and the node it is bound to runs it (status.nodeName); a
+	// controller started without --node-name (one machine, `make run`) runs
+	// every Sandbox that is neither pinned nor placed.
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	NodeName string `json:"nodeName,omitempty"`
 
 	// NodeSelector limits placement to nodes whose Node object carries
-	// every one of these labels with the given value. It applies when the
-	// Sandbox is placed (or moved); a placed Sandbox stays where it is when
-	// the selector or the labels change.
+	// every one of these labels with the given value: the Pod's
+	// nodeSelector. It applies when the Sandbox is placed (or moved); a
+	// placed Sandbox stays where it is when the selector or the labels
+	// change.
 	// +kubebuilder:validation:MaxProperties=32
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 
+	// Affinity is the Pod's affinity, as for any Pod: node affinity, and
+	// affinity or anti-affinity to other Pods. The controller adds one
+	// required term of its own (a node whose controller enables the
+	// Sandbox's backend).
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+
+	// Tolerations are the Pod's tolerations, as for any Pod. The controller
+	// adds those for a node that is not ready or unreachable (see
+	// onNodeLost).
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// TopologySpreadConstraints are the Pod's, as for any Pod; the Pods of
+	// Sandboxes carry the label sandbox.cireilclaw.dev/sandbox-pod=true to
+	// select them by.
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+
+	// PriorityClassName is the Pod's priority class: a Sandbox of a higher
+	// priority may preempt the Pods of lower ones, and may be preempted.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+
 	// OnNodeLost says what happens when the node a Sandbox was placed on is
-	// lost (its controller stops renewing its Lease, or the Node is not
-	// Ready, for --node-lost-after). Stay (the default): the Sandbox reports
-	// NodeLost and waits for the node. Move: it is placed on another node
-	// and starts there with the areas that node has for its agent (usually
-	// none: areas are node-local); the areas on the lost node stay there,
-	// untouched, and its instance there is removed when that node's
-	// controller comes back. A pinned Sandbox (nodeName) always stays.
+	// lost (its Node is not Ready, or unreachable). Stay (the default): the
+	// Sandbox reports NodeLost and waits for the node; its Pod tolerates
+	// the node's loss for ever. Move: its Pod tolerates the loss for
+	// --node-lost-after and is then evicted; a new Pod is scheduled on
+	// another node, which runs the Sandbox with the areas that node has for
+	// its agent (usually none: areas are node-local); the areas on the lost
+	// node stay there, untouched, and its instance there is removed when
+	// that node's controller comes back. A pinned Sandbox (nodeName) always
+	// stays.
 	// +kubebuilder:validation:Enum=Stay;Move
 	// +optional
 	OnNodeLost NodeLostPolicy `json:"onNodeLost,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
@@ -49,7 +50,7 @@ func runAggregatedAPI(ctx context.Context, f flags) error {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress: f.probeAddr,
-		Cache:                  cacheOptions(cfg, f.systemNamespace),
+		Cache:                  cacheOptions(cfg),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -111,6 +112,13 @@ func runAggregatedAPI(ctx context.Context, f flags) error {
 	}
 	if err := mgr.Add(srv); err != nil {
 		return err
+	}
+	// Every Sandbox gets its Pod here, which kube-scheduler binds to a
+	// node (controllers/placement.go).
+	if err := controllers.SetupPlacement(ctx, mgr, controllers.PlacementOptions{
+		SystemNamespace: f.systemNamespace, PodImage: f.podImage, NodeLostAfter: f.nodeLostAfter,
+	}); err != nil {
+		return fmt.Errorf("setting up placement: %w", err)
 	}
 	if err := addProbes(mgr); err != nil {
 		return err

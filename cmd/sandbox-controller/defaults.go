@@ -1,12 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"strconv"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -91,30 +92,27 @@ func parseLogLevel(level string) (zapcore.Level, error) {
 // last-applied-configuration annotation is kept although it is never read:
 // the controllers Update whole objects, and an Update without it would
 // remove it from the server, breaking the next `kubectl apply`.
-func cacheOptions(cfg *rest.Config, systemNamespace string) cache.Options {
+func cacheOptions(cfg *rest.Config) cache.Options {
 	return cache.Options{
 		NewInformer:      controllers.NewInformerFor(cfg),
 		DefaultTransform: cache.TransformStripManagedFields(),
-		// Only the node controllers' Leases, not every Lease of the
-		// cluster (one per kubelet, leader elections).
+		// Only the Sandboxes' Pods (the placer's, --mode=api), not every
+		// Pod of the cluster.
 		ByObject: map[client.Object]cache.ByObject{
-			&coordinationv1.Lease{}: {
-				Namespaces: map[string]cache.Config{systemNamespace: {}},
-				Label:      labels.SelectorFromSet(labels.Set{controllers.LabelNodeLease: "true"}),
-			},
+			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelSandboxPod: "true"})},
 		},
 	}
 }
 
-// checkPlacementFlags refuses placement flags no node could work with,
+// checkPlacementFlags refuses placement flags no cluster could work with,
 // naming the flag and the rule (0 or less would otherwise quietly mean
-// "no limit" or the default).
-func checkPlacementFlags(capacity int, lostAfter time.Duration) error {
-	if capacity < 0 {
-		return fmt.Errorf("--node-capacity=%d: must be 0 (no limit) or more", capacity)
+// the default).
+func checkPlacementFlags(lostAfter time.Duration, podImage string) error {
+	if lostAfter < time.Second {
+		return fmt.Errorf("--node-lost-after=%s: must be a second or more (a Pod tolerates a taint for whole seconds)", lostAfter)
 	}
-	if lostAfter <= 0 {
-		return fmt.Errorf("--node-lost-after=%s: must be more than zero (the node renews its Lease every quarter of it)", lostAfter)
+	if podImage == "" {
+		return errors.New("--sandbox-pod-image: must name an image (the pause image the nodes hold)")
 	}
 	return nil
 }

@@ -82,7 +82,7 @@ func TestCacheDropsManagedFields(t *testing.T) {
 		Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{}"},
 		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}},
 	}}
-	transform := cacheOptions(&rest.Config{Host: "https://127.0.0.1:1"}, "ns").DefaultTransform
+	transform := cacheOptions(&rest.Config{Host: "https://127.0.0.1:1"}).DefaultTransform
 	if transform == nil {
 		t.Fatal("the cache has no default transform")
 	}
@@ -101,20 +101,21 @@ func TestCacheDropsManagedFields(t *testing.T) {
 
 func TestPlacementFlagsRefused(t *testing.T) {
 	for _, tc := range []struct {
-		capacity  int
 		lostAfter time.Duration
+		image     string
 		want      string
 	}{
-		{-1, time.Minute, "--node-capacity=-1"},
-		{0, 0, "--node-lost-after=0s"},
-		{3, -time.Second, "--node-lost-after=-1s"},
+		{0, "pause", "--node-lost-after=0s"},
+		{-time.Second, "pause", "--node-lost-after=-1s"},
+		{500 * time.Millisecond, "pause", "--node-lost-after=500ms"},
+		{time.Minute, "", "--sandbox-pod-image"},
 	} {
-		err := checkPlacementFlags(tc.capacity, tc.lostAfter)
+		err := checkPlacementFlags(tc.lostAfter, tc.image)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("checkPlacementFlags(%d, %s) = %v, want an error naming %s", tc.capacity, tc.lostAfter, err, tc.want)
+			t.Errorf("checkPlacementFlags(%s, %q) = %v, want an error naming %s", tc.lostAfter, tc.image, err, tc.want)
 		}
 	}
-	if err := checkPlacementFlags(0, 40*time.Second); err != nil {
+	if err := checkPlacementFlags(40*time.Second, "registry.k8s.io/pause:3.10"); err != nil {
 		t.Errorf("the defaults refused: %v", err)
 	}
 }

@@ -45,7 +45,7 @@ type flags struct {
 	localAssets, localCRDs, localKubeconfig string
 	api                                     execapi.Config
 	apiAdvertise                            string
-	capacity                                int
+	podImage                                string
 	nodeLostAfter                           time.Duration
 	systemNamespace                         string
 	certValidity                            time.Duration
@@ -101,9 +101,9 @@ func main() {
 	flag.IntVar(&f.sandboxWorkers, "sandbox-workers", 4, "Sandboxes reconciled at once (a Sandbox is never reconciled twice at once)")
 	flag.IntVar(&f.claimWorkers, "claim-workers", 16, "SessionClaims reconciled at once; bursts of claims bind this many at a time")
 	flag.StringVar(&f.nodeName, "node-name", "", "this node's name: reconcile the Sandboxes pinned (spec.nodeName) or placed (status.nodeName) here, renew this node's Lease and take part in placing Sandboxes that name no node; empty (one machine) reconciles only Sandboxes that are neither")
-	flag.IntVar(&f.capacity, "node-capacity", 0, "with --node-name: how many Sandboxes this node takes when Sandboxes without spec.nodeName are placed (pinned ones count too and are never refused); 0 means no limit")
-	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --node-name: how long a node's controller may go without renewing its Lease (or its Node stay not Ready) before its Sandboxes report NodeLost and those with onNodeLost: Move are placed elsewhere; this node renews every quarter of it")
-	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node Leases, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
+	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --mode=api: how long the Pod of an onNodeLost: Move Sandbox tolerates its node being not ready or unreachable before it is evicted and the Sandbox is scheduled elsewhere (whole seconds)")
+	flag.StringVar(&f.podImage, "sandbox-pod-image", controllers.DefaultPodImage, "with --mode=api: the image of the Pod each Sandbox gets, which only holds its place on a node: the pause image the nodes already hold")
+	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node controllers' pods, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: "+backendList())
 	f.drivers = bindBackendFlags(flag.CommandLine)
 	flag.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "address the metrics endpoint binds to (loopback by default: the controller runs on the node's network, and its metrics name tenants' objects); 0 disables it")
@@ -133,7 +133,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
 		os.Exit(2)
 	}
-	if err := checkPlacementFlags(f.capacity, f.nodeLostAfter); err != nil {
+	if err := checkPlacementFlags(f.nodeLostAfter, f.podImage); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
 		os.Exit(2)
 	}
@@ -246,7 +246,7 @@ Ctrl-C stops the controller and the control plane.
 		HealthProbeBindAddress: f.probeAddr,
 		LeaderElection:         f.leaderElect,
 		LeaderElectionID:       "sandbox-controller.cireilclaw.dev",
-		Cache:                  cacheOptions(cfg, f.systemNamespace),
+		Cache:                  cacheOptions(cfg),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -279,16 +279,13 @@ Ctrl-C stops the controller and the control plane.
 		defer networks.Close()
 	}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
-		Networks:        networks,
-		Runtimes:        rts,
-		Host:            host,
-		NodeName:        f.nodeName,
-		Capacity:        f.capacity,
-		NodeLostAfter:   f.nodeLostAfter,
-		SystemNamespace: f.systemNamespace,
-		Endpoint:        f.apiAdvertise,
-		SandboxWorkers:  f.sandboxWorkers,
-		ClaimWorkers:    f.claimWorkers,
+		Networks:       networks,
+		Runtimes:       rts,
+		Host:           host,
+		NodeName:       f.nodeName,
+		Endpoint:       f.apiAdvertise,
+		SandboxWorkers: f.sandboxWorkers,
+		ClaimWorkers:   f.claimWorkers,
 	}); err != nil {
 		return err
 	}

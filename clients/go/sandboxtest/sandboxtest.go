@@ -138,7 +138,7 @@ func Start(ctx context.Context, env *envtest.Environment, opts Options) (*Contro
 	}
 	rts := map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: rt}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{Runtimes: rts, Host: host,
-		SystemNamespace: servingcert.DefaultNamespace, Endpoint: endpoint}); err != nil {
+		Endpoint: endpoint}); err != nil {
 		return nil, err
 	}
 	apiCfg := execapi.Config{BindAddress: endpoint, CertFile: certFile, KeyFile: keyFile,

@@ -31,7 +31,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -440,12 +439,18 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(apierrors.IsForbidden(controller.Update(ctx, cm))).To(BeTrue(), "a node never rewrites the forwarder CA nodes trust")
 		Expect(apierrors.IsForbidden(controller.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "planted"}}))).To(BeTrue(),
 			"a node makes no Secret")
-		holder := "node-a"
-		Expect(controller.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: controllers.NodeLeaseName("node-a")},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder},
-		})).To(Succeed())
+		Expect(apierrors.IsForbidden(controller.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "planted"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}}}}))).To(BeTrue(),
+			"a node makes no Pod: placement is the aggregated API's")
 		Expect(controller.List(ctx, &corev1.NodeList{})).To(Succeed())
+
+		By("placing as the aggregated API does: Sandboxes' Pods made and deleted, Nodes read")
+		pod := controllers.SandboxPod(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "rbac-probe", UID: "0a0a0a0a-0000-0000-0000-000000000001"}},
+			controllers.PlacementOptions{SystemNamespace: namespace}, "", 0)
+		Expect(aggregated.Create(ctx, pod)).To(Succeed())
+		Expect(aggregated.List(ctx, &corev1.PodList{}, client.MatchingLabels{controllers.LabelSandboxPod: "true"})).To(Succeed())
+		Expect(aggregated.List(ctx, &corev1.NodeList{})).To(Succeed())
+		Expect(aggregated.Delete(ctx, pod)).To(Succeed())
 
 		By("setting the aggregated API's caBundle and reading the API server's front-proxy configuration as the aggregated API does")
 		found, err = servingcert.PublishAPIService(ctx, aggregated, execapi.APIServiceName, fwdSrc.CAPEM())

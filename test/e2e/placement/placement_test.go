@@ -1,25 +1,36 @@
-// Package placement_test holds placement end to end: two node controllers
-// (two managers in this process, each with its own areas root and bwrap
-// state, as two machines would have) against one real kube-apiserver.
-// Sandboxes that name no node are spread over them within each node's
-// capacity and nodeSelector; when one node's controller stops, its
-// Sandboxes report NodeLost and the one whose policy allows it moves.
+// Package placement_test holds placement end to end: the placer (as the
+// aggregated API's Deployment runs it), a real kube-scheduler and two node
+// controllers (two managers in this process, each with its own areas root
+// and bwrap state, as two machines would have) against one real
+// kube-apiserver. Each Sandbox gets a Pod that kube-scheduler binds by its
+// requests, selector and backend, and the node it is bound to runs it.
+//
+// There is no kubelet: the two Nodes are objects whose room and readiness
+// the suite writes, and each node controller's DaemonSet pod is a Pod bound
+// to its Node, as the DaemonSet controller would make it. Where a node is
+// lost, the suite does what the node lifecycle controller does (the Node
+// not Ready, the unreachable taint, the eviction of the Pods that do not
+// tolerate it); make test-cluster shows it with the real one.
 package placement_test
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -31,10 +42,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
 )
 
-const (
-	leaseNS   = "sandbox-leases"
-	lostAfter = 3 * time.Second
-)
+const systemNS = "sandbox-system"
 
 var (
 	env *testharness.Env
@@ -49,10 +57,9 @@ func TestPlacement(t *testing.T) {
 
 // node is one node's controller.
 type node struct {
-	name     string
-	capacity int
-	dir      string
-	mgr      *testharness.Manager
+	name string
+	dir  string
+	mgr  *testharness.Manager
 	// orphanInterval is the node's --orphan interval; 0: the default.
 	orphanInterval time.Duration
 }
@@ -61,12 +68,9 @@ func (n *node) start() {
 	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(n.dir, "state")})
 	Expect(err).NotTo(HaveOccurred())
 	n.mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{
-		Host:            instance.Host{AreasRoot: filepath.Join(n.dir, "areas"), Home: "/nonexistent-home"},
-		NodeName:        n.name,
-		Capacity:        n.capacity,
-		SystemNamespace: leaseNS,
-		NodeLostAfter:   lostAfter,
-		OrphanInterval:  n.orphanInterval,
+		Host:           instance.Host{AreasRoot: filepath.Join(n.dir, "areas"), Home: "/nonexistent-home"},
+		NodeName:       n.name,
+		OrphanInterval: n.orphanInterval,
 	})
 }
 
@@ -77,25 +81,92 @@ func (n *node) stop() {
 	}
 }
 
-var nodeA, nodeB *node
+var (
+	nodeA, nodeB *node
+	scheduler    *testharness.Scheduler
+	placement    *testharness.Manager
+)
+
+// nodeMemory is each Node's allocatable memory: two Sandboxes requesting
+// 600Mi fit on one, three do not.
+const nodeMemory = "1536Mi"
+
+// addNode makes a Node as a kubelet registers one (Ready, with room), and
+// the pod of our DaemonSet bound to it, enabling bwrap.
+func addNode(name, zone string) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"zone": zone, corev1.LabelHostname: name}}}
+	Expect(k8s.Create(ctx, n)).To(Succeed())
+	room := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse(nodeMemory), corev1.ResourcePods: resource.MustParse("110")}
+	n.Status = corev1.NodeStatus{Capacity: room, Allocatable: room}
+	Expect(k8s.Status().Update(ctx, n)).To(Succeed())
+	// Admission gave it the not-ready taint, which the node lifecycle
+	// controller removes once the kubelet says Ready.
+	setNodeReady(name, true)
+	Expect(k8s.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "sandbox-controller-" + name, Labels: map[string]string{
+			"app.kubernetes.io/name": "sandbox-controller", controllers.LabelBackendPrefix + "bwrap": "true"}},
+		Spec: corev1.PodSpec{NodeName: name, Containers: []corev1.Container{{Name: "manager", Image: "sandbox-controller"}}},
+	})).To(Succeed())
+}
+
+// setNodeReady writes a Node's Ready condition, and its taints as the node
+// lifecycle controller keeps them: none for a Ready node, the unreachable
+// ones for a node it stopped hearing from.
+func setNodeReady(name string, ready bool) {
+	GinkgoHelper()
+	Eventually(func() error {
+		var n corev1.Node
+		if err := k8s.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
+			return err
+		}
+		c := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}
+		if !ready {
+			c.Status, c.Reason, c.Message = corev1.ConditionUnknown, "NodeStatusUnknown", "Kubelet stopped posting node status."
+		}
+		n.Status.Conditions = []corev1.NodeCondition{c}
+		if err := k8s.Status().Update(ctx, &n); err != nil {
+			return err
+		}
+		if err := k8s.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
+			return err
+		}
+		n.Spec.Taints = nil
+		if !ready {
+			n.Spec.Taints = []corev1.Taint{
+				{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoSchedule},
+				{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoExecute, TimeAdded: ptr.To(metav1.Now())},
+			}
+		}
+		return k8s.Update(ctx, &n)
+	}, testharness.Timeout).Should(Succeed())
+}
 
 var _ = BeforeSuite(func() {
 	testenv.Binary(GinkgoT(), "bwrap", "install bubblewrap (hack/install-deps.sh)")
 	env = testharness.Start()
 	k8s = env.Client
-	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: leaseNS}})).To(Succeed())
-	for _, n := range []struct{ name, zone string }{{"node-a", "a"}, {"node-b", "b"}} {
-		Expect(k8s.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{"zone": n.zone}}})).To(Succeed())
-	}
-	nodeA = &node{name: "node-a", capacity: 3, dir: filepath.Join(env.Dir, "node-a"), orphanInterval: time.Second}
+	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS}})).To(Succeed())
+	addNode("node-a", "a")
+	addNode("node-b", "b")
+	scheduler = env.StartScheduler()
+	placement = env.StartPlacer(controllers.PlacementOptions{SystemNamespace: systemNS, NodeLostAfter: 2 * time.Second})
+	nodeA = &node{name: "node-a", dir: filepath.Join(env.Dir, "node-a"), orphanInterval: time.Second}
 	// node-b collects orphans at the default interval (5 minutes): what it
 	// removes within a spec it removes on its own account.
-	nodeB = &node{name: "node-b", capacity: 2, dir: filepath.Join(env.Dir, "node-b")}
+	nodeB = &node{name: "node-b", dir: filepath.Join(env.Dir, "node-b")}
 	nodeA.start()
 	nodeB.start()
 })
 
 var _ = AfterSuite(func() {
+	if scheduler != nil && !scheduler.Running() {
+		b, _ := os.ReadFile(scheduler.Log)
+		GinkgoWriter.Printf("kube-scheduler exited; its log:\n%s\n", b)
+	}
+	scheduler.Stop()
+	if placement != nil {
+		placement.Stop()
+	}
 	for _, n := range []*node{nodeA, nodeB} {
 		if n != nil {
 			n.stop()
@@ -108,7 +179,8 @@ var _ = AfterSuite(func() {
 func sandbox(ns, name string, mutate ...func(*v1alpha1.Sandbox)) *v1alpha1.Sandbox {
 	sb := &v1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       v1alpha1.SandboxSpec{Agent: ns + "-" + name, Binaries: []v1alpha1.BinaryName{"true"}},
+		Spec: v1alpha1.SandboxSpec{Agent: ns + "-" + name, Binaries: []v1alpha1.BinaryName{"true"},
+			Resources: &v1alpha1.Resources{Requests: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("600Mi"))}}},
 	}
 	for _, m := range mutate {
 		m(sb)
@@ -152,151 +224,245 @@ func claimReadyOf(ns, name string) func() (*metav1.Condition, error) {
 	}
 }
 
+// podOf is the Pod that stands for a Sandbox now: the newest not being
+// deleted.
+func podOf(ns, name string) func() (*corev1.Pod, error) {
+	return func() (*corev1.Pod, error) {
+		var sb v1alpha1.Sandbox
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb); err != nil {
+			return nil, err
+		}
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{controllers.LabelSandboxUID: string(sb.UID)}); err != nil {
+			return nil, err
+		}
+		var cur *corev1.Pod
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.DeletionTimestamp.IsZero() && (cur == nil || attempt(p) > attempt(cur)) {
+				cur = p
+			}
+		}
+		return cur, nil
+	}
+}
+
+func attempt(p *corev1.Pod) int {
+	k, _ := strconv.Atoi(p.Annotations["sandbox.cireilclaw.dev/attempt"])
+	return k
+}
+
+// remove deletes a Sandbox, waits until it is gone, and deletes its Pods
+// as the garbage collector of a cluster would (envtest runs none), so the
+// room they held is free.
+func remove(ns, name string) {
+	GinkgoHelper()
+	var sb v1alpha1.Sandbox
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb)).To(Succeed())
+	env.DeleteAndWait(&sb)
+	Expect(k8s.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ns), client.MatchingLabels{controllers.LabelSandboxUID: string(sb.UID)},
+		client.GracePeriodSeconds(0))).To(Succeed())
+}
+
+func countByNode(ns string) func() (map[string]int, error) {
+	return func() (map[string]int, error) {
+		var list v1alpha1.SandboxList
+		if err := k8s.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return nil, err
+		}
+		out := map[string]int{}
+		for _, sb := range list.Items {
+			out[sb.Status.NodeName]++
+		}
+		return out, nil
+	}
+}
+
 var _ = Describe("Placement", Ordered, func() {
 	var ns string
 	BeforeAll(func() { ns = env.NewNamespace() })
 
-	It("spreads Sandboxes that name no node over the live nodes, within capacity, and says which node in status", func() {
+	It("gives each Sandbox a Pod that kube-scheduler binds by its requests, and the node it is bound to runs it", func() {
 		for i := 1; i <= 4; i++ {
 			sandbox(ns, fmt.Sprintf("s%d", i))
 		}
-		count := func() (map[string]int, error) {
-			var list v1alpha1.SandboxList
-			if err := k8s.List(ctx, &list, client.InNamespace(ns)); err != nil {
-				return nil, err
-			}
-			out := map[string]int{}
-			for _, sb := range list.Items {
-				out[sb.Status.NodeName]++
-			}
-			return out, nil
-		}
-		Eventually(count, testharness.Timeout).Should(Equal(map[string]int{"node-a": 2, "node-b": 2}))
+		// 600Mi each on nodes of 1536Mi: two on each.
+		Eventually(countByNode(ns), testharness.Timeout).Should(Equal(map[string]int{"node-a": 2, "node-b": 2}))
 		for i := 1; i <= 4; i++ {
+			name := fmt.Sprintf("s%d", i)
+			pod, err := podOf(ns, name)()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(pod).NotTo(BeNil())
+			Expect(pod.Spec.Containers[0].Resources.Requests.Memory().String()).To(Equal("600Mi"))
+			Expect(nodeOf(ns, name)()).To(Equal(pod.Spec.NodeName), "status.nodeName is the Pod's node")
 			// Each node's controller took its own: the instance is stopped
 			// there, as for any Sandbox without claims.
-			Eventually(env.SandboxStatus(ns, fmt.Sprintf("s%d", i)), testharness.Timeout).Should(
+			Eventually(env.SandboxStatus(ns, name), testharness.Timeout).Should(
 				testharness.SandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
 		}
-		// The fifth goes where there is room: node-b is full at 2.
+	})
+
+	It("keeps a Sandbox no node has room for Unschedulable in the scheduler's words, and places it once one has", func() {
 		sandbox(ns, "s5")
-		Eventually(nodeOf(ns, "s5"), testharness.Timeout).Should(Equal("node-a"))
-	})
-
-	It("reports Unschedulable with each node's reason when none can take a Sandbox, and places it once one can", func() {
-		sandbox(ns, "zoned", func(sb *v1alpha1.Sandbox) { sb.Spec.NodeSelector = map[string]string{"zone": "b"} })
-		Eventually(readyOf(ns, "zoned"), testharness.Timeout).Should(And(
+		Eventually(readyOf(ns, "s5"), testharness.Timeout).Should(And(
 			HaveField("Reason", v1alpha1.ReasonUnschedulable),
-			HaveField("Message", And(ContainSubstring("node-a: does not match nodeSelector"), ContainSubstring("node-b: full (2 of 2)")))))
-		Consistently(nodeOf(ns, "zoned"), 2*lostAfter/3).Should(BeEmpty())
-		// No node's controller binds its claim meanwhile: the coordinator
-		// says why it is not Ready.
-		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "zoned-claim", "zoned"))).To(Succeed())
-		Eventually(claimReadyOf(ns, "zoned-claim"), testharness.Timeout).Should(And(
+			HaveField("Message", And(ContainSubstring("0/2 nodes are available"), ContainSubstring("Insufficient memory")))))
+		// No node's controller binds its claim meanwhile: the placer says
+		// why it is not Ready.
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "s5-claim", "s5"))).To(Succeed())
+		Eventually(claimReadyOf(ns, "s5-claim"), testharness.Timeout).Should(And(
 			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonSandboxNotReady),
-			HaveField("Message", And(ContainSubstring(`Sandbox "zoned" is not ready: Unschedulable`), ContainSubstring("node-b: full (2 of 2)")))))
+			HaveField("Message", And(ContainSubstring(`Sandbox "s5" is not ready: Unschedulable`), ContainSubstring("Insufficient memory")))))
 
-		var onB string
-		for i := 1; i <= 4 && onB == ""; i++ {
-			if n, _ := nodeOf(ns, fmt.Sprintf("s%d", i))(); n == "node-b" {
-				onB = fmt.Sprintf("s%d", i)
-			}
-		}
-		Expect(onB).NotTo(BeEmpty())
-		env.DeleteAndWait(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: onB}})
-		Eventually(nodeOf(ns, "zoned"), testharness.Timeout).Should(Equal("node-b"))
-		Eventually(env.SandboxStatus(ns, "zoned"), testharness.Timeout).Should(
+		freed, err := nodeOf(ns, "s1")()
+		Expect(err).NotTo(HaveOccurred())
+		remove(ns, "s1")
+		Eventually(nodeOf(ns, "s5"), testharness.Timeout).Should(Equal(freed))
+		Eventually(env.SandboxStatus(ns, "s5"), testharness.Timeout).Should(
 			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		Eventually(claimReadyOf(ns, "zoned-claim"), testharness.Timeout).Should(And(
+		Eventually(claimReadyOf(ns, "s5-claim"), testharness.Timeout).Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", v1alpha1.ReasonSandboxReady)))
-		env.DeleteAndWait(testharness.NewClaim(ns, "zoned-claim", "zoned"))
-		Eventually(env.SandboxStatus(ns, "zoned"), testharness.Timeout).Should(
-			testharness.SandboxIs(0, metav1.ConditionTrue, v1alpha1.ReasonIdle))
 	})
 
-	It("marks the Sandboxes of a node whose controller stops NodeLost, moves those with onNodeLost: Move, and cleans up when the node is back", func() {
-		// Room on node-a for the one that moves.
-		var onA []string
-		for _, name := range []string{"s1", "s2", "s3", "s4", "s5"} {
-			if n, _ := nodeOf(ns, name)(); n == "node-a" {
-				onA = append(onA, name)
-			}
-		}
-		Expect(onA).To(HaveLen(3))
-		env.DeleteAndWait(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: onA[0]}})
-
-		// On node-b, running, with a claim each: one that stays, and one
-		// that may move, for which room is made there.
-		var stays string
-		for _, name := range []string{"s1", "s2", "s3", "s4", "zoned"} {
-			if n, _ := nodeOf(ns, name)(); n == "node-b" && stays == "" {
-				stays = name
-			}
-		}
-		Expect(stays).NotTo(BeEmpty())
-		var other string
-		for _, name := range []string{"s1", "s2", "s3", "s4", "zoned"} {
-			if n, _ := nodeOf(ns, name)(); n == "node-b" && name != stays {
-				other = name
-			}
-		}
-		env.DeleteAndWait(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: other}})
-		sandbox(ns, "mover", func(sb *v1alpha1.Sandbox) {
-			sb.Spec.OnNodeLost = v1alpha1.NodeLostMove
-			sb.Spec.NodeSelector = map[string]string{"zone": "b"}
+	It("schedules a Sandbox only beside a node controller that enables its backend", func() {
+		sandbox(ns, "ctrd", func(sb *v1alpha1.Sandbox) {
+			sb.Spec.Resources = nil
+			sb.Spec.Backend = v1alpha1.BackendContainerd
+			sb.Spec.Containerd = &v1alpha1.ContainerdSpec{Image: "example.test/agent:1"}
 		})
-		Eventually(nodeOf(ns, "mover"), testharness.Timeout).Should(Equal("node-b"))
-		for _, name := range []string{stays, "mover"} {
+		Eventually(readyOf(ns, "ctrd"), testharness.Timeout).Should(And(
+			HaveField("Reason", v1alpha1.ReasonUnschedulable),
+			HaveField("Message", ContainSubstring("pod affinity"))))
+		Consistently(nodeOf(ns, "ctrd"), 3*time.Second).Should(BeEmpty())
+		remove(ns, "ctrd")
+	})
+
+	It("reports a ResourceQuota's refusal in the API server's words, and places the Sandbox once the quota allows it", func() {
+		quotaNS := env.NewNamespace()
+		q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Namespace: quotaNS, Name: "no-pods"},
+			Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}}}
+		Expect(k8s.Create(ctx, q)).To(Succeed())
+		// What kube-controller-manager's quota controller writes; the API
+		// server's quota admission counts against it.
+		setQuota := func(pods string) {
+			Eventually(func() error {
+				if err := k8s.Get(ctx, client.ObjectKeyFromObject(q), q); err != nil {
+					return err
+				}
+				q.Spec.Hard = corev1.ResourceList{corev1.ResourcePods: resource.MustParse(pods)}
+				if err := k8s.Update(ctx, q); err != nil {
+					return err
+				}
+				q.Status = corev1.ResourceQuotaStatus{Hard: q.Spec.Hard, Used: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}}
+				return k8s.Status().Update(ctx, q)
+			}, testharness.Timeout).Should(Succeed())
+		}
+		setQuota("0")
+		sandbox(quotaNS, "over", func(sb *v1alpha1.Sandbox) { sb.Spec.Resources = nil })
+		Eventually(readyOf(quotaNS, "over"), testharness.Timeout).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonPodRefused),
+			HaveField("Message", And(ContainSubstring("exceeded quota: no-pods"), ContainSubstring("pods=0")))))
+		setQuota("1")
+		Eventually(nodeOf(quotaNS, "over"), testharness.Timeout).ShouldNot(BeEmpty())
+		Eventually(env.SandboxStatus(quotaNS, "over"), testharness.Timeout).Should(
+			testharness.SandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		remove(quotaNS, "over")
+	})
+
+	It("marks the Sandboxes of a lost node NodeLost, moves those with onNodeLost: Move when their Pod is evicted, and cleans up when the node is back", func() {
+		for _, name := range []string{"s2", "s3", "s4", "s5"} {
+			remove(ns, name)
+		}
+		// On node-b, running, with a claim each: one that stays, and one
+		// that may move.
+		zoneB := func(sb *v1alpha1.Sandbox) { sb.Spec.NodeSelector = map[string]string{"zone": "b"} }
+		sandbox(ns, "stays", zoneB)
+		sandbox(ns, "mover", zoneB, func(sb *v1alpha1.Sandbox) { sb.Spec.OnNodeLost = v1alpha1.NodeLostMove })
+		for _, name := range []string{"stays", "mover"} {
+			Eventually(nodeOf(ns, name), testharness.Timeout).Should(Equal("node-b"))
 			Expect(k8s.Create(ctx, testharness.NewClaim(ns, name+"-claim", name))).To(Succeed())
 			Eventually(env.SandboxStatus(ns, name), testharness.Timeout).Should(
 				testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		}
 		// A second claim on the one that stays, deleted while its node is
 		// lost.
-		Expect(k8s.Create(ctx, testharness.NewClaim(ns, stays+"-extra", stays))).To(Succeed())
-		Eventually(env.SandboxStatus(ns, stays), testharness.Timeout).Should(
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "stays-extra", "stays"))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, "stays"), testharness.Timeout).Should(
 			testharness.SandboxIs(2, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		// The mover's selector names zone b only: it cannot move until the
-		// selector allows another node.
+
 		nodeB.stop()
-		Eventually(readyOf(ns, stays), testharness.Timeout).Should(And(
+		setNodeReady("node-b", false)
+		Eventually(readyOf(ns, "stays"), testharness.Timeout).Should(And(
 			HaveField("Reason", v1alpha1.ReasonNodeLost),
-			HaveField("Message", And(ContainSubstring("node node-b lost since"), ContainSubstring("stays (onNodeLost: Stay)")))))
+			HaveField("Message", And(ContainSubstring("node node-b not Ready since"), ContainSubstring("stays (onNodeLost: Stay)")))))
 		Eventually(readyOf(ns, "mover"), testharness.Timeout).Should(And(
 			HaveField("Reason", v1alpha1.ReasonNodeLost),
-			HaveField("Message", ContainSubstring("no other node can take it: node-a: does not match nodeSelector"))))
+			HaveField("Message", ContainSubstring("its Pod is evicted 2s after the node's loss"))))
 		// Their claims are not left Ready on a node that is gone.
-		for _, name := range []string{stays, "mover"} {
+		for _, name := range []string{"stays", "mover"} {
 			Eventually(claimReadyOf(ns, name+"-claim"), testharness.Timeout).Should(And(
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonSandboxNotReady),
-				HaveField("Message", And(ContainSubstring(fmt.Sprintf("Sandbox %q is not ready: NodeLost", name)), ContainSubstring("node node-b lost since")))))
+				HaveField("Message", And(ContainSubstring(fmt.Sprintf("Sandbox %q is not ready: NodeLost", name)), ContainSubstring("node node-b not Ready since")))))
 		}
 		// A claim without a worktree, deleted meanwhile, goes without
 		// waiting for the node.
-		Expect(k8s.Delete(ctx, testharness.NewClaim(ns, stays+"-extra", stays))).To(Succeed())
+		Expect(k8s.Delete(ctx, testharness.NewClaim(ns, "stays-extra", "stays"))).To(Succeed())
 		Eventually(func() bool {
-			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: stays + "-extra"}, &v1alpha1.SessionClaim{})
-			return apierrors.IsNotFound(err)
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "stays-extra"}, &v1alpha1.SessionClaim{}))
 		}, testharness.Timeout).Should(BeTrue(), "a deleted claim without a worktree waits for the lost node")
 
+		// The Pods: the one that stays tolerates the loss for ever, the
+		// mover's for --node-lost-after; the taint's eviction deletes it.
+		stayPod, err := podOf(ns, "stays")()
+		Expect(err).NotTo(HaveOccurred())
+		for _, t := range stayPod.Spec.Tolerations {
+			Expect(t.TolerationSeconds).To(BeNil(), "a Stay Sandbox's Pod is never evicted for its node's loss")
+		}
+		movePod, err := podOf(ns, "mover")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Delete(ctx, movePod)).To(Succeed())
+		// Its selector names zone b only: the new Pod waits until the
+		// selector allows another node.
+		Eventually(readyOf(ns, "mover"), testharness.Timeout).Should(And(
+			HaveField("Reason", v1alpha1.ReasonNodeLost),
+			HaveField("Message", And(ContainSubstring("no other node can take it"), ContainSubstring("node affinity/selector")))))
+		Expect(nodeOf(ns, "mover")()).To(Equal("node-b"), "a Sandbox whose new Pod is not bound stays where it was")
 		dropSelector(ns, "mover")
+		// The unbound Pod carries the old selector: the placer's next Pod
+		// takes the new one, as any Pod's spec is fixed once made.
+		pending, err := podOf(ns, "mover")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Delete(ctx, pending)).To(Succeed())
 		Eventually(nodeOf(ns, "mover"), testharness.Timeout).Should(Equal("node-a"))
 		Eventually(readyOf(ns, "mover"), testharness.Timeout).Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", v1alpha1.ReasonRunning)),
 			"its claim is served on node-a now")
 		Eventually(env.ClaimStatus(ns, "mover-claim"), testharness.Timeout).Should(
 			HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
-		Expect(readyOf(ns, stays)()).To(HaveField("Reason", v1alpha1.ReasonNodeLost), "a Sandbox that stays waits for its node")
+		Expect(readyOf(ns, "stays")()).To(HaveField("Reason", v1alpha1.ReasonNodeLost), "a Sandbox that stays waits for its node")
+		Eventually(func() (string, error) {
+			var events corev1.EventList
+			if err := k8s.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": "mover"}); err != nil {
+				return "", err
+			}
+			for _, e := range events.Items {
+				if e.Reason == v1alpha1.ReasonNodeLost && strings.Contains(e.Message, "moved to node") {
+					return e.Message, nil
+				}
+			}
+			return "", nil
+		}, testharness.Timeout).Should(ContainSubstring("node node-b not Ready since"), "a NodeLost event says why it moved")
 
-		// node-b's controller comes back: the one that stayed runs again
-		// there, the instance of the one that moved away is removed, and
-		// its areas on node-b are left alone.
+		// node-b comes back: the one that stayed runs again there, the
+		// instance of the one that moved away is removed, and its areas on
+		// node-b are left alone.
 		instName := v1alpha1.InstanceName(ns + "-mover")
 		Expect(filepath.Join(nodeB.dir, "areas", ns+"-mover", "workspace")).To(BeADirectory())
 		nodeB.start()
-		Eventually(env.SandboxStatus(ns, stays), testharness.Timeout).Should(
+		setNodeReady("node-b", true)
+		Eventually(env.SandboxStatus(ns, "stays"), testharness.Timeout).Should(
 			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
-		Eventually(claimReadyOf(ns, stays+"-claim"), testharness.Timeout).Should(And(
+		Eventually(claimReadyOf(ns, "stays-claim"), testharness.Timeout).Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", v1alpha1.ReasonSandboxReady)), "the node that is back serves its claim again")
 		Eventually(func() (bool, error) {
 			st, err := nodeB.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)
@@ -306,39 +472,12 @@ var _ = Describe("Placement", Ordered, func() {
 		Expect(nodeOf(ns, "mover")()).To(Equal("node-a"))
 	})
 
-	It("counts a node whose Lease is deleted lost, and moves off it a Sandbox that may move", func() {
-		// Room on node-a (3 of 3) for the one that moves.
-		env.DeleteAndWait(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mover"}})
-		sandbox(ns, "leaseless", func(sb *v1alpha1.Sandbox) {
-			sb.Spec.OnNodeLost = v1alpha1.NodeLostMove
+	It("stops running at once a Sandbox whose Pod was moved off a node that is alive", func() {
+		remove(ns, "mover")
+		sandbox(ns, "twice", func(sb *v1alpha1.Sandbox) {
 			sb.Spec.NodeSelector = map[string]string{"zone": "b"}
+			sb.Spec.OnNodeLost = v1alpha1.NodeLostMove
 		})
-		Eventually(nodeOf(ns, "leaseless"), testharness.Timeout).Should(Equal("node-b"))
-		// Placed: the selector may go now, the Sandbox stays where it is.
-		dropSelector(ns, "leaseless")
-
-		// node-b's controller goes and its Lease with it, before the
-		// Lease could count as not renewed.
-		nodeB.stop()
-		DeferCleanup(nodeB.start)
-		Expect(k8s.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: leaseNS, Name: controllers.NodeLeaseName("node-b")}})).To(Succeed())
-		Eventually(nodeOf(ns, "leaseless"), testharness.Timeout).Should(Equal("node-a"))
-		Eventually(func() (string, error) {
-			var events corev1.EventList
-			if err := k8s.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": "leaseless"}); err != nil {
-				return "", err
-			}
-			for _, e := range events.Items {
-				if e.Reason == v1alpha1.ReasonNodeLost {
-					return e.Message, nil
-				}
-			}
-			return "", nil
-		}, testharness.Timeout).Should(ContainSubstring("node node-b lost since"), "a NodeLost event says why it moved")
-	})
-
-	It("stops running at once a Sandbox moved off a node that was counted lost while it was not", func() {
-		sandbox(ns, "twice", func(sb *v1alpha1.Sandbox) { sb.Spec.NodeSelector = map[string]string{"zone": "b"} })
 		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "twice-claim", "twice"))).To(Succeed())
 		Eventually(nodeOf(ns, "twice"), testharness.Timeout).Should(Equal("node-b"))
 		Eventually(env.SandboxStatus(ns, "twice"), testharness.Timeout).Should(
@@ -348,17 +487,20 @@ var _ = Describe("Placement", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(st.Running).To(BeTrue())
 
-		// What the coordinator writes when it counts node-b lost and moves
-		// the Sandbox, while node-b's controller is in fact alive.
-		dropSelector(ns, "twice")
+		// Its Pod goes (preempted, say) while node-b is fine, and the new
+		// one may only go to zone a.
 		Eventually(func() error {
 			var sb v1alpha1.Sandbox
 			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "twice"}, &sb); err != nil {
 				return err
 			}
-			sb.Status.NodeName = "node-a"
-			return k8s.Status().Update(ctx, &sb)
+			sb.Spec.NodeSelector = map[string]string{"zone": "a"}
+			return k8s.Update(ctx, &sb)
 		}, testharness.Timeout).Should(Succeed())
+		pod, err := podOf(ns, "twice")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Delete(ctx, pod, client.GracePeriodSeconds(0))).To(Succeed())
+		Eventually(nodeOf(ns, "twice"), testharness.Timeout).Should(Equal("node-a"))
 		Eventually(func() (bool, error) {
 			st, err := nodeB.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)
 			return st.Exists, err
@@ -366,5 +508,6 @@ var _ = Describe("Placement", Ordered, func() {
 		Eventually(env.SandboxStatus(ns, "twice"), testharness.Timeout).Should(
 			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
 		Expect(nodeA.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)).To(HaveField("Running", BeTrue()), "node-a runs it now")
+		Expect(readyOf(ns, "twice")()).To(HaveField("Status", metav1.ConditionTrue))
 	})
 })
