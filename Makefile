@@ -205,6 +205,7 @@ IMAGE_BIN  := $(BIN)/image/sandbox-controller
 # built when missing).
 IMG              ?= $(IMAGE_NAME):$(VERSION)
 BACKENDS         ?=
+SANDBOX_POD_IMAGE ?=
 UNDEPLOY_TIMEOUT ?= 5m
 KUBECTL          ?=
 
@@ -220,8 +221,8 @@ image-binary:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(IMAGE_BIN) ./cmd/sandbox-controller
 
 .PHONY: deploy
-deploy: ## Install the CRDs, RBAC, admission policy, namespace, the controller's DaemonSet and the aggregated API's Deployment (config/default) in the cluster of KUBECONFIG, with the image IMG (default IMAGE_NAME:VERSION, what make image tags); BACKENDS=containerd,incus adds those backends' components. Server-side apply; run again to update.
-	IMG="$(IMG)" BACKENDS="$(BACKENDS)" KUBECTL="$(KUBECTL)" hack/deploy.sh deploy
+deploy: ## Install the CRDs, RBAC, admission policy, namespace, the controller's DaemonSet and the aggregated API's Deployment (config/default) in the cluster of KUBECONFIG, with the image IMG (default IMAGE_NAME:VERSION, what make image tags); BACKENDS=containerd,incus adds those backends' components; SANDBOX_POD_IMAGE names the image of the Sandboxes' Pods (default the nodes' pause image, registry.k8s.io/pause:3.10). Server-side apply; run again to update.
+	IMG="$(IMG)" BACKENDS="$(BACKENDS)" SANDBOX_POD_IMAGE="$(SANDBOX_POD_IMAGE)" KUBECTL="$(KUBECTL)" hack/deploy.sh deploy
 
 .PHONY: undeploy
 undeploy: ## Delete every Sandbox and SessionClaim while the controller still runs to release them (fails after UNDEPLOY_TIMEOUT naming those left, having deleted nothing else), then everything deploy installed. The agents' areas stay on the nodes.

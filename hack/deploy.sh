@@ -17,6 +17,10 @@
 #                     IMAGE_NAME:VERSION, the name `make image` writes)
 #   BACKENDS          backends besides bwrap, comma-separated: containerd,
 #                     incus (the components under config/backends/)
+#   SANDBOX_POD_IMAGE the image of the Pod each Sandbox gets, which only
+#                     holds its place on a node (default: the aggregated
+#                     API's, registry.k8s.io/pause:3.10, the pause image
+#                     nodes hold); an image every node has
 #   KUBECTL           the kubectl to run (default bin/k8s/<version>/kubectl,
 #                     built by hack/envtest-assets.sh when missing)
 #   UNDEPLOY_TIMEOUT  how long undeploy waits, first for the Sandboxes and
@@ -78,6 +82,15 @@ write_overlay() {
           fail "BACKENDS=$BACKENDS: no component config/backends/$b (there are: containerd, incus)"
         echo "- ../../config/backends/$b"
       done
+    fi
+    if [ -n "${SANDBOX_POD_IMAGE:-}" ]; then
+      [[ $SANDBOX_POD_IMAGE =~ ^[A-Za-z0-9._/:@-]+$ ]] || fail "SANDBOX_POD_IMAGE=$SANDBOX_POD_IMAGE is not an image reference"
+      echo "patches:"
+      echo "- target: {kind: Deployment, name: sandbox-controller-api}"
+      echo "  patch: |-"
+      echo "    - op: add"
+      echo "      path: /spec/template/spec/containers/0/env/-"
+      echo "      value: {name: SANDBOX_POD_IMAGE, value: \"$SANDBOX_POD_IMAGE\"}"
     fi
     echo "images:"
     echo "- name: sandbox-controller"

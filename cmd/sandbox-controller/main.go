@@ -102,7 +102,7 @@ func main() {
 	flag.IntVar(&f.claimWorkers, "claim-workers", 16, "SessionClaims reconciled at once; bursts of claims bind this many at a time")
 	flag.StringVar(&f.nodeName, "node-name", "", "this node's name: reconcile the Sandboxes pinned (spec.nodeName) or placed (status.nodeName) here, renew this node's Lease and take part in placing Sandboxes that name no node; empty (one machine) reconciles only Sandboxes that are neither")
 	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --mode=api: how long the Pod of an onNodeLost: Move Sandbox tolerates its node being not ready or unreachable before it is evicted and the Sandbox is scheduled elsewhere (whole seconds)")
-	flag.StringVar(&f.podImage, "sandbox-pod-image", controllers.DefaultPodImage, "with --mode=api: the image of the Pod each Sandbox gets, which only holds its place on a node: the pause image the nodes already hold")
+	flag.StringVar(&f.podImage, "sandbox-pod-image", envOr("SANDBOX_POD_IMAGE", controllers.DefaultPodImage), "with --mode=api: the image of the Pod each Sandbox gets, which only holds its place on a node: the pause image the nodes already hold (default $SANDBOX_POD_IMAGE, else "+controllers.DefaultPodImage+")")
 	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node controllers' pods, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: "+backendList())
 	f.drivers = bindBackendFlags(flag.CommandLine)

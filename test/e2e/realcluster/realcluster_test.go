@@ -143,7 +143,7 @@ func runMake(timeout time.Duration, args ...string) string {
 	// Named on the command line, so a developer's exported IMG or
 	// BACKENDS cannot deploy something else.
 	all := append([]string{"--no-print-directory", "-C", repo, "KUBECTL=" + kubectl, "VERSION=" + version,
-		"IMAGE_NAME=sandbox-controller", "IMG=sandbox-controller:" + version, "BACKENDS="}, args...)
+		"IMAGE_NAME=sandbox-controller", "IMG=sandbox-controller:" + version, "BACKENDS=", "SANDBOX_POD_IMAGE=" + podImage()}, args...)
 	out, err := run(timeout, "make", all...)
 	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "make %s: %s", strings.Join(args, " "), out)
 	return out
@@ -211,7 +211,6 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		if demoDir != "" {
 			_ = os.RemoveAll(demoDir)
 		}
-		second.stop()
 	})
 
 	It("builds the image and imports it into the node's containerd", func() {
@@ -277,17 +276,16 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		Expect(err).To(HaveOccurred(), out)
 	})
 
-	// A second node: another controller process, as the DaemonSet runs one
-	// on each node (second_node_test.go). It places, forwards and moves
-	// between the kubelet's node and that one; it is stopped before the
-	// worktree example, which needs bob on the kubelet's node.
-	It("spreads new Sandboxes over a second node and serves them through the API server from there", func() {
-		second.start(node)
-		second.spread(node)
+	It("gives the sample Sandbox a Pod that kube-scheduler bound to the node and the kubelet runs", func() {
+		sandboxPodRuns("default", sampleSbx, node)
 	})
 
-	It("moves a Sandbox off the second node when that node is lost, and its areas stay there", func() {
-		second.lose(node)
+	It("keeps a Sandbox too big for any node Pending, in the scheduler's words", func() {
+		tooBig()
+	})
+
+	It("refuses a Sandbox over its namespace's ResourceQuota in the quota's words, and gives it the LimitRange's defaults once allowed", func() {
+		quotaAndLimits(node)
 	})
 
 	It("follows the README's worktree example: a commit made inside is on the host", func() {
@@ -392,11 +390,13 @@ spec:
 			out, _ := run(time.Minute, kubectl, "get", "namespace", namespace, "--ignore-not-found", "-o", "name")
 			return strings.TrimSpace(out)
 		}).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(BeEmpty())
-		Expect(strings.TrimSpace(kc("get", "pods", "-A", "-o", "name"))).To(BeEmpty())
+		// The Sandboxes' Pods went with them (the garbage collector).
+		Eventually(func() string { return strings.TrimSpace(kc("get", "pods", "-A", "-o", "name")) }).
+			WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(BeEmpty())
 		// No instance, controller or shim process is left in the pods' cgroups.
 		Eventually(kubepodsProcesses).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeEmpty())
 		// The agents' areas stay on the node (make undeploy says so).
-		for _, agent := range []string{"alice", "bob", second.moved, ctrdSandbox} {
+		for _, agent := range []string{"alice", "bob", ctrdSandbox} {
 			Expect(filepath.Join(areas, "areas", agent, "workspace")).To(BeADirectory())
 		}
 	})
