@@ -354,6 +354,8 @@ rebuilt() {
 
 # launch NAME BINARY ARGS...: start a component unless it runs; one that
 # runs a binary rebuilt since is started again from the new one.
+# LAUNCH_PREFIX is a command it runs under (the second node's namespaces).
+LAUNCH_PREFIX=()
 launch() {
   local name=$1 bin=$2
   shift 2
@@ -364,7 +366,7 @@ launch() {
   running "$name" >/dev/null && return 0
   mkdir -p "$LOGS" "$PIDS"
   say "starting $name (log $LOGS/$name.log)"
-  setsid "$bin" "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
+  "${LAUNCH_PREFIX[@]}" setsid "$bin" "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
   local pid=$! exe
   exe=$(readlink -f "$bin")
   echo "$pid" >"$PIDS/$name.pid"
@@ -464,10 +466,16 @@ start_controllers() {
     --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false --profiling=false
 }
 
+# containerd_config [DIR CNI BRIDGE CIDR]: the configuration of a node's
+# containerd and its CNI network. The text names the first node's paths;
+# the second node sees its own directories at those paths (its mount
+# namespace binds them there), so DIR and CNI are where its files are on
+# this machine's side, and BRIDGE and CIDR its pods' network.
 containerd_config() {
-  mkdir -p "$PREFIX/containerd" "$SHIMS" "$CNI_CONF" "$PREFIX/cni/ipam"
+  local dir=${1:-$PREFIX/containerd} cni=${2:-$PREFIX/cni} bridge=${3:-$BRIDGE} cidr=${4:-$POD_CIDR}
+  mkdir -p "$dir" "$SHIMS" "$cni/net.d" "$cni/ipam"
   [ ${#SHIMS} -le 42 ] || die "CLUSTER_RUN_DIR/shim ($SHIMS) is longer than the 42 characters containerd allows"
-  cat >"$CTRD_CONF.tmp" <<EOF
+  cat >"$dir/config.toml.tmp" <<EOF
 version = 3
 root = "$PREFIX/containerd/root"
 state = "$PREFIX/containerd/state"
@@ -517,23 +525,23 @@ disabled_plugins = [
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 EOF
-  settle "$CTRD_CONF.tmp"
+  settle "$dir/config.toml.tmp"
   # Pods: a bridge, no masquerading (the host does not forward), addresses
   # kept below the prefix.
-  cat >"$CNI_CONF/10-sandbox-cluster.conflist.tmp" <<EOF
+  cat >"$cni/net.d/10-sandbox-cluster.conflist.tmp" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "sandbox-cluster",
   "plugins": [
     {
       "type": "bridge",
-      "bridge": "$BRIDGE",
+      "bridge": "$bridge",
       "isGateway": true,
       "ipMasq": false,
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "ranges": [[{"subnet": "$cidr"}]],
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": "$PREFIX/cni/ipam"
       }
@@ -542,7 +550,7 @@ EOF
   ]
 }
 EOF
-  settle "$CNI_CONF/10-sandbox-cluster.conflist.tmp"
+  settle "$cni/net.d/10-sandbox-cluster.conflist.tmp"
 }
 
 ctrd_answers() { [ -S "$SOCK" ] && timeout 5 "$CTRD_BIN/ctr" --address "$SOCK" tasks ls -q >/dev/null 2>&1; }
@@ -558,18 +566,34 @@ start_containerd() {
 }
 
 import_pause() {
-  local want
+  local sock=${1:-$SOCK} want
   want=$(tar -xOf "$PAUSE_TAR" index.json | grep -o '"digest": *"sha256:[0-9a-f]*"' | head -1 | cut -d'"' -f4)
-  if ctr -n k8s.io images ls 2>/dev/null | awk -v n="$PAUSE_IMAGE" '$1 == n {print $3}' | grep -qxF "$want"; then
+  if SOCK=$sock ctr -n k8s.io images ls 2>/dev/null | awk -v n="$PAUSE_IMAGE" '$1 == n {print $3}' | grep -qxF "$want"; then
     return 0
   fi
-  say "importing $PAUSE_IMAGE into the cluster's containerd"
-  ctr -n k8s.io images import "$PAUSE_TAR" >/dev/null 2>&1 || die "importing $PAUSE_TAR failed"
+  say "importing $PAUSE_IMAGE into the containerd at $sock"
+  SOCK=$sock ctr -n k8s.io images import "$PAUSE_TAR" >/dev/null 2>&1 || die "importing $PAUSE_TAR failed"
 }
 
-# cgroup_dirs prints CGROUP_ROOT's directory in every mounted hierarchy.
+# cgroup_dirs [ROOT] prints ROOT's directory (default CGROUP_ROOT, the
+# first node's) in every mounted hierarchy.
 cgroup_dirs() {
-  awk -v r="$CGROUP_ROOT" '$3 == "cgroup" || $3 == "cgroup2" {print $2 r}' /proc/self/mounts
+  awk -v r="${1:-$CGROUP_ROOT}" '$3 == "cgroup" || $3 == "cgroup2" {print $2 r}' /proc/self/mounts
+}
+
+# make_cgroup_root ROOT: the kubelet wants its cgroup root in every
+# hierarchy; cpuset's children start without CPUs and memory nodes, so
+# they copy the parent's.
+make_cgroup_root() {
+  local d
+  for d in $(cgroup_dirs "$1"); do
+    [ -d "$d" ] && continue
+    mkdir -p "$d"
+    if [ -f "$d/cpuset.cpus" ]; then
+      cat "$(dirname "$d")/cpuset.cpus" >"$d/cpuset.cpus"
+      cat "$(dirname "$d")/cpuset.mems" >"$d/cpuset.mems"
+    fi
+  done
 }
 
 # The kubelet sets these on the host when it starts (vm.overcommit_memory=1,
@@ -593,25 +617,15 @@ restore_tunables() {
   rm -f "$PREFIX/sysctl.saved"
 }
 
-start_kubelet() {
-  local addr=$1 d
-  save_tunables
-  mkdir -p "$PREFIX/kubelet" "$PREFIX/pod-logs"
-  # The kubelet wants its cgroup root in every hierarchy; cpuset's children
-  # start without CPUs and memory nodes, so they copy the parent's.
-  for d in $(cgroup_dirs); do
-    [ -d "$d" ] && continue
-    mkdir -p "$d"
-    if [ -f "$d/cpuset.cpus" ]; then
-      cat "$(dirname "$d")/cpuset.cpus" >"$d/cpuset.cpus"
-      cat "$(dirname "$d")/cpuset.mems" >"$d/cpuset.mems"
-    fi
-  done
-  cat >"$PREFIX/kubelet.yaml.tmp" <<EOF
+# kubelet_config FILE ADDR CGROUP_ROOT POD_CIDR CERT: a node's kubelet
+# configuration; paths name the first node's (see containerd_config).
+kubelet_config() {
+  local file=$1 addr=$2 root=$3 cidr=$4 cert=$5
+  cat >"$file.tmp" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
-cgroupRoot: $CGROUP_ROOT
+cgroupRoot: $root
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://$SOCK
@@ -620,8 +634,8 @@ port: $KUBELET_PORT
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: 10248
-tlsCertFile: $PKI/kubelet.crt
-tlsPrivateKeyFile: $PKI/kubelet.key
+tlsCertFile: $PKI/$cert.crt
+tlsPrivateKeyFile: $PKI/$cert.key
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
@@ -629,7 +643,7 @@ authentication:
 authorization:
   mode: Webhook
 clusterDomain: cluster.local
-podCIDR: $POD_CIDR
+podCIDR: $cidr
 podLogsDir: $PREFIX/pod-logs
 registerNode: true
 rotateCertificates: false
@@ -641,21 +655,30 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
-  settle "$PREFIX/kubelet.yaml.tmp"
+  settle "$file.tmp"
+}
+
+start_kubelet() {
+  local addr=$1
+  save_tunables
+  mkdir -p "$PREFIX/kubelet" "$PREFIX/pod-logs"
+  make_cgroup_root "$CGROUP_ROOT"
+  kubelet_config "$PREFIX/kubelet.yaml" "$addr" "$CGROUP_ROOT" "$POD_CIDR" kubelet
   launch kubelet "$NODE_BIN/kubelet" --config "$PREFIX/kubelet.yaml" \
     --kubeconfig "$PREFIX/kubelet.kubeconfig" --root-dir "$PREFIX/kubelet" \
     --hostname-override "$NODE" --node-ip "$addr"
   wait_for "kubelet /healthz" 60 kubelet curl -fsS -m 5 http://127.0.0.1:10248/healthz
 }
 
-start_proxy() {
-  cat >"$PREFIX/kube-proxy.yaml.tmp" <<EOF
+# proxy_config FILE NODE CIDR KUBECONFIG: a node's kube-proxy configuration.
+proxy_config() {
+  cat >"$1.tmp" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
   kubeconfig: $PREFIX/kube-proxy.kubeconfig
-hostnameOverride: $NODE
-clusterCIDR: $POD_CIDR
+hostnameOverride: $2
+clusterCIDR: $3
 mode: iptables
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
@@ -667,7 +690,11 @@ iptables:
   localhostNodePorts: false
 nodePortAddresses: [primary]
 EOF
-  settle "$PREFIX/kube-proxy.yaml.tmp"
+  settle "$1.tmp"
+}
+
+start_proxy() {
+  proxy_config "$PREFIX/kube-proxy.yaml" "$NODE" "$POD_CIDR"
   launch kube-proxy "$NODE_BIN/kube-proxy" --config "$PREFIX/kube-proxy.yaml"
 }
 
@@ -720,8 +747,13 @@ start() {
   import_pause
   start_kubelet "$addr"
   start_proxy
+  [ "$NODES" = 2 ] && start_node2 "$addr"
   wait_for "node $NODE to be Ready" "$READY_TIMEOUT" kubelet node_ready
   say "node $NODE is Ready ($((SECONDS - t0))s)"
+  if [ "$NODES" = 2 ]; then
+    wait_for "node $NODE2 to be Ready" "$READY_TIMEOUT" kubelet-2 node2_ready
+    say "node $NODE2 is Ready ($((SECONDS - t0))s)"
+  fi
   # New pods are refused until their namespace has its service account and the
   # cluster's CA in kube-root-ca.crt (kube-controller-manager makes both).
   wait_for "the default service account" 60 kube-controller-manager \
@@ -759,6 +791,176 @@ unshare_dirs() {
     umount "$d" 2>/dev/null || say "could not take away the shared bind on $d (still in use?): umount $d"
   done
   rm -f "$PREFIX/shared-binds"
+}
+
+# ---------------------------------------------------------------- second node
+
+# With CLUSTER_NODES=2 a second node runs on this machine as a second
+# machine would: its own kubelet, containerd and kube-proxy in a network
+# namespace of their own (an address of its own on a veth pair, so its
+# hostNetwork pods' ports and loopback are its own) and a mount namespace
+# of their own, where the node's own directories are bound at the paths
+# the first node uses (/var/lib/sandbox-controller, the containerd and
+# CNI directories, the kubelet's), so a DaemonSet pod there finds that
+# node's areas and containerd at the same paths. Its pods' cgroups are
+# below CGROUP_ROOT2. `node-down` kills every process of the node (a
+# machine that dies), `node-up` starts it again.
+NODES=${CLUSTER_NODES:-1}
+NODE2=${CLUSTER_NODE2_NAME:-$NODE-2}
+N2=$PREFIX/node2
+N2_RUN=$RUNDIR/node2
+N2_NS=sc-node2
+N2_HOST_IF=sc-node2-h
+N2_HOST_ADDR=${CLUSTER_NODE2_HOST_ADDRESS:-10.245.255.1}
+N2_ADDR=${CLUSTER_NODE2_ADDRESS:-10.245.255.2}
+N2_POD_CIDR=${CLUSTER_NODE2_POD_CIDR:-10.244.1.0/24}
+N2_BRIDGE=sc-cni1
+N2_MNT=$RUNDIR/ns/node2.mnt
+CGROUP_ROOT2=/sandbox-controller-cluster-2
+
+in_node2() { nsenter --net="/run/netns/$N2_NS" --mount="$N2_MNT" -- "$@"; }
+
+# node2_mnt_alive: the second node's mount namespace is held by its file.
+node2_mnt_alive() { [ -f "$N2_MNT" ] && findmnt -n "$N2_MNT" >/dev/null 2>&1; }
+
+node2_network() {
+  ip netns list 2>/dev/null | grep -qw "$N2_NS" || ip netns add "$N2_NS"
+  ip link show "$N2_HOST_IF" >/dev/null 2>&1 || ip link add "$N2_HOST_IF" type veth peer name eth0 netns "$N2_NS"
+  ip addr replace "$N2_HOST_ADDR/30" dev "$N2_HOST_IF"
+  ip link set "$N2_HOST_IF" up
+  ip -n "$N2_NS" link set lo up
+  ip -n "$N2_NS" addr replace "$N2_ADDR/30" dev eth0
+  ip -n "$N2_NS" link set eth0 up
+  ip -n "$N2_NS" route replace default via "$N2_HOST_ADDR"
+  # Its pods answer this machine through it.
+  ip route replace "$N2_POD_CIDR" via "$N2_ADDR"
+  # As on the first node: service addresses kube-proxy does not translate
+  # go into the pods' bridge, nowhere else.
+  ip -n "$N2_NS" link show "$N2_BRIDGE" >/dev/null 2>&1 || ip -n "$N2_NS" link add "$N2_BRIDGE" type bridge
+  ip -n "$N2_NS" link set "$N2_BRIDGE" up
+  ip -n "$N2_NS" route replace "$SERVICE_CIDR" dev "$N2_BRIDGE"
+  # Nothing of the second node is forwarded beyond this machine.
+  iptables -C "$EGRESS_CHAIN" -i "$N2_HOST_IF" -j DROP 2>/dev/null || iptables -A "$EGRESS_CHAIN" -i "$N2_HOST_IF" -j DROP
+}
+
+# node2_mounts makes the second node's mount namespace (once): a copy of
+# this machine's, receiving its mounts (slave), with the node's own
+# directories bound over the first node's and made shared inside it, as
+# the kubelet wants for Bidirectional and HostToContainer.
+node2_mounts() {
+  node2_mnt_alive && return 0
+  mkdir -p "$RUNDIR/ns" "$N2/areas" "$N2/containerd" "$N2/cni" "$N2/kubelet" "$N2/pod-logs" \
+    "$N2/var-lib-kubelet" "$N2/var-lib-cni" "$N2/var-log-containers" "$N2_RUN/shim" "$N2_RUN/runc"
+  mkdir -p /var/lib/kubelet /var/lib/cni /var/log/containers "$PREFIX/kubelet" "$PREFIX/pod-logs" "$RUNDIR/runc"
+  # A namespace file may not be on a shared mount.
+  if ! mountpoint -q "$RUNDIR/ns"; then mount --bind "$RUNDIR/ns" "$RUNDIR/ns"; fi
+  mount --make-private "$RUNDIR/ns"
+  : >"$N2_MNT"
+  unshare --mount="$N2_MNT" --propagation slave true
+  local pair src dst
+  for pair in "$N2/areas:/var/lib/sandbox-controller" "$N2/containerd:$PREFIX/containerd" "$N2/cni:$PREFIX/cni" \
+    "$N2/kubelet:$PREFIX/kubelet" "$N2/pod-logs:$PREFIX/pod-logs" "$N2/var-lib-kubelet:/var/lib/kubelet" \
+    "$N2/var-lib-cni:/var/lib/cni" "$N2/var-log-containers:/var/log/containers" \
+    "$N2_RUN/shim:$SHIMS" "$N2_RUN/runc:$RUNDIR/runc"; do
+    src=${pair%%:*} dst=${pair#*:}
+    nsenter --mount="$N2_MNT" -- mount --bind "$src" "$dst"
+    nsenter --mount="$N2_MNT" -- mount --make-shared "$dst"
+  done
+}
+
+N2_CERTS="kubelet-client-2 kubelet-2"
+
+node2_pki() {
+  [ -s "$PKI/kubelet-client-2.crt" ] || cert kubelet-client-2 "system:node:$NODE2" system:nodes
+  local want="$N2_ADDR $NODE2"
+  if [ "$(cat "$PKI/serving-2.for" 2>/dev/null)" != "$want" ] || ! [ -s "$PKI/kubelet-2.crt" ]; then
+    cert kubelet-2 "system:node:$NODE2" system:nodes "DNS:$NODE2,DNS:localhost,IP:127.0.0.1,IP:$N2_ADDR"
+    echo "$want" >"$PKI/serving-2.for"
+  fi
+}
+
+ctrd2_answers() { [ -S "$N2/containerd/containerd.sock" ] && timeout 5 "$CTRD_BIN/ctr" --address "$N2/containerd/containerd.sock" tasks ls -q >/dev/null 2>&1; }
+node2_ready() {
+  kubectl get node "$NODE2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
+}
+
+start_node2() {
+  local addr=$1
+  node2_pki
+  kubeconfig "$PREFIX/kubelet-2.kubeconfig" kubelet-client-2 "$addr"
+  node2_network
+  node2_mounts
+  containerd_config "$N2/containerd" "$N2/cni" "$N2_BRIDGE" "$N2_POD_CIDR"
+  printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 10\n' "$N2/containerd/containerd.sock" "$N2/containerd/containerd.sock" >"$PREFIX/crictl-2.yaml"
+  LAUNCH_PREFIX=(nsenter --net="/run/netns/$N2_NS" --mount="$N2_MNT" --)
+  running containerd-2 >/dev/null || rm -f "$N2/containerd/containerd.sock" "$N2/containerd/containerd.sock.ttrpc"
+  launch containerd-2 "$CTRD_BIN/containerd" --config "$CTRD_CONF" --log-level warn
+  wait_for "the second node's containerd" 30 containerd-2 ctrd2_answers
+  import_pause "$N2/containerd/containerd.sock"
+  make_cgroup_root "$CGROUP_ROOT2"
+  kubelet_config "$N2/kubelet.yaml" "$N2_ADDR" "$CGROUP_ROOT2" "$N2_POD_CIDR" kubelet-2
+  launch kubelet-2 "$NODE_BIN/kubelet" --config "$N2/kubelet.yaml" \
+    --kubeconfig "$PREFIX/kubelet-2.kubeconfig" --root-dir "$PREFIX/kubelet" \
+    --hostname-override "$NODE2" --node-ip "$N2_ADDR"
+  wait_for "the second kubelet's /healthz" 60 kubelet-2 in_node2 curl -fsS -m 5 http://127.0.0.1:10248/healthz
+  proxy_config "$N2/kube-proxy.yaml" "$NODE2" "$N2_POD_CIDR"
+  launch kube-proxy-2 "$NODE_BIN/kube-proxy" --config "$N2/kube-proxy.yaml"
+  LAUNCH_PREFIX=()
+}
+
+# node2_pids prints the pids of every process of the second node: those
+# in its mount namespace (kubelet, containerd, kube-proxy, shims) and in
+# its pods' cgroups.
+node2_pids() {
+  local ino f pid d
+  if [ -f "$N2_MNT" ] && node2_mnt_alive; then
+    ino=$(stat -L -c %i "$N2_MNT" 2>/dev/null) || ino=''
+    if [ -n "$ino" ]; then
+      for f in /proc/[0-9]*/ns/mnt; do
+        pid=${f#/proc/}; pid=${pid%/ns/mnt}
+        [ "$(stat -L -c %i "$f" 2>/dev/null)" = "$ino" ] && echo "$pid"
+      done
+    fi
+  fi
+  for d in $(cgroup_dirs "$CGROUP_ROOT2"); do
+    [ -d "$d" ] || continue
+    find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
+  done
+}
+
+# node_down kills the second node the way a machine dies: every process at
+# once, nothing cleaned up; node_up starts it again.
+node_down() {
+  local pid
+  for _ in 1 2 3; do
+    for pid in $(node2_pids | sort -u); do kill -9 "$pid" 2>/dev/null || true; done
+    sleep 0.2
+  done
+  rm -f "$PIDS/kubelet-2.pid" "$PIDS/containerd-2.pid" "$PIDS/kube-proxy-2.pid"
+  say "node $NODE2 is down"
+}
+
+stop_node2() {
+  [ -f "$N2_MNT" ] || ip netns list 2>/dev/null | grep -qw "$N2_NS" || return 0
+  halt kube-proxy-2
+  halt kubelet-2
+  if ctrd2_answers && [ -x "$ROOT/bin/crictl" ]; then
+    CRI_CONFIG_FILE=$PREFIX/crictl-2.yaml timeout 60 "$ROOT/bin/crictl" rmp -af >/dev/null 2>&1 || true
+  fi
+  halt containerd-2
+  node_down >/dev/null 2>&1
+  # The namespace goes with its file's mount and its last process, and
+  # every mount inside with it.
+  umount "$N2_MNT" 2>/dev/null || umount -l "$N2_MNT" 2>/dev/null || true
+  rm -f "$N2_MNT"
+  ip route del "$N2_POD_CIDR" 2>/dev/null || true
+  ip netns del "$N2_NS" 2>/dev/null || true
+  ip link del "$N2_HOST_IF" 2>/dev/null || true
+  local d
+  for d in $(cgroup_dirs "$CGROUP_ROOT2"); do
+    [ -d "$d" ] || continue
+    find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
 }
 
 # ---------------------------------------------------------------- stop
@@ -866,6 +1068,7 @@ stop() {
   local ours=false
   [ -f "$PREFIX/started" ] && ours=true
   $ours && [ -x "$NODE_BIN/kube-proxy" ] && timeout 60 "$NODE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  stop_node2
   halt kubelet
   restore_tunables
   stop_pods
@@ -930,6 +1133,11 @@ print_env() {
   echo "export KUBECTL=$K8S_BIN/kubectl"
   echo "export CLUSTER_CONTAINERD_ADDRESS=$SOCK"
   echo "export CLUSTER_PAUSE_IMAGE=$PAUSE_IMAGE"
+  if [ "$NODES" = 2 ]; then
+    echo "export CLUSTER_NODE2=$NODE2"
+    echo "export CLUSTER_NODE2_CONTAINERD_ADDRESS=$N2/containerd/containerd.sock"
+    echo "export CLUSTER_NODE2_AREAS=$N2/areas"
+  fi
   echo "export CRI_CONFIG_FILE=$PREFIX/crictl.yaml"
 }
 
@@ -949,6 +1157,11 @@ case ${1:-start} in
       echo "the cluster is not running"; exit 1
     fi ;;
   env) print_env ;;
+  node-down) node_down ;;
+  node-up)
+    addr=$(address)
+    start_node2 "$addr"
+    wait_for "node $NODE2 to be Ready" "$READY_TIMEOUT" kubelet-2 node2_ready ;;
   smoke) smoke ;;
-  *) echo "usage: $0 [start|stop|clean|status|env|smoke]" >&2; exit 2 ;;
+  *) echo "usage: $0 [start|stop|clean|status|env|smoke|node-down|node-up]" >&2; exit 2 ;;
 esac
