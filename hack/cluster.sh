@@ -13,6 +13,9 @@
 #                            is a new cluster)
 #   hack/cluster.sh status   exit 0 when the API server answers; print the nodes
 #   hack/cluster.sh env      the variables a caller needs
+#   hack/cluster.sh node-down  (CLUSTER_NODES=2) kill every process of the
+#                            second node at once, as a machine that dies
+#   hack/cluster.sh node-up  start the second node again
 #   hack/cluster.sh smoke    run the probe (below) as a pod on the pod network
 #                            and as a hostNetwork pod; exit 0 when both reach
 #                            the API server through the kubernetes service
@@ -67,6 +70,11 @@
 #   CLUSTER_SHARED_DIRS     host directories pods mount with propagation,
 #                           made shared mounts (below)
 #                           [/var/lib/sandbox-controller $CLUSTER_PREFIX/containerd]
+#   CLUSTER_NODES           1, or 2 for a second node (below)  [1]
+#   CLUSTER_NODE2_NAME      the second node's name       [CLUSTER_NODE_NAME-2]
+#   CLUSTER_NODE2_ADDRESS   its address, on a veth pair  [10.245.255.2; this
+#                           machine's end CLUSTER_NODE2_HOST_ADDRESS 10.245.255.1]
+#   CLUSTER_NODE2_POD_CIDR  its pods' addresses          [10.244.1.0/24]
 #   K8S_VERSION             [1.37.2]; CNI_VERSION [v1.10.0]; CRICTL_VERSION [v1.37.0]
 # Fixed ports on 127.0.0.1: kube-controller-manager 10257, kube-scheduler
 # 10259, kubelet healthz 10248, kube-proxy healthz 10256 and metrics 10249.
@@ -92,6 +100,8 @@
 #   start, all built, no state (certificates made): Ready 10-13 s
 #   start after stop (state kept): Ready in 7 s; start while running: 3 s
 #   stop: 3 s; a pod from the pause image, created to Succeeded: 4 s
+#   the second node (CLUSTER_NODES=2), all built: Ready 20-30 s after the
+#     first; node-down at once, node-up to Ready 2-15 s
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

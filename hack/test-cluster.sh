@@ -5,7 +5,8 @@
 # kube-scheduler, kube-proxy, the CNI plugins, crictl, a pause image), run
 # the suite against it, and stop the cluster whatever the suite did. The
 # suite builds the image, deploys, uses the product as a user would and
-# undeploys; a second controller process is the cluster's second node.
+# undeploys. The cluster has two nodes, each with its kubelet, containerd
+# and namespaces (hack/cluster.sh, CLUSTER_NODES=2).
 #
 # Usage: hack/test-cluster.sh [go test flags...]
 # Exits with the suite's status, or the start's when the cluster did not
@@ -14,6 +15,8 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 t0=$SECONDS
+# Two nodes: the second is a kubelet of its own on this machine (hack/cluster.sh).
+export CLUSTER_NODES=${CLUSTER_NODES:-2}
 if ! env_out=$(hack/cluster.sh start); then
 	echo "test-cluster: the cluster did not start; its logs are in ${CLUSTER_PREFIX:-/var/lib/sandbox-controller-cluster}/log" >&2
 	hack/cluster.sh stop >&2 || true

@@ -35,7 +35,7 @@ const (
 
 // deployContainerd imports the test image into the node's containerd and
 // applies the deployment again with the containerd component.
-func deployContainerd() {
+func deployContainerd(node string) {
 	tar := strings.TrimSpace(stdoutOf(10*time.Minute, filepath.Join(repo, "hack", "test-image.sh"), "busybox"))
 	image := strings.TrimSpace(stdoutOf(time.Minute, filepath.Join(repo, "hack", "test-image.sh"), "--name", "busybox"))
 	stdoutOf(5*time.Minute, ctr, "--address", ctrAddress, "-n", ctrdNamespace, "images", "import", tar)
@@ -87,6 +87,8 @@ kind: Sandbox
 metadata: {name: %[1]s, namespace: default}
 spec:
   agent: %[1]s
+  # The test image is imported into the first node's containerd only.
+  nodeName: %[5]s
   backend: containerd
   containerd:
     image: %[2]s
@@ -103,7 +105,7 @@ metadata: {name: %[4]s, namespace: default}
 spec:
   sandboxName: %[1]s
   session: "chat-%[1]s"
-`, ctrdSandbox, image, demoDir, ctrdClaim)
+`, ctrdSandbox, image, demoDir, ctrdClaim, node)
 	f := filepath.Join(scratch, "containerd.yaml")
 	Expect(os.WriteFile(f, []byte(manifest), 0o600)).To(Succeed())
 	kc("apply", "-f", f)

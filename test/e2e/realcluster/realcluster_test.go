@@ -66,6 +66,10 @@ var (
 	// (Custom mounts) says.
 	demoDir  string
 	demoRepo string
+	// sampleNode is where the scheduler put the sample Sandbox.
+	sampleNode string
+	// placed is where the spread put its Sandboxes.
+	placed map[string]string
 )
 
 func TestRealCluster(t *testing.T) {
@@ -170,7 +174,7 @@ func kubepodsProcesses() []string {
 			continue
 		}
 		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-		if err != nil || !strings.Contains(string(cg), "/sandbox-controller-cluster/kubepods") {
+		if err != nil || !(strings.Contains(string(cg), "/sandbox-controller-cluster/kubepods") || strings.Contains(string(cg), "/sandbox-controller-cluster-2/kubepods")) {
 			continue
 		}
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
@@ -183,13 +187,23 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 	var node string
 
 	BeforeAll(func() {
-		node = strings.TrimSpace(kc("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"))
+		readNode2()
+		for _, n := range strings.Fields(kc("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")) {
+			if n != node2 {
+				node = n
+			}
+		}
 		Expect(node).NotTo(BeEmpty())
 	})
 
 	AfterAll(func() {
 		// Whatever failed above, the cluster is left without the deployment.
 		if !undeployed {
+			// A spec that failed with the second node down leaves its
+			// Sandboxes without a controller to release them.
+			if node2 != "" {
+				_, _ = run(5*time.Minute, filepath.Join(repo, "hack", "cluster.sh"), "node-up")
+			}
 			// What the controller saw, for the failure's report.
 			_, _ = run(time.Minute, kubectl, "get", "sandboxes,sessionclaims", "-A", "-o", "yaml")
 			_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", "daemonset/sandbox-controller", "--tail=200")
@@ -219,11 +233,14 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 			tar = filepath.Join(scratch, "image.tar")
 			runMake(20*time.Minute, "image", "IMAGE_TAR="+tar)
 		}
-		out, err := run(5*time.Minute, ctr, "--address", ctrAddress, "-n", "k8s.io", "images", "import", tar)
-		Expect(err).NotTo(HaveOccurred(), out)
-		out, err = run(time.Minute, ctr, "--address", ctrAddress, "-n", "k8s.io", "images", "ls", "-q")
-		Expect(err).NotTo(HaveOccurred(), out)
-		Expect(strings.Fields(out)).To(ContainElement(imageRef))
+		// On both nodes, as on every node of a cluster.
+		for _, addr := range []string{ctrAddress, node2Ctr} {
+			out, err := run(5*time.Minute, ctr, "--address", addr, "-n", "k8s.io", "images", "import", tar)
+			Expect(err).NotTo(HaveOccurred(), out)
+			out, err = run(time.Minute, ctr, "--address", addr, "-n", "k8s.io", "images", "ls", "-q")
+			Expect(err).NotTo(HaveOccurred(), out)
+			Expect(strings.Fields(out)).To(ContainElement(imageRef))
+		}
 	})
 
 	It("deploys, and the DaemonSet's pod becomes Ready", func() {
@@ -231,7 +248,8 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")
 		kc("-n", namespace, "rollout", "status", "deployment/sandbox-controller-api", "--timeout=3m")
 		kc("-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=2m")
-		Expect(kc("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name=sandbox-controller", "-o", "jsonpath={.items[*].spec.nodeName}")).To(Equal(node))
+		Expect(strings.Fields(kc("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name=sandbox-controller", "-o", "jsonpath={.items[*].spec.nodeName}"))).
+			To(ConsistOf(node, node2), "one pod of the DaemonSet on each node")
 
 		By("metrics and probes answer on the node's loopback and nowhere else of its network")
 		ip := net.ParseIP(strings.TrimSpace(kc("get", "node", node, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`)))
@@ -260,9 +278,10 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 	It("applies the samples and the claim becomes Ready on the node it was placed on", func() {
 		kc("apply", "-f", "config/samples/")
 		kc("wait", "sessionclaim/"+sampleCl, "--for=condition=Ready", "--timeout=3m")
-		// The sample Sandbox names no node: placement put it on the only one.
+		// The sample Sandbox names no node: the scheduler bound its Pod.
 		Expect(kc("get", "sandbox", sampleSbx, "-o", "jsonpath={.spec.nodeName}")).To(BeEmpty())
-		Expect(kc("get", "sandbox", sampleSbx, "-o", "jsonpath={.status.nodeName}")).To(Equal(node))
+		sampleNode = strings.TrimSpace(kc("get", "sandbox", sampleSbx, "-o", "jsonpath={.status.nodeName}"))
+		Expect(sampleNode).To(BeElementOf(node, node2))
 	})
 
 	It("runs kubectl sandbox exec through the API server and on the node", func() {
@@ -277,15 +296,23 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 	})
 
 	It("gives the sample Sandbox a Pod that kube-scheduler bound to the node and the kubelet runs", func() {
-		sandboxPodRuns("default", sampleSbx, node)
+		sandboxPodRuns("default", sampleSbx, sampleNode)
 	})
 
 	It("keeps a Sandbox too big for any node Pending, in the scheduler's words", func() {
 		tooBig()
 	})
 
+	It("spreads Sandboxes over the two nodes by their memory requests, and serves each through the API server from its node", func() {
+		placed = spread(node)
+	})
+
+	It("moves a Sandbox off the second node when that node dies, and its areas stay there", func() {
+		loseNode2(node, placed)
+	})
+
 	It("refuses a Sandbox over its namespace's ResourceQuota in the quota's words, and gives it the LimitRange's defaults once allowed", func() {
-		quotaAndLimits(node)
+		quotaAndLimits()
 	})
 
 	It("follows the README's worktree example: a commit made inside is on the host", func() {
@@ -316,6 +343,7 @@ kind: Sandbox
 metadata: {name: bob, namespace: default}
 spec:
   agent: bob
+  nodeName: %s
   backend: bwrap
   binaries: ["git"]
   mounts:
@@ -334,7 +362,7 @@ spec:
     repository: demo/app
     ref: main
     createBranch: true
-`, demoDir, wtClaim)
+`, node, demoDir, wtClaim)
 		f := filepath.Join(scratch, "worktree.yaml")
 		Expect(os.WriteFile(f, []byte(manifest), 0o600)).To(Succeed())
 		kc("apply", "-f", f)
@@ -366,7 +394,7 @@ spec:
 	})
 
 	It("runs a containerd Sandbox from the DaemonSet on the node's containerd, its mount tree in the node's mount namespace", func() {
-		deployContainerd()
+		deployContainerd(node)
 		containerdSandboxRuns()
 	})
 
@@ -396,8 +424,8 @@ spec:
 		// No instance, controller or shim process is left in the pods' cgroups.
 		Eventually(kubepodsProcesses).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeEmpty())
 		// The agents' areas stay on the node (make undeploy says so).
-		for _, agent := range []string{"alice", "bob", ctrdSandbox} {
-			Expect(filepath.Join(areas, "areas", agent, "workspace")).To(BeADirectory())
+		for agent, on := range map[string]string{"alice": sampleNode, "bob": node, ctrdSandbox: node} {
+			Expect(filepath.Join(areasOf(on), agent, "workspace")).To(BeADirectory())
 		}
 	})
 })
