@@ -209,16 +209,31 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if err := p.List(ctx, &pods, client.InNamespace(sb.Namespace), client.MatchingLabels{LabelSandboxUID: string(sb.UID)}); err != nil {
 		return ctrl.Result{}, err
 	}
-	cur, next, done := sandboxPods(&sb, pods.Items)
+	found := sandboxPods(&sb, pods.Items)
+	cur := found.cur
 	// Pods that ended (evicted by the kubelet, refused at its admission)
-	// are replaced; removing them keeps one Pod per Sandbox in sight.
-	for _, d := range done {
+	// are replaced, and live ones that no longer stand for the Sandbox (a
+	// second one made from a cache that was behind, one bound elsewhere
+	// than spec.nodeName now pins) are removed: one Pod per Sandbox holds
+	// room.
+	extra := found.ended
+	if cur != nil && sb.Spec.NodeName != "" && cur.Spec.NodeName != "" && cur.Spec.NodeName != sb.Spec.NodeName {
+		extra, cur = append(extra, cur), nil
+	}
+	extra = append(extra, found.stale...)
+	for _, d := range extra {
 		if err := p.Delete(ctx, d, client.Preconditions{UID: &d.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, err
 		}
 	}
 	if cur == nil {
-		return p.createPod(ctx, &sb, next)
+		if len(found.ended) > 0 {
+			// A Pod the kubelet refused or ended: the next one waits a
+			// while, longer each time, so a node that keeps refusing it is
+			// not asked in a loop.
+			return ctrl.Result{RequeueAfter: replaceAfter(found.next)}, nil
+		}
+		return p.createPod(ctx, &sb, found)
 	}
 	node := cur.Spec.NodeName
 	if node == "" {
@@ -240,35 +255,77 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return p.placed(ctx, &sb, node)
 	}
 	if lost != "" {
-		return p.nodeLost(ctx, &sb, &n, lost)
+		return p.nodeLost(ctx, &sb, cur, &n, lost)
 	}
 	return ctrl.Result{}, nil
 }
 
-// sandboxPods sorts a Sandbox's Pods: the one that stands for it now (the
-// newest not deleted nor ended), the number the next one takes, and those
-// that ended. Pods of another owner are left out: the label is only a
-// hint, the owner reference decides.
-func sandboxPods(sb *v1alpha1.Sandbox, pods []corev1.Pod) (cur *corev1.Pod, next int, done []*corev1.Pod) {
+// podsFound is what a Sandbox's Pods say.
+type podsFound struct {
+	// cur stands for the Sandbox now: the live Pod (neither deleted nor
+	// ended) of the highest attempt.
+	cur *corev1.Pod
+	// stale are the other live Pods.
+	stale []*corev1.Pod
+	// ended are the Pods that ended and are not deleted yet.
+	ended []*corev1.Pod
+	// next is the attempt the next Pod takes.
+	next int
+	// lastNode is the node of the highest attempt that was bound: where a
+	// Sandbox that stays belongs, by the placer's own record (the Pods it
+	// made), not by status.nodeName, which a node's controller writes too.
+	lastNode  string
+	lastBound int
+}
+
+// sandboxPods sorts a Sandbox's Pods. Pods of another owner are left out:
+// the label is only a hint, the owner reference decides.
+func sandboxPods(sb *v1alpha1.Sandbox, pods []corev1.Pod) podsFound {
+	f := podsFound{lastBound: -1}
+	var live []*corev1.Pod
 	for i := range pods {
 		pod := &pods[i]
 		if ref := metav1.GetControllerOf(pod); ref == nil || ref.UID != sb.UID {
 			continue
 		}
-		if k, err := strconv.Atoi(pod.Annotations[annotationPodAttempt]); err == nil && k >= next {
-			next = k + 1
+		k := podAttempt(pod)
+		if k >= f.next {
+			f.next = k + 1
+		}
+		if pod.Spec.NodeName != "" && k > f.lastBound {
+			f.lastNode, f.lastBound = pod.Spec.NodeName, k
 		}
 		switch {
 		case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
 			if pod.DeletionTimestamp.IsZero() {
-				done = append(done, pod)
+				f.ended = append(f.ended, pod)
 			}
 		case !pod.DeletionTimestamp.IsZero():
-		case cur == nil || podAttempt(pod) > podAttempt(cur):
-			cur = pod
+		default:
+			live = append(live, pod)
 		}
 	}
-	return cur, next, done
+	for _, pod := range live {
+		switch {
+		case f.cur == nil:
+			f.cur = pod
+		case podAttempt(pod) > podAttempt(f.cur):
+			f.stale, f.cur = append(f.stale, f.cur), pod
+		default:
+			f.stale = append(f.stale, pod)
+		}
+	}
+	return f
+}
+
+// maxAttempt bounds the attempt numbers taken from Pods' annotations, which
+// anyone who may write Pods in the namespace can set.
+const maxAttempt = 1 << 20
+
+// replaceAfter is how long the placer waits before replacing an ended Pod
+// for the attempt-th time: a second, doubling to five minutes.
+func replaceAfter(attempt int) time.Duration {
+	return min(time.Second<<min(attempt, 9), 5*time.Minute)
 }
 
 // annotationPodAttempt numbers a Sandbox's Pods: each new one (after an
@@ -276,7 +333,10 @@ func sandboxPods(sb *v1alpha1.Sandbox, pods []corev1.Pod) (cur *corev1.Pod, next
 const annotationPodAttempt = "sandbox.cireilclaw.dev/attempt"
 
 func podAttempt(pod *corev1.Pod) int {
-	k, _ := strconv.Atoi(pod.Annotations[annotationPodAttempt])
+	k, err := strconv.Atoi(pod.Annotations[annotationPodAttempt])
+	if err != nil || k < 0 || k > maxAttempt {
+		return 0
+	}
 	return k
 }
 
@@ -335,9 +395,20 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 			TopologyKey: corev1.LabelHostname,
 		})
 
-	tolerations := slices.Clone(sb.Spec.Tolerations)
+	moves := sb.Spec.OnNodeLost == v1alpha1.NodeLostMove && sb.Spec.NodeName == ""
+	var tolerations []corev1.Toleration
+	for _, t := range sb.Spec.Tolerations {
+		// A Sandbox that stays tolerates its node's loss for ever: a
+		// shorter toleration of its own would have its Pod evicted and
+		// bound to the lost node again, over and over.
+		if !moves && (t.Key == "" || t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable) &&
+			(t.Effect == "" || t.Effect == corev1.TaintEffectNoExecute) && t.TolerationSeconds != nil {
+			continue
+		}
+		tolerations = append(tolerations, t)
+	}
 	var forHow *int64
-	if sb.Spec.OnNodeLost == v1alpha1.NodeLostMove && sb.Spec.NodeName == "" {
+	if moves {
 		forHow = ptr.To(int64((o.NodeLostAfter + time.Second - 1) / time.Second))
 	}
 	for _, taint := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
@@ -390,22 +461,38 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 }
 
 // createPod makes sb's next Pod. It is bound without the scheduler when sb
-// is pinned, or stays (onNodeLost: Stay) on the node it was placed on: its
-// areas are there.
-func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, attempt int) (ctrl.Result, error) {
+// is pinned, or stays (onNodeLost: Stay) on the node its last Pod was
+// bound to: its areas are there. A name another Pod holds (not this
+// Sandbox's) is passed over for the next attempt's.
+func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, found podsFound) (ctrl.Result, error) {
 	node := sb.Spec.NodeName
 	if node == "" && sb.Spec.OnNodeLost != v1alpha1.NodeLostMove {
-		node = sb.Status.NodeName
+		node = found.lastNode
 	}
-	pod := SandboxPod(sb, p.opts, node, attempt)
-	err := p.Create(ctx, pod)
+	var err error
+	for attempt := found.next; attempt < found.next+4; attempt++ {
+		pod := SandboxPod(sb, p.opts, node, attempt)
+		err = p.Create(ctx, pod)
+		if err == nil {
+			log.FromContext(ctx).Info("created the Sandbox's Pod", "pod", pod.Name, "node", node)
+			return ctrl.Result{}, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			break
+		}
+		var held corev1.Pod
+		if gerr := p.Get(ctx, client.ObjectKeyFromObject(pod), &held); gerr != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(gerr)
+		}
+		if podOwnedBy(&held, sb) {
+			// Made by a pass the cache does not show yet.
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+	}
 	switch {
-	case err == nil:
-		log.FromContext(ctx).Info("created the Sandbox's Pod", "pod", pod.Name, "node", node)
-		return ctrl.Result{}, nil
 	case apierrors.IsAlreadyExists(err):
-		// Made by a pass the cache does not show yet.
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+		return p.notPlaced(ctx, sb, v1alpha1.ReasonPodRefused, fmt.Sprintf(
+			"Pods named %s and the next ones belong to another owner: rename them, or the Sandbox", SandboxPodName(sb.Name, found.next)))
 	case apierrors.IsForbidden(err) || apierrors.IsInvalid(err):
 		// A ResourceQuota, a LimitRange, Pod Security admission or a
 		// policy of the cluster's: in the API server's own words. Quota
@@ -418,6 +505,11 @@ func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, attempt in
 	default:
 		return ctrl.Result{}, err
 	}
+}
+
+func podOwnedBy(pod *corev1.Pod, sb *v1alpha1.Sandbox) bool {
+	ref := metav1.GetControllerOf(pod)
+	return ref != nil && ref.UID == sb.UID
 }
 
 // pending reports a Pod the scheduler has not bound yet, in its words.
@@ -437,8 +529,16 @@ func (p *placer) pending(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.
 func (p *placer) notPlaced(ctx context.Context, sb *v1alpha1.Sandbox, reason, why string) (ctrl.Result, error) {
 	f := placementFacts{generation: sb.Generation, outcome: unschedulable, reason: reason, why: why}
 	if from := sb.Status.NodeName; from != "" {
-		// Moving off a node: no other node can take it yet.
-		f.outcome, f.lost, f.lostMsg = stranded, from, p.leftMessage(ctx, from)
+		msg, lost := p.leftMessage(ctx, from)
+		if !lost {
+			// Its node runs it still (its Pod was preempted or deleted):
+			// that node's controller reports it, and the placer only says
+			// why no new Pod holds its room yet.
+			p.recorder.Event(sb, "Warning", reason, boundedMessage(why))
+			return ctrl.Result{}, nil
+		}
+		// Moving off a lost node: no other node can take it yet.
+		f.outcome, f.lost, f.lostMsg = stranded, from, msg
 	}
 	read := sb.DeepCopy()
 	applyConditions(&sb.Status.Conditions, placementConditions(f))
@@ -456,7 +556,8 @@ func (p *placer) notPlaced(ctx context.Context, sb *v1alpha1.Sandbox, reason, wh
 func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, node string) (ctrl.Result, error) {
 	f := placementFacts{generation: sb.Generation, outcome: placedOn, node: node}
 	if from := sb.Status.NodeName; from != "" {
-		f.outcome, f.lost, f.lostMsg = movedOff, from, p.leftMessage(ctx, from)
+		f.lostMsg, _ = p.leftMessage(ctx, from)
+		f.outcome, f.lost = movedOff, from
 	}
 	read := sb.DeepCopy()
 	sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: p.opts.Now()}
@@ -480,7 +581,7 @@ func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, node string) 
 // and writes Ready after the node's loss has the last word: the placer
 // does not write over a Ready condition newer than the loss, so the two
 // never take turns.
-func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, n *corev1.Node, msg string) (ctrl.Result, error) {
+func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.Pod, n *corev1.Node, msg string) (ctrl.Result, error) {
 	ready := findCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
 	if ready != nil && ready.Reason == v1alpha1.ReasonNodeLost {
 		return p.markClaims(ctx, sb)
@@ -489,8 +590,8 @@ func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, n *corev1.N
 		return ctrl.Result{}, nil
 	}
 	f := placementFacts{generation: sb.Generation, outcome: staysOn, lost: sb.Status.NodeName, lostMsg: msg, pinned: sb.Spec.NodeName != ""}
-	if sb.Spec.OnNodeLost == v1alpha1.NodeLostMove && sb.Spec.NodeName == "" {
-		f.outcome, f.evictAfter = evicting, p.opts.NodeLostAfter
+	if after, ok := evictedAfter(pod); ok && sb.Spec.OnNodeLost == v1alpha1.NodeLostMove && sb.Spec.NodeName == "" {
+		f.outcome, f.evictAfter = evicting, after
 	}
 	read := sb.DeepCopy()
 	applyConditions(&sb.Status.Conditions, placementConditions(f))
@@ -503,18 +604,42 @@ func (p *placer) nodeLost(ctx context.Context, sb *v1alpha1.Sandbox, n *corev1.N
 	return p.markClaims(ctx, sb)
 }
 
-// leftMessage says why a Sandbox's Pod left node from: the node is lost,
-// or the Pod went (evicted, preempted, deleted) while the node was fine.
-func (p *placer) leftMessage(ctx context.Context, from string) string {
+// leftMessage says why a Sandbox's Pod left node from, and whether the
+// node is lost: gone or not Ready, or the Pod went (evicted, preempted,
+// deleted) while the node was fine.
+func (p *placer) leftMessage(ctx context.Context, from string) (string, bool) {
 	var n corev1.Node
 	err := p.Get(ctx, client.ObjectKey{Name: from}, &n)
 	switch c := nodeReady(&n); {
 	case apierrors.IsNotFound(err):
-		return fmt.Sprintf("node %s is gone (its Node was deleted)", from)
+		return fmt.Sprintf("node %s is gone (its Node was deleted)", from), true
 	case err == nil && (c == nil || c.Status != corev1.ConditionTrue):
-		return nodeLostMessage(&n, c)
+		return nodeLostMessage(&n, c), true
 	}
-	return fmt.Sprintf("its Pod left node %s", from)
+	return fmt.Sprintf("its Pod left node %s", from), false
+}
+
+// evictedAfter is how long pod tolerates its node's loss before the taint
+// evicts it: the shortest of its tolerations of the not-ready and
+// unreachable taints (the Sandbox's own, or the placer's), as the taint
+// eviction controller counts; false when it tolerates them for ever.
+func evictedAfter(pod *corev1.Pod) (time.Duration, bool) {
+	var least *int64
+	for _, t := range pod.Spec.Tolerations {
+		if t.Effect != "" && t.Effect != corev1.TaintEffectNoExecute || t.TolerationSeconds == nil {
+			continue
+		}
+		if t.Key != "" && t.Key != corev1.TaintNodeNotReady && t.Key != corev1.TaintNodeUnreachable {
+			continue
+		}
+		if least == nil || *t.TolerationSeconds < *least {
+			least = t.TolerationSeconds
+		}
+	}
+	if least == nil {
+		return 0, false
+	}
+	return time.Duration(max(*least, 0)) * time.Second, true
 }
 
 // nodeLostMessage says since when and why a Node is not ready.

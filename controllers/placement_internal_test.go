@@ -148,23 +148,89 @@ func TestSandboxPodsSortsTheSandboxsPods(t *testing.T) {
 	}
 	now := metav1.Now()
 	pods := []corev1.Pod{
-		mk(0, func(p *corev1.Pod) { p.DeletionTimestamp = &now }),
-		mk(1, func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }),
+		mk(0, func(p *corev1.Pod) { p.DeletionTimestamp = &now; p.Spec.NodeName = "n0" }),
+		mk(1, func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed; p.Spec.NodeName = "n1" }),
+		mk(3, nil),
 		mk(2, nil),
-		mk(7, func(p *corev1.Pod) { p.OwnerReferences[0].UID = "someone-else" }),
+		mk(7, func(p *corev1.Pod) { p.OwnerReferences[0].UID = "someone-else"; p.Spec.NodeName = "n7" }),
+		// Forged: an attempt past the bound counts as none.
+		mk(0, func(p *corev1.Pod) {
+			p.Name = "forged"
+			p.Annotations[annotationPodAttempt] = "99999999999"
+			p.Spec.NodeName = "n9"
+		}),
 	}
-	cur, next, done := sandboxPods(sb, pods)
-	if cur == nil || cur.Name != "a-sandbox-2" {
-		t.Errorf("current Pod %v, want a-sandbox-2", cur)
+	f := sandboxPods(sb, pods)
+	if f.cur == nil || f.cur.Name != "a-sandbox-3" {
+		t.Errorf("current Pod %v, want a-sandbox-3", f.cur)
 	}
-	if next != 3 {
-		t.Errorf("next attempt %d, want 3 (another owner's Pod does not count)", next)
+	if len(f.stale) != 2 {
+		t.Errorf("stale Pods %d, want 2 (a-sandbox-2 and the forged one)", len(f.stale))
 	}
-	if len(done) != 1 || done[0].Name != "a-sandbox-1" {
-		t.Errorf("ended Pods %v, want a-sandbox-1", done)
+	if f.next != 4 {
+		t.Errorf("next attempt %d, want 4 (another owner's Pod does not count)", f.next)
 	}
-	cur, next, _ = sandboxPods(sb, pods[:2])
-	if cur != nil || next != 2 {
-		t.Errorf("with only a deleted and a failed Pod: current %v, next %d; want none and 2", cur, next)
+	if len(f.ended) != 1 || f.ended[0].Name != "a-sandbox-1" {
+		t.Errorf("ended Pods %v, want a-sandbox-1", f.ended)
+	}
+	if f.lastNode != "n1" {
+		t.Errorf("last bound node %q, want n1 (the highest attempt with a node; never another owner's)", f.lastNode)
+	}
+	f = sandboxPods(sb, pods[:2])
+	if f.cur != nil || f.next != 2 {
+		t.Errorf("with only a deleted and a failed Pod: current %v, next %d; want none and 2", f.cur, f.next)
+	}
+}
+
+// A Sandbox that stays keeps tolerating its node's loss for ever, whatever
+// shorter toleration it asks for; one that moves keeps its own.
+func TestStayIgnoresShorterTolerationsOfTheLoss(t *testing.T) {
+	five := int64(5)
+	own := []corev1.Toleration{
+		{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &five},
+		{Key: "gpu", Operator: corev1.TolerationOpExists},
+	}
+	stay := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "a", UID: "u"}, Spec: v1alpha1.SandboxSpec{Tolerations: own}}
+	if after, evicted := evictedAfter(SandboxPod(stay, PlacementOptions{}, "", 0)); evicted {
+		t.Errorf("a Stay Sandbox's Pod is evicted after %s", after)
+	}
+	if got := SandboxPod(stay, PlacementOptions{}, "", 0).Spec.Tolerations; got[0].Key != "gpu" {
+		t.Errorf("the Sandbox's other tolerations are lost: %+v", got)
+	}
+	move := stay.DeepCopy()
+	move.Spec.OnNodeLost = v1alpha1.NodeLostMove
+	if after, evicted := evictedAfter(SandboxPod(move, PlacementOptions{}, "", 0)); !evicted || after != 5*time.Second {
+		t.Errorf("a Move Sandbox's Pod is evicted after %s (%v), want its own 5s", after, evicted)
+	}
+}
+
+func TestReplaceAfterBacksOff(t *testing.T) {
+	if replaceAfter(0) != time.Second || replaceAfter(3) != 8*time.Second || replaceAfter(50) != 5*time.Minute || replaceAfter(maxAttempt) != 5*time.Minute {
+		t.Errorf("replaceAfter: %s %s %s", replaceAfter(0), replaceAfter(3), replaceAfter(50))
+	}
+}
+
+// What the message says of eviction is what the taint eviction does: the
+// shortest toleration of the loss, the Sandbox's own or the placer's.
+func TestEvictedAfterIsTheShortestToleration(t *testing.T) {
+	five, forty := int64(5), int64(40)
+	for _, tc := range []struct {
+		name  string
+		tols  []corev1.Toleration
+		want  time.Duration
+		evict bool
+	}{
+		{"for ever", []corev1.Toleration{{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}}, 0, false},
+		{"placer's", []corev1.Toleration{{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &forty}}, 40 * time.Second, true},
+		{"the Sandbox's shorter one", []corev1.Toleration{
+			{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &five},
+			{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &forty}}, 5 * time.Second, true},
+		{"another taint's", []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &five}}, 0, false},
+		{"NoSchedule only", []corev1.Toleration{{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule, TolerationSeconds: &five}}, 0, false},
+	} {
+		got, evict := evictedAfter(&corev1.Pod{Spec: corev1.PodSpec{Tolerations: tc.tols}})
+		if got != tc.want || evict != tc.evict {
+			t.Errorf("%s: evictedAfter = %s, %v; want %s, %v", tc.name, got, evict, tc.want, tc.evict)
+		}
 	}
 }

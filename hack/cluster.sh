@@ -873,6 +873,12 @@ node2_mounts() {
     "$N2/var-lib-cni:/var/lib/cni" "$N2/var-log-containers:/var/log/containers" \
     "$N2_RUN/shim:$SHIMS" "$N2_RUN/runc:$RUNDIR/runc"; do
     src=${pair%%:*} dst=${pair#*:}
+    # What this machine has mounted there (the first node's shared binds,
+    # its containers' mounts below) goes from the node's view first: with
+    # two mounts on one path, containerd may judge the one below.
+    while nsenter --mount="$N2_MNT" -- mountpoint -q "$dst"; do
+      nsenter --mount="$N2_MNT" -- umount -l "$dst" || break
+    done
     nsenter --mount="$N2_MNT" -- mount --bind "$src" "$dst"
     nsenter --mount="$N2_MNT" -- mount --make-shared "$dst"
   done

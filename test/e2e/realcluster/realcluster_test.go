@@ -174,7 +174,9 @@ func kubepodsProcesses() []string {
 			continue
 		}
 		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-		if err != nil || !(strings.Contains(string(cg), "/sandbox-controller-cluster/kubepods") || strings.Contains(string(cg), "/sandbox-controller-cluster-2/kubepods")) {
+		// The pods of either node.
+		inPods := strings.Contains(string(cg), "/sandbox-controller-cluster/kubepods") || strings.Contains(string(cg), "/sandbox-controller-cluster-2/kubepods")
+		if err != nil || !inPods {
 			continue
 		}
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
