@@ -151,7 +151,10 @@ func loseNode2(first string, placed map[string]string) {
 		return strings.TrimSpace(out)
 	}).WithTimeout(4*time.Minute).WithPolling(2*time.Second).Should(Equal(first), "Sandbox %s moves off the lost node", moving)
 	GinkgoWriter.Printf("moved %s to %s %s after the second node died\n", moving, first, time.Since(lostAt).Round(time.Second))
-	Expect(kc("get", "events", "--field-selector", "reason=NodeLost,involvedObject.kind=Sandbox,involvedObject.name="+moving,
+	// This Sandbox's own Events (a cluster kept from an earlier run holds
+	// those of the Sandbox of the same name then).
+	uid := strings.TrimSpace(kc("get", "sandbox", moving, "-o", "jsonpath={.metadata.uid}"))
+	Expect(kc("get", "events", "--field-selector", "reason=NodeLost,involvedObject.kind=Sandbox,involvedObject.uid="+uid,
 		"-o", "jsonpath={.items[*].message}")).To(And(ContainSubstring("node "+node2+" not Ready since"), ContainSubstring("moved to node "+first)))
 
 	claim := moving + "-1"

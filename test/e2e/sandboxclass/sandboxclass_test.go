@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
@@ -85,13 +88,18 @@ var _ = AfterSuite(func() {
 // installAdmission applies config/admission as an administrator would.
 func installAdmission() {
 	dir := filepath.Join("..", "..", "..", "config", "admission")
-	for _, f := range []string{"sandboxclass_policy.yaml", "sandboxclass_binding.yaml"} {
+	for _, f := range []string{"sandboxclass_policy.yaml", "sandboxclass_binding.yaml", "node_policy.yaml"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		Expect(err).NotTo(HaveOccurred())
 		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-		u := &unstructured.Unstructured{}
-		Expect(dec.Decode(&u.Object)).To(Succeed())
-		Expect(k8s.Create(ctx, u)).To(Succeed(), f)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				Expect(err).To(MatchError(io.EOF), f)
+				break
+			}
+			Expect(k8s.Create(ctx, u)).To(Succeed(), f)
+		}
 	}
 }
 
@@ -337,6 +345,69 @@ var _ = Describe("SandboxClass", Ordered, func() {
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "use-team-a"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}})).To(Succeed())
 		Eventually(func() error { return as.Create(ctx, sandbox(ns, "use", "team-a", nil, v1alpha1.Devices{})) }, testharness.Timeout).Should(Succeed())
+	})
+
+	It("refuses a node's controller pointing a Sandbox's status.nodeName, or its spec, at a node", func() {
+		// The node controllers' ServiceAccount, with its rights on
+		// Sandboxes (config/rbac): what one taken node could send.
+		nodeSA := "system:serviceaccount:sandbox-controller-system:sandbox-controller"
+		Expect(k8s.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "node-writes"},
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "update", "patch"}},
+				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes/status"}, Verbs: []string{"get", "update", "patch"}},
+			}})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "node-writes"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "node-writes"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: nodeSA}}})).To(Succeed())
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: nodeSA}
+		node, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+
+		placed := sandbox(ns, "placed-elsewhere", "", nil, v1alpha1.Devices{})
+		pinned := sandbox(ns, "pinned-here", "", nil, v1alpha1.Devices{})
+		pinned.Spec.NodeName = "node-a"
+		for _, sb := range []*v1alpha1.Sandbox{placed, pinned} {
+			Expect(k8s.Create(ctx, sb)).To(Succeed())
+		}
+		// writeAs reads sb as c and writes what change makes of it, again
+		// while another writer (this suite's controller) got there first.
+		writeAs := func(c client.Client, sb *v1alpha1.Sandbox, status bool, change func()) error {
+			var err error
+			Eventually(func() bool {
+				if err = c.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+					return false
+				}
+				before := sb.DeepCopy()
+				change()
+				if status {
+					err = c.Status().Update(ctx, sb)
+				} else {
+					// As the controller writes its finalizer: a merge patch.
+					err = c.Patch(ctx, sb, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+				}
+				return !apierrors.IsConflict(err)
+			}, testharness.Timeout).Should(BeTrue())
+			return err
+		}
+		// The placer's write: placed on node-b.
+		Expect(writeAs(k8s, placed, true, func() { placed.Status.NodeName = "node-b" })).To(Succeed())
+
+		err = writeAs(node, placed, true, func() { placed.Status.NodeName = "node-a" })
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.nodeName"))
+
+		// Its own writes pass: the status of a Sandbox pinned to it,
+		// conditions, its finalizer.
+		Expect(writeAs(node, pinned, true, func() { pinned.Status.NodeName = "node-a" })).To(Succeed())
+		Expect(writeAs(node, placed, true, func() { placed.Status.Claims = 1 })).To(Succeed())
+		Expect(writeAs(node, placed, false, func() { controllerutil.AddFinalizer(placed, "example.test/kept") })).To(Succeed())
+
+		// Pinning a Sandbox to itself through the spec is refused too.
+		err = writeAs(node, placed, false, func() { placed.Spec.NodeName = "node-a" })
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("a node's controller may not change a Sandbox's spec"))
+		Expect(writeAs(k8s, placed, false, func() { controllerutil.RemoveFinalizer(placed, "example.test/kept") })).To(Succeed())
 	})
 
 	It("gives a new agent a host id of its class's agentIDs", func() {
