@@ -385,11 +385,13 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		meta.SetStatusCondition(&alice.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady,
 			Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonStopped, Message: "written by the deploy test"})
 		Expect(controller.Status().Patch(ctx, alice, client.MergeFrom(before))).To(Succeed())
-		// Placement writes status.nodeName by patch, with the
-		// resourceVersion it read.
+		// Placement is the aggregated API's: make deploy's admission policy
+		// refuses a node's controller pointing status.nodeName at a node.
 		read := alice.DeepCopy()
 		alice.Status.NodeName = "node-a"
-		Expect(controller.Status().Patch(ctx, alice, client.MergeFromWithOptions(read, client.MergeFromWithOptimisticLock{}))).To(Succeed())
+		err = controller.Status().Patch(ctx, alice, client.MergeFromWithOptions(read, client.MergeFromWithOptimisticLock{}))
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "a node's controller placed a Sandbox: %v", err)
+		alice.Status.NodeName = ""
 
 		err = controller.Create(ctx, &v1alpha1.Sandbox{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mallory"},
