@@ -144,14 +144,7 @@ type Manager struct {
 // StartManager runs the controllers over the given drivers, each wrapped in
 // a Recorder. opts.Runtimes and opts.Host are filled in.
 func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts controllers.Options) *Manager {
-	m, err := ctrl.NewManager(e.Config, ctrl.Options{
-		Scheme:  e.Scheme,
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache:   cache.Options{NewInformer: controllers.NewInformerFor(e.Config)},
-		// Suites restart the manager in one process.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	Expect(err).NotTo(HaveOccurred())
+	m := e.newManager(cache.Options{NewInformer: controllers.NewInformerFor(e.Config)})
 	run := &Manager{Runtimes: map[v1alpha1.Backend]*Recorder{}, Client: m.GetClient(), done: make(chan struct{})}
 	opts.Runtimes = map[v1alpha1.Backend]runtimes.Runtime{}
 	for b, d := range drivers {
@@ -165,12 +158,30 @@ func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts c
 	ctx, cancel := context.WithCancel(context.Background())
 	run.cancel = cancel
 	Expect(controllers.Setup(ctx, m, opts)).To(Succeed())
+	run.start(ctx, m)
+	return run
+}
+
+// newManager is a manager on the suite's API server with the cache c.
+func (e *Env) newManager(c cache.Options) ctrl.Manager {
+	m, err := ctrl.NewManager(e.Config, ctrl.Options{
+		Scheme:  e.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache:   c,
+		// Suites restart the manager in one process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	return m
+}
+
+// start runs mgr until ctx ends; Stop waits for it.
+func (m *Manager) start(ctx context.Context, mgr ctrl.Manager) {
 	go func() {
 		defer GinkgoRecover()
-		defer close(run.done)
-		Expect(m.Start(ctx)).To(Succeed())
+		defer close(m.done)
+		Expect(mgr.Start(ctx)).To(Succeed())
 	}()
-	return run
 }
 
 // Stop stops the manager and waits until it has returned.

@@ -11,13 +11,9 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
@@ -95,22 +91,12 @@ func (s *Scheduler) Running() bool {
 // its own with the cache --mode=api gives it, as the aggregated API's
 // Deployment does.
 func (e *Env) StartPlacer(opts controllers.PlacementOptions) *Manager {
-	m, err := ctrl.NewManager(e.Config, ctrl.Options{
-		Scheme:  e.Scheme,
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache: cache.Options{NewInformer: controllers.NewInformerFor(e.Config), ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelSandboxPod: "true"})},
-		}},
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	Expect(err).NotTo(HaveOccurred())
+	m := e.newManager(cache.Options{NewInformer: controllers.NewInformerFor(e.Config), ByObject: map[client.Object]cache.ByObject{
+		&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelSandboxPod: "true"})},
+	}})
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &Manager{Client: m.GetClient(), cancel: cancel, done: make(chan struct{})}
 	Expect(controllers.SetupPlacement(ctx, m, opts)).To(Succeed())
-	go func() {
-		defer GinkgoRecover()
-		defer close(run.done)
-		Expect(m.Start(ctx)).To(Succeed())
-	}()
+	run.start(ctx, m)
 	return run
 }
