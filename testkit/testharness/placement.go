@@ -30,6 +30,7 @@ func SchedulerPath() string {
 // Scheduler is a real kube-scheduler run against the suite's API server.
 type Scheduler struct {
 	cmd    *exec.Cmd
+	cancel context.CancelFunc
 	exited chan struct{}
 	Log    string
 }
@@ -50,11 +51,13 @@ func (e *Env) StartScheduler() *Scheduler {
 	Expect(os.MkdirAll(dir, 0o700)).To(Succeed())
 	kc := filepath.Join(dir, "kubeconfig")
 	Expect(os.WriteFile(kc, kubeconfig, 0o600)).To(Succeed())
-	s := &Scheduler{Log: filepath.Join(dir, "log"), exited: make(chan struct{})}
+	// It runs until Stop, or the suite's end: the context is its deadline.
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Scheduler{Log: filepath.Join(dir, "log"), exited: make(chan struct{}), cancel: cancel}
 	out, err := os.Create(s.Log)
 	Expect(err).NotTo(HaveOccurred())
 	defer out.Close()
-	s.cmd = exec.Command(bin, "--kubeconfig", kc,
+	s.cmd = exec.CommandContext(ctx, bin, "--kubeconfig", kc,
 		"--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc, "--authentication-skip-lookup",
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
 	s.cmd.Stdout, s.cmd.Stderr = out, out
@@ -74,6 +77,7 @@ func (s *Scheduler) Stop() {
 		return
 	}
 	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	s.cancel()
 	Eventually(s.exited, Timeout).Should(BeClosed())
 }
 
