@@ -379,7 +379,7 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 	add(&reqs.Limits, corev1.ResourceCPU, res.Limits.CPU)
 	add(&reqs.Limits, corev1.ResourceMemory, res.Limits.Memory)
 
-	affinity := sb.Spec.Affinity.DeepCopy()
+	affinity := sb.Spec.PodAffinity()
 	if affinity == nil {
 		affinity = &corev1.Affinity{}
 	}
@@ -397,7 +397,7 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 
 	moves := sb.Spec.OnNodeLost == v1alpha1.NodeLostMove && sb.Spec.NodeName == ""
 	var tolerations []corev1.Toleration
-	for _, t := range sb.Spec.Tolerations {
+	for _, t := range sb.Spec.PodTolerations() {
 		// A Sandbox that stays tolerates its node's loss for ever: a
 		// shorter toleration of its own would have its Pod evicted and
 		// bound to the lost node again, over and over.
@@ -451,7 +451,7 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 			NodeSelector:                  sb.Spec.NodeSelector,
 			Affinity:                      affinity,
 			Tolerations:                   tolerations,
-			TopologySpreadConstraints:     sb.Spec.TopologySpreadConstraints,
+			TopologySpreadConstraints:     sb.Spec.PodTopologySpreadConstraints(),
 			PriorityClassName:             sb.Spec.PriorityClassName,
 			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),

@@ -31,11 +31,12 @@ func TestSandboxPodCarriesTheSandbox(t *testing.T) {
 				Limits:   v1alpha1.ResourceAmounts{Memory: quantity("1Gi")},
 			},
 			NodeSelector:      map[string]string{"zone": "a"},
-			Tolerations:       []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpExists}},
+			Tolerations:       []v1alpha1.Toleration{{Key: "gpu", Operator: "Exists"}},
 			PriorityClassName: "agents",
-			Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
-				TopologyKey: corev1.LabelHostname, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"x": "y"}},
+			Affinity: &v1alpha1.Affinity{PodAntiAffinity: &v1alpha1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []v1alpha1.PodAffinityTerm{{
+				TopologyKey: corev1.LabelHostname, LabelSelector: &v1alpha1.LabelSelector{MatchLabels: map[string]string{"x": "y"}},
 			}}}},
+			TopologySpreadConstraints: []v1alpha1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "zone", WhenUnsatisfiable: "DoNotSchedule"}},
 		},
 	}
 	pod := SandboxPod(sb, PlacementOptions{SystemNamespace: "sys"}, "", 2)
@@ -71,8 +72,12 @@ func TestSandboxPodCarriesTheSandbox(t *testing.T) {
 	if pod.Spec.NodeName != "" || pod.Spec.NodeSelector["zone"] != "a" || pod.Spec.PriorityClassName != "agents" {
 		t.Errorf("scheduling fields %q %v %q", pod.Spec.NodeName, pod.Spec.NodeSelector, pod.Spec.PriorityClassName)
 	}
-	if pod.Spec.Affinity.PodAntiAffinity == nil {
-		t.Error("the Sandbox's anti-affinity is lost")
+	if anti := pod.Spec.Affinity.PodAntiAffinity; anti == nil || len(anti.RequiredDuringSchedulingIgnoredDuringExecution) != 1 ||
+		anti.RequiredDuringSchedulingIgnoredDuringExecution[0].LabelSelector.MatchLabels["x"] != "y" {
+		t.Errorf("the Sandbox's anti-affinity is lost: %+v", anti)
+	}
+	if tsc := pod.Spec.TopologySpreadConstraints; len(tsc) != 1 || tsc[0].MaxSkew != 1 || tsc[0].WhenUnsatisfiable != corev1.DoNotSchedule {
+		t.Errorf("topology spread constraints %+v", tsc)
 	}
 	terms := pod.Spec.Affinity.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution
 	if len(terms) != 1 || terms[0].LabelSelector.MatchLabels[LabelBackendPrefix+"containerd"] != "true" ||
@@ -186,9 +191,9 @@ func TestSandboxPodsSortsTheSandboxsPods(t *testing.T) {
 // shorter toleration it asks for; one that moves keeps its own.
 func TestStayIgnoresShorterTolerationsOfTheLoss(t *testing.T) {
 	five := int64(5)
-	own := []corev1.Toleration{
-		{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &five},
-		{Key: "gpu", Operator: corev1.TolerationOpExists},
+	own := []v1alpha1.Toleration{
+		{Key: corev1.TaintNodeUnreachable, Operator: "Exists", Effect: "NoExecute", TolerationSeconds: &five},
+		{Key: "gpu", Operator: "Exists"},
 	}
 	stay := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "a", UID: "u"}, Spec: v1alpha1.SandboxSpec{Tolerations: own}}
 	if after, evicted := evictedAfter(SandboxPod(stay, PlacementOptions{}, "", 0)); evicted {

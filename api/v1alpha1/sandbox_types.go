@@ -1,7 +1,6 @@
 package v1alpha1
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -323,21 +322,21 @@ type SandboxSpec struct {
 	// required term of its own (a node whose controller enables the
 	// Sandbox's backend).
 	// +optional
-	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+	Affinity *Affinity `json:"affinity,omitempty"`
 
 	// Tolerations are the Pod's tolerations, as for any Pod. The controller
 	// adds those for a node that is not ready or unreachable (see
 	// onNodeLost).
 	// +kubebuilder:validation:MaxItems=32
 	// +optional
-	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	Tolerations []Toleration `json:"tolerations,omitempty"`
 
 	// TopologySpreadConstraints are the Pod's, as for any Pod; the Pods of
 	// Sandboxes carry the label sandbox.cireilclaw.dev/sandbox-pod=true to
 	// select them by.
 	// +kubebuilder:validation:MaxItems=8
 	// +optional
-	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+	TopologySpreadConstraints []TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
 
 	// PriorityClassName is the Pod's priority class: a Sandbox of a higher
 	// priority may preempt the Pods of lower ones, and may be preempted.
