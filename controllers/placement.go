@@ -216,6 +216,16 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	// second one made from a cache that was behind, one bound elsewhere
 	// than spec.nodeName now pins) are removed: one Pod per Sandbox holds
 	// room.
+	if cur == nil && len(found.ended) > 0 {
+		// A Pod the kubelet refused or ended is replaced after a while,
+		// longer each time, so a node that keeps refusing it is not asked
+		// in a loop. The wait is counted from when the Pod ended, kept in
+		// sight until then: deleting it first would bring this back at
+		// once, through the deletion's event.
+		if wait := replaceWait(found.ended, found.next, p.opts.Now()); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+	}
 	extra := found.ended
 	if cur != nil && sb.Spec.NodeName != "" && cur.Spec.NodeName != "" && cur.Spec.NodeName != sb.Spec.NodeName {
 		extra, cur = append(extra, cur), nil
@@ -227,12 +237,6 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		}
 	}
 	if cur == nil {
-		if len(found.ended) > 0 {
-			// A Pod the kubelet refused or ended: the next one waits a
-			// while, longer each time, so a node that keeps refusing it is
-			// not asked in a loop.
-			return ctrl.Result{RequeueAfter: replaceAfter(found.next)}, nil
-		}
 		return p.createPod(ctx, &sb, found)
 	}
 	node := cur.Spec.NodeName
@@ -321,6 +325,25 @@ func sandboxPods(sb *v1alpha1.Sandbox, pods []corev1.Pod) podsFound {
 // maxAttempt bounds the attempt numbers taken from Pods' annotations, which
 // anyone who may write Pods in the namespace can set.
 const maxAttempt = 1 << 20
+
+// replaceWait is how much longer the placer waits before replacing the
+// ended Pods: replaceAfter(attempt) from when the last of them ended (its
+// Ready condition's last change, else its creation).
+func replaceWait(ended []*corev1.Pod, attempt int, now time.Time) time.Duration {
+	var last time.Time
+	for _, pod := range ended {
+		at := pod.CreationTimestamp.Time
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodReady && c.LastTransitionTime.After(at) {
+				at = c.LastTransitionTime.Time
+			}
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	return max(last.Add(replaceAfter(attempt)).Sub(now), 0)
+}
 
 // replaceAfter is how long the placer waits before replacing an ended Pod
 // for the attempt-th time: a second, doubling to five minutes.

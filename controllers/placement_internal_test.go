@@ -239,3 +239,23 @@ func TestEvictedAfterIsTheShortestToleration(t *testing.T) {
 		}
 	}
 }
+
+// The wait before an ended Pod is replaced is counted from when it ended,
+// so the event of its deletion cannot cut it short.
+func TestReplaceWaitCountsFromTheEnd(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	ended := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))},
+		Status: corev1.PodStatus{Phase: corev1.PodFailed, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(now.Add(-3 * time.Second))}}}}
+	if got := replaceWait([]*corev1.Pod{ended}, 3, now); got != 5*time.Second {
+		t.Errorf("attempt 3, ended 3 s ago: wait %s, want 5s (8 s from the end)", got)
+	}
+	if got := replaceWait([]*corev1.Pod{ended}, 1, now); got != 0 {
+		t.Errorf("attempt 1, ended 3 s ago: wait %s, want none", got)
+	}
+	// Without a Ready condition, from its creation.
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))}}
+	if got := replaceWait([]*corev1.Pod{old}, 3, now); got != 0 {
+		t.Errorf("created an hour ago: wait %s, want none", got)
+	}
+}
