@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -13,6 +14,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sandboxclasses,verbs=get;list;watch
@@ -60,9 +62,22 @@ func (r *SandboxReconciler) describe(ctx context.Context, s *sandboxScope) (bool
 		mounted = s.sb.Status.MountedGitDirs
 	}
 	in = instance.WithGitDirs(in, gitDirsToBind(s.claims, mounted))
+	if p := s.sb.Status.Pod; p != nil && r.PodCgroups != nil {
+		cg, err := r.PodCgroups.Find(p.UID)
+		if err != nil {
+			s.facts.fail(v1alpha1.ReasonPodStarting, fmt.Sprintf("the Sandbox's Pod %s has no cgroup on this node yet, which its processes run in (the kubelet makes it when it starts the Pod): %v", p.Name, err))
+			s.retry = podStartRetry
+			return true, nil
+		}
+		in = instance.WithPod(in, runtimes.Pod{UID: p.UID, Cgroup: cg, CgroupRoot: r.PodCgroupRoot})
+	}
 	s.instance, s.gitDirs = in, instance.GitDirs(in)
 	return false, nil
 }
+
+// podStartRetry is how often a Pod's cgroup is looked for while the
+// kubelet starts the Pod: nothing announces it.
+const podStartRetry = 2 * time.Second
 
 // warnDeprecated says, once per generation, which deprecated fields a
 // Sandbox still uses and what replaces them.

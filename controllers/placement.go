@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -137,6 +138,7 @@ func SetupPlacement(ctx context.Context, mgr ctrl.Manager, o PlacementOptions) e
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				a, b := e.ObjectOld.(*v1alpha1.Sandbox), e.ObjectNew.(*v1alpha1.Sandbox)
 				return a.Generation != b.Generation || a.Status.NodeName != b.Status.NodeName ||
+					!equality.Semantic.DeepEqual(a.Status.Pod, b.Status.Pod) ||
 					readyReason(a) != readyReason(b) || !b.DeletionTimestamp.IsZero()
 			},
 		})).
@@ -256,12 +258,33 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		}
 	}
 	if sb.Status.NodeName != node {
-		return p.placed(ctx, &sb, node)
+		return p.placed(ctx, &sb, cur)
+	}
+	if !isSandboxPod(sb.Status.Pod, cur) {
+		return p.recordPod(ctx, &sb, cur)
 	}
 	if lost != "" {
 		return p.nodeLost(ctx, &sb, cur, &n, lost)
 	}
 	return ctrl.Result{}, nil
+}
+
+// recordPod records sb's Pod where its node stays the same (a Pod that
+// ended was replaced on the node that pins the Sandbox, or the Pod was
+// bound before the placer wrote one): the node's controller moves the
+// instance into the new Pod's cgroup.
+func (p *placer) recordPod(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.Pod) (ctrl.Result, error) {
+	read := sb.DeepCopy()
+	sb.Status.Pod = &v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}
+	if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
+		return requeueOnConflict(err)
+	}
+	return ctrl.Result{}, nil
+}
+
+// isSandboxPod says whether ref names pod.
+func isSandboxPod(ref *v1alpha1.SandboxPod, pod *corev1.Pod) bool {
+	return ref != nil && ref.Name == pod.Name && ref.UID == string(pod.UID)
 }
 
 // podsFound is what a Sandbox's Pods say.
@@ -574,9 +597,11 @@ func (p *placer) notPlaced(ctx context.Context, sb *v1alpha1.Sandbox, reason, wh
 	return p.markClaims(ctx, sb)
 }
 
-// placed records the node sb's Pod is bound to: that node's controller
-// runs it from now on. A Sandbox that had another node moved off it.
-func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, node string) (ctrl.Result, error) {
+// placed records the node sb's Pod is bound to, and the Pod: that node's
+// controller runs it from now on, in the Pod's cgroup. A Sandbox that had
+// another node moved off it.
+func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.Pod) (ctrl.Result, error) {
+	node := pod.Spec.NodeName
 	f := placementFacts{generation: sb.Generation, outcome: placedOn, node: node}
 	if from := sb.Status.NodeName; from != "" {
 		f.lostMsg, _ = p.leftMessage(ctx, from)
@@ -584,6 +609,7 @@ func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, node string) 
 	}
 	read := sb.DeepCopy()
 	sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: p.opts.Now()}
+	sb.Status.Pod = &v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}
 	applyConditions(&sb.Status.Conditions, placementConditions(f))
 	// Only over the Sandbox as read: a node's controller that wrote first
 	// wins, and this pass is retried.
@@ -749,7 +775,7 @@ func (p *placer) markClaims(ctx context.Context, sb *v1alpha1.Sandbox) (ctrl.Res
 }
 
 func equalStatus(a, b *v1alpha1.Sandbox) bool {
-	return a.Status.NodeName == b.Status.NodeName &&
+	return a.Status.NodeName == b.Status.NodeName && equality.Semantic.DeepEqual(a.Status.Pod, b.Status.Pod) &&
 		slices.EqualFunc(a.Status.Conditions, b.Status.Conditions, func(x, y metav1.Condition) bool {
 			return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message
 		})

@@ -124,6 +124,9 @@ type sandboxScope struct {
 	// facts are what the phases found; the status is derived from them
 	// once, at the end (sandboxConditions).
 	facts sandboxFacts
+	// retry, when set, is when a phase that stopped the pass wants it
+	// again.
+	retry time.Duration
 }
 
 // Reconcile converges one Sandbox. It is safe to repeat after a crash at
@@ -177,7 +180,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		r.checkBackend, r.checkEnforcement, r.describe, r.checkNameConflict, r.inspect,
 	} {
 		if stop, err := phase(ctx, s); stop || err != nil {
-			return ctrl.Result{}, err
+			return ctrl.Result{RequeueAfter: s.retry}, err
 		}
 	}
 	return r.converge(ctx, s)

@@ -67,6 +67,19 @@ type Options struct {
 	// proxies of Sandboxes whose egress is an allowlist (Host.NetnsDir is
 	// its Dir); nil: such Sandboxes are refused.
 	Networks *egress.Networks
+	// PodCgroups, when set, finds the cgroup of a Sandbox's Pod
+	// (status.pod) on this node, below PodCgroupRoot (the node's cgroup
+	// hierarchies as mounted here): the instance's processes run below
+	// it, so that the kubelet accounts for them. Nil: they run below the
+	// drivers' own cgroup parents, wherever the Sandbox has a Pod.
+	PodCgroups    PodCgroupFinder
+	PodCgroupRoot string
+}
+
+// PodCgroupFinder finds a Pod's cgroup on this node by the Pod's UID, as
+// a path from the root of each hierarchy (cgroup.Pods).
+type PodCgroupFinder interface {
+	Find(uid string) (string, error)
 }
 
 // DefaultReconcileTimeout is the deadline of one reconcile: longer than a

@@ -37,6 +37,12 @@ type configV1 struct {
 	StopOnExit  bool          `json:"stopOnExit"`
 	Resources   resourcesV1   `json:"resources"`
 	Network     *networkV1    `json:"network,omitempty"`
+	Pod         *podV1        `json:"pod,omitempty"`
+}
+
+type podV1 struct {
+	UID    string `json:"uid"`
+	Cgroup string `json:"cgroup"`
 }
 
 type networkV1 struct {
@@ -116,6 +122,9 @@ func (in Instance) configInputV1() configV1 {
 	}
 	if x := in.Network; x != nil {
 		c.Network = &networkV1{Namespace: x.Namespace, Proxy: x.Proxy}
+	}
+	if x := in.Pod; x != nil {
+		c.Pod = &podV1{UID: x.UID, Cgroup: x.Cgroup}
 	}
 	if x := in.Incus; x != nil {
 		c.Incus = &incusV1{Image: in.Image, Profiles: x.Profiles, Project: x.Project, ShutdownOnExit: x.ShutdownOnExit, RootSizeLimit: sizeV1(x.RootSizeLimit)}

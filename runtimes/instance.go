@@ -97,9 +97,27 @@ type Instance struct {
 	// run in, in place of one with nothing in it: a Sandbox's egress
 	// namespace, whose only way out is its proxy. Nil: no network at all.
 	Network *Network `json:"network,omitempty"`
+	// Pod, on a cluster, is the Sandbox's Pod: the instance's processes
+	// run in a cgroup below the Pod's, which the kubelet accounts (its
+	// eviction, its summary API, `kubectl top pod`). Nil: below the
+	// driver's own cgroup parent.
+	Pod *Pod `json:"pod,omitempty"`
 	// ConfigHash identifies everything above; a running instance whose hash
 	// differs needs a restart to take the change.
 	ConfigHash string `json:"-"`
+}
+
+// Pod is the Pod whose cgroup an instance runs in.
+type Pod struct {
+	// UID is the Pod's.
+	UID string `json:"uid"`
+	// Cgroup is the Pod's cgroup, a path from the root of each hierarchy,
+	// as the node's kubelet made it.
+	Cgroup string `json:"cgroup"`
+	// CgroupRoot is where the node's cgroup hierarchies are mounted for
+	// the controller (a hostPath in its pod); it is no part of the
+	// ConfigHash.
+	CgroupRoot string `json:"cgroupRoot"`
 }
 
 // Network is a network namespace prepared for an instance.

@@ -425,6 +425,17 @@ type SandboxSpec struct {
 	undecoded []undecodedField `json:"-"`
 }
 
+// SandboxPod names a Sandbox's Pod.
+type SandboxPod struct {
+	// Name is the Pod's, in the Sandbox's namespace.
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// UID is the Pod's.
+	// +kubebuilder:validation:MaxLength=36
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	UID string `json:"uid"`
+}
+
 // SandboxStatus is what the controller observed.
 type SandboxStatus struct {
 	// ObservedGeneration is the generation the status was computed from.
@@ -450,6 +461,11 @@ type SandboxStatus struct {
 	// PlacedAt is when the Sandbox was last placed on a node.
 	// +optional
 	PlacedAt *metav1.Time `json:"placedAt,omitempty"`
+	// Pod is the Sandbox's Pod on a cluster, bound to nodeName: the
+	// node's controller runs the Sandbox's processes in its cgroup, so the
+	// kubelet accounts for them. Written by the aggregated API's placer.
+	// +optional
+	Pod *SandboxPod `json:"pod,omitempty"`
 	// MountedGitDirs are the git directories of the claims' worktrees that
 	// the running instance mounts at their host paths.
 	// +optional

@@ -147,6 +147,15 @@ func WithGitDirs(in runtimes.Instance, dirs []string) runtimes.Instance {
 	return in
 }
 
+// WithPod puts in's processes in the cgroup of the Sandbox's Pod (on a
+// cluster, so that the kubelet accounts for them); a new Pod is a new
+// ConfigHash, and the instance starts again in it.
+func WithPod(in runtimes.Instance, pod runtimes.Pod) runtimes.Instance {
+	in.Pod = &pod
+	in.ConfigHash = in.Hash()
+	return in
+}
+
 // describe builds the Instance for a Sandbox spec. It applies the admission
 // rules again (the API's and the backend's, backend.ValidateSpec) and
 // refuses a spec that breaks one, so a CRD installed without its CEL rules

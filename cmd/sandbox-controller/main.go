@@ -32,6 +32,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 )
 
 type flags struct {
@@ -46,6 +47,7 @@ type flags struct {
 	api                                     execapi.Config
 	apiAdvertise                            string
 	podImage                                string
+	podCgroups                              string
 	nodeLostAfter                           time.Duration
 	systemNamespace                         string
 	certValidity                            time.Duration
@@ -100,7 +102,8 @@ func main() {
 	flag.StringVar(&f.stateDir, "state-dir", "", "host directory for runtime state (default <areas-root>/.runtime)")
 	flag.IntVar(&f.sandboxWorkers, "sandbox-workers", 4, "Sandboxes reconciled at once (a Sandbox is never reconciled twice at once)")
 	flag.IntVar(&f.claimWorkers, "claim-workers", 16, "SessionClaims reconciled at once; bursts of claims bind this many at a time")
-	flag.StringVar(&f.nodeName, "node-name", "", "this node's name: reconcile the Sandboxes pinned (spec.nodeName) or placed (status.nodeName) here, renew this node's Lease and take part in placing Sandboxes that name no node; empty (one machine) reconciles only Sandboxes that are neither")
+	flag.StringVar(&f.nodeName, "node-name", "", "this node's name: reconcile the Sandboxes pinned (spec.nodeName) or placed (status.nodeName) here; empty (one machine) reconciles only Sandboxes that are neither")
+	flag.StringVar(&f.podCgroups, "pod-cgroups", "", "with --node-name on a cluster: where the node's cgroup hierarchies are mounted in this process (a hostPath of the node's /sys/fs/cgroup, as config/manager mounts it): each Sandbox's processes run below the cgroup of its Pod (status.pod), so that the kubelet accounts for them (eviction, its summary API, kubectl top pod); empty: below the backends' own cgroup parents")
 	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --mode=api: how long the Pod of an onNodeLost: Move Sandbox tolerates its node being not ready or unreachable before it is evicted and the Sandbox is scheduled elsewhere (whole seconds)")
 	flag.StringVar(&f.podImage, "sandbox-pod-image", envOr("SANDBOX_POD_IMAGE", controllers.DefaultPodImage), "with --mode=api: the image of the Pod each Sandbox gets, which only holds its place on a node: the pause image the nodes already hold (default $SANDBOX_POD_IMAGE, else "+controllers.DefaultPodImage+")")
 	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node controllers' pods, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
@@ -278,8 +281,17 @@ Ctrl-C stops the controller and the control plane.
 		// stop with this process.
 		defer networks.Close()
 	}
+	var podCgroups controllers.PodCgroupFinder
+	if f.podCgroups != "" {
+		if f.nodeName == "" {
+			return fmt.Errorf("--pod-cgroups needs --node-name: Sandboxes have Pods on a cluster only")
+		}
+		podCgroups = cgroup.NewPods(f.podCgroups)
+	}
 	if err := controllers.Setup(ctx, mgr, controllers.Options{
 		Networks:       networks,
+		PodCgroups:     podCgroups,
+		PodCgroupRoot:  f.podCgroups,
 		Runtimes:       rts,
 		Host:           host,
 		NodeName:       f.nodeName,

@@ -137,6 +137,9 @@ type Runtime struct {
 	cgroups        *cgroup.Manager
 	cgroupErr      error
 	allowUnlimited bool
+	// podCgroups are the managers of the Pods' cgroups instances run in
+	// (Instance.Pod), by cgroup; under mu.
+	podCgroups map[string]*cgroup.Manager
 }
 
 var _ runtimes.Runtime = (*Runtime)(nil)
@@ -192,6 +195,14 @@ func New(cfg Config) (*Runtime, error) {
 		r.warnings = os.Stderr
 	}
 	return r, nil
+}
+
+// samePod says whether a and b put an instance in the same cgroup.
+func samePod(a, b *runtimes.Pod) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.CgroupRoot == b.CgroupRoot && a.Cgroup == b.Cgroup
 }
 
 // record is the state file of one instance.
@@ -287,8 +298,13 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	if err := r.ensureInstanceTree(in, rec.ConfigHash != in.ConfigHash); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonFailed, "ensuring", in.Name, "%w", err)
 	}
-	if rec.Running && rec.ConfigHash == in.ConfigHash && (r.cgroups == nil || r.cgroups.Exists(in.Name)) {
+	if rec.Running && rec.ConfigHash == in.ConfigHash && r.hasCgroup(in) {
 		return rec.state(), nil
+	}
+	if prev != nil && !samePod(prev.Pod, in.Pod) {
+		// Its Pod was replaced: what still runs in the old one goes with
+		// its cgroup.
+		r.removeCgroup(*prev)
 	}
 	if err := r.ensureCgroup(in); err != nil {
 		return runtimes.State{}, err
@@ -308,7 +324,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 	}
 	r.killAll(name)
 	r.removeTree(name)
-	r.removeCgroup(name)
+	r.removeCgroup(rec.Instance)
 	runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	if !rec.Running {
 		return nil
@@ -321,9 +337,11 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 func (r *Runtime) Delete(_ context.Context, name string) error {
 	r.killAll(name)
 	r.removeTree(name)
-	r.removeCgroup(name)
 	if rec, err := r.load(name); err == nil && rec != nil {
+		r.removeCgroup(rec.Instance)
 		runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
+	} else {
+		r.removeCgroup(runtimes.Instance{Name: name})
 	}
 	if err := os.Remove(r.statePath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return runtimes.Errorf(runtimes.ReasonUnavailable, "deleting", name, "%w", err)
@@ -436,7 +454,7 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 
 	r.track(name, cmd)
 	defer r.untrack(name, cmd)
-	if err = r.startIn(name, rec.Instance.Network, cmd); err == nil {
+	if err = r.startIn(rec.Instance, cmd); err == nil {
 		err = cmd.Wait()
 	}
 	var exitErr *exec.ExitError

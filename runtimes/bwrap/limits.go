@@ -15,57 +15,106 @@ import (
 // killed at the memory limit, CPU is throttled, and no agent can take the
 // node's process table or memory from the controller and the others.
 
+// cgroupsOf is the manager of the instance's cgroup: below its Pod's
+// cgroup when it has a Pod (on a cluster, so that the kubelet accounts for
+// its commands), else below the driver's own parent. Nil with no error:
+// the driver runs without cgroups.
+func (r *Runtime) cgroupsOf(in runtimes.Instance) (*cgroup.Manager, error) {
+	if in.Pod == nil {
+		if r.cgroups == nil {
+			return nil, r.cgroupErr
+		}
+		return r.cgroups, nil
+	}
+	key := in.Pod.CgroupRoot + "\x00" + in.Pod.Cgroup
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.podCgroups[key]; m != nil {
+		return m, nil
+	}
+	m, err := cgroup.At(in.Pod.CgroupRoot, in.Pod.Cgroup)
+	if err != nil {
+		return nil, fmt.Errorf("the cgroup of Pod %s: %w", in.Pod.UID, err)
+	}
+	if r.podCgroups == nil {
+		r.podCgroups = map[string]*cgroup.Manager{}
+	}
+	r.podCgroups[key] = m
+	return m, nil
+}
+
 // ensureCgroup makes the instance's cgroup and sets its limits, or
 // refuses the instance when no cgroup can be made (unless the driver was
-// told to allow running unlimited).
+// told to allow running unlimited; never for an instance with a Pod,
+// whose cgroup the kubelet made).
 func (r *Runtime) ensureCgroup(in runtimes.Instance) error {
-	if r.cgroups == nil {
-		if r.allowUnlimited {
-			fmt.Fprintf(r.warnings, "WARNING: instance %s runs WITHOUT resource limits (allowed by configuration): %v\n", in.Name, r.cgroupErr)
+	m, err := r.cgroupsOf(in)
+	if m == nil {
+		if r.allowUnlimited && in.Pod == nil {
+			fmt.Fprintf(r.warnings, "WARNING: instance %s runs WITHOUT resource limits (allowed by configuration): %v\n", in.Name, err)
 			return nil
 		}
 		return runtimes.Errorf(runtimes.ReasonLimitsUnavailable, "ensuring", in.Name,
-			"the instance's limits cannot be enforced: %v; run the controller where it can make cgroups (root, or a delegated cgroup v2 subtree), or allow unlimited sandboxes explicitly", r.cgroupErr)
+			"the instance's limits cannot be enforced: %v; run the controller where it can make cgroups (root, or a delegated cgroup v2 subtree), or allow unlimited sandboxes explicitly", err)
 	}
 	res := in.Resources
-	if err := r.cgroups.Ensure(in.Name, cgroup.Limits{CPUMillis: res.CPUMillis, MemoryBytes: res.MemoryBytes, Pids: res.Pids, CPURequestMillis: res.CPURequestMillis}); err != nil {
+	if err := m.Ensure(in.Name, cgroup.Limits{CPUMillis: res.CPUMillis, MemoryBytes: res.MemoryBytes, Pids: res.Pids, CPURequestMillis: res.CPURequestMillis}); err != nil {
 		return runtimes.Errorf(runtimes.ReasonLimitsUnavailable, "ensuring", in.Name, "%w", err)
 	}
 	return nil
 }
 
+// hasCgroup says whether the instance's cgroup is there (or the driver
+// runs without cgroups).
+func (r *Runtime) hasCgroup(in runtimes.Instance) bool {
+	m, err := r.cgroupsOf(in)
+	if m == nil {
+		return err == nil || (r.allowUnlimited && in.Pod == nil)
+	}
+	return m.Exists(in.Name)
+}
+
 // startIn starts cmd inside the instance's cgroup and, when it has one,
 // its network namespace.
-func (r *Runtime) startIn(name string, network *runtimes.Network, cmd *exec.Cmd) error {
-	if network == nil {
-		return r.startInCgroup(name, cmd)
+func (r *Runtime) startIn(in runtimes.Instance, cmd *exec.Cmd) error {
+	if in.Network == nil {
+		return r.startInCgroup(in, cmd)
 	}
-	ns := egress.Namespace{Path: network.Namespace}
-	return ns.Do(func() error { return r.startInCgroup(name, cmd) })
+	ns := egress.Namespace{Path: in.Network.Namespace}
+	return ns.Do(func() error { return r.startInCgroup(in, cmd) })
 }
 
 // startInCgroup starts cmd inside the instance's cgroup, or plainly when
 // the driver runs without cgroups.
-func (r *Runtime) startInCgroup(name string, cmd *exec.Cmd) error {
-	if r.cgroups == nil {
+func (r *Runtime) startInCgroup(in runtimes.Instance, cmd *exec.Cmd) error {
+	m, err := r.cgroupsOf(in)
+	if m == nil {
+		if in.Pod != nil || !r.allowUnlimited {
+			return runtimes.Errorf(runtimes.ReasonLimitsUnavailable, "running in", in.Name, "%v", err)
+		}
 		return cmd.Start()
 	}
-	return r.cgroups.Start(name, cmd)
+	return m.Start(in.Name, cmd)
 }
 
 // removeCgroup kills what is left in the instance's cgroup and removes it.
-func (r *Runtime) removeCgroup(name string) {
-	if r.cgroups != nil {
-		_ = r.cgroups.Remove(name)
+func (r *Runtime) removeCgroup(in runtimes.Instance) {
+	if m, _ := r.cgroupsOf(in); m != nil {
+		_ = m.Remove(in.Name)
 	}
 }
 
 // Usage reads what the instance's commands use now (runtimes.UsageReader).
 func (r *Runtime) Usage(name string) (runtimes.Usage, error) {
-	if r.cgroups == nil {
-		return runtimes.Usage{}, fmt.Errorf("instance %s has no cgroup: %w", name, errors.Join(r.cgroupErr, cgroup.ErrUnavailable))
+	in := runtimes.Instance{Name: name}
+	if rec, err := r.load(name); err == nil && rec != nil {
+		in = rec.Instance
 	}
-	u, err := r.cgroups.Usage(name)
+	m, err := r.cgroupsOf(in)
+	if m == nil {
+		return runtimes.Usage{}, fmt.Errorf("instance %s has no cgroup: %w", name, errors.Join(err, cgroup.ErrUnavailable))
+	}
+	u, err := m.Usage(name)
 	if err != nil {
 		return runtimes.Usage{}, err
 	}

@@ -16,6 +16,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,6 +55,9 @@ type Manager struct {
 	// dirs are the parent's directories: one per v1 controller, or the
 	// one v2 directory under "".
 	dirs map[string]string
+	// kubelets says the parent is a Pod's cgroup (Pods.Manager): it is
+	// the kubelet's, and never removed here.
+	kubelets bool
 }
 
 // New prepares the parent named name: below this process's own cgroup
@@ -180,7 +184,17 @@ func (m *Manager) Exists(name string) bool {
 // Ensure creates instance name's cgroup when missing and sets its limits.
 func (m *Manager) Ensure(name string, l Limits) error {
 	for c := range m.dirs {
-		if err := os.MkdirAll(filepath.Join(m.dirs[c], name), 0o755); err != nil {
+		dir := filepath.Join(m.dirs[c], name)
+		var err error
+		if m.kubelets {
+			// Never the kubelet's Pod cgroup itself, should it be gone.
+			if err = os.Mkdir(dir, 0o755); errors.Is(err, fs.ErrExist) {
+				err = nil
+			}
+		} else {
+			err = os.MkdirAll(dir, 0o755)
+		}
+		if err != nil {
 			return fmt.Errorf("creating the cgroup of %s: %w", name, err)
 		}
 	}
@@ -440,7 +454,9 @@ func (m *Manager) Remove(name string) error {
 			errs = append(errs, err)
 			continue
 		}
-		_ = unix.Rmdir(m.dirs[c]) // busy while another instance has one
+		if !m.kubelets {
+			_ = unix.Rmdir(m.dirs[c]) // busy while another instance has one
+		}
 	}
 	return errors.Join(errs...)
 }

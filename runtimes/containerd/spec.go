@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"reflect"
 	"slices"
 	"strings"
@@ -117,6 +118,11 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 		// in place of a new one with loopback alone.
 		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: n}))
 	}
+	if in.Pod != nil {
+		// On a cluster: in the Sandbox's Pod's cgroup, which the kubelet
+		// accounts.
+		opts = append(opts, oci.WithCgroup(podCgroupsPath(in)))
+	}
 	switch {
 	case in.Devices.All:
 		opts = append(opts, oci.WithHostDevices, oci.WithAllDevicesAllowed)
@@ -128,6 +134,18 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 	}
 	// The profile follows the capabilities it is derived from: last.
 	return append(opts, seccomp.WithDefaultProfile())
+}
+
+// podCgroupsPath is the cgroupsPath of in's container, right below its
+// Pod's cgroup: a path for runc's cgroupfs driver, or "slice:prefix:name"
+// for its systemd driver (the kubelet's systemd driver makes each Pod's
+// cgroup a .slice, and the node's containerd then runs runc with the same
+// driver).
+func podCgroupsPath(in runtimes.Instance) string {
+	if strings.HasSuffix(in.Pod.Cgroup, ".slice") {
+		return path.Base(in.Pod.Cgroup) + ":sandbox-controller:" + in.Name
+	}
+	return path.Join(in.Pod.Cgroup, "sandbox-"+in.Name)
 }
 
 // networkOf is the network namespace in's container joins; empty: a new

@@ -319,7 +319,11 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(envValue(c, "CONTAINERD_BACKEND")).To(BeEmpty())
 		Expect(envValue(c, "INCUS_BACKEND")).To(BeEmpty())
 		Expect(c.SecurityContext.Privileged).To(Equal(ptr.To(true)))
-		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller"}))
+		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup"}))
+		// The node's cgroups, where the kubelet makes the Pods' cgroups
+		// the sandboxes' processes run in.
+		Expect(c.Args).To(ContainElement("--pod-cgroups=/host/sys/fs/cgroup"))
+		Expect(mountOf(c, "/host/sys/fs/cgroup")).NotTo(BeNil())
 		areas := mountOf(c, "/var/lib/sandbox-controller")
 		Expect(areas).NotTo(BeNil(), "the areas are at the same path in the pod as on the node")
 		Expect(areas.MountPropagation).To(BeNil())
@@ -343,7 +347,7 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(envValue(c, "CONTAINERD_BACKEND")).To(Equal(",containerd"))
 		Expect(envValue(c, "INCUS_BACKEND")).To(Equal(",incus"))
 		Expect(hostPaths(ds)).To(Equal(map[string]string{
-			"areas": "/var/lib/sandbox-controller", "containerd": "/run/containerd", "incus": "/var/lib/incus"}))
+			"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup", "containerd": "/run/containerd", "incus": "/var/lib/incus"}))
 		Expect(mountOf(c, "/var/lib/sandbox-controller").MountPropagation).To(Equal(ptr.To(corev1.MountPropagationBidirectional)))
 		Expect(mountOf(c, "/run/containerd").MountPropagation).To(Equal(ptr.To(corev1.MountPropagationHostToContainer)))
 		Expect(mountOf(c, "/var/lib/incus").MountPropagation).To(Equal(ptr.To(corev1.MountPropagationHostToContainer)))
@@ -355,7 +359,7 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(c.Image).To(Equal(defaultImage))
 		Expect(ds.Spec.Template.Spec.HostPID).To(BeFalse())
 		Expect(envValue(c, "CONTAINERD_BACKEND")).To(BeEmpty())
-		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller"}))
+		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup"}))
 		Expect(mountOf(c, "/var/lib/sandbox-controller").MountPropagation).To(BeNil())
 	})
 

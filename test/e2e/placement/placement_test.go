@@ -210,6 +210,13 @@ func nodeOf(ns, name string) func() (string, error) {
 	}
 }
 
+func podRefOf(ns, name string) func() (*v1alpha1.SandboxPod, error) {
+	return func() (*v1alpha1.SandboxPod, error) {
+		st, err := env.SandboxStatus(ns, name)()
+		return st.Pod, err
+	}
+}
+
 func readyOf(ns, name string) func() (*metav1.Condition, error) {
 	return func() (*metav1.Condition, error) {
 		st, err := env.SandboxStatus(ns, name)()
@@ -295,6 +302,8 @@ var _ = Describe("Placement", Ordered, func() {
 			Expect(pod).NotTo(BeNil())
 			Expect(pod.Spec.Containers[0].Resources.Requests.Memory().String()).To(Equal("600Mi"))
 			Expect(nodeOf(ns, name)()).To(Equal(pod.Spec.NodeName), "status.nodeName is the Pod's node")
+			Eventually(podRefOf(ns, name), testharness.Timeout).Should(Equal(&v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}),
+				"status.pod names the Pod, in whose cgroup its node runs it")
 			// Each node's controller took its own: the instance is stopped
 			// there, as for any Sandbox without claims.
 			Eventually(env.SandboxStatus(ns, name), testharness.Timeout).Should(
@@ -501,6 +510,10 @@ var _ = Describe("Placement", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(k8s.Delete(ctx, pod, client.GracePeriodSeconds(0))).To(Succeed())
 		Eventually(nodeOf(ns, "twice"), testharness.Timeout).Should(Equal("node-a"))
+		moved, err := podOf(ns, "twice")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(moved.UID).NotTo(Equal(pod.UID))
+		Eventually(podRefOf(ns, "twice"), testharness.Timeout).Should(Equal(&v1alpha1.SandboxPod{Name: moved.Name, UID: string(moved.UID)}))
 		Eventually(func() (bool, error) {
 			st, err := nodeB.mgr.Runtimes[v1alpha1.BackendBwrap].Inspect(ctx, instName)
 			return st.Exists, err

@@ -143,6 +143,24 @@ func kc(args ...string) string {
 	return out
 }
 
+// rolledOut waits for a workload of the deployment to be rolled out and,
+// when it is not, reports what its pods went through before failing.
+func rolledOut(workload string) {
+	out, err := run(6*time.Minute, kubectl, "-n", namespace, "rollout", "status", workload, "--timeout=5m")
+	if err == nil {
+		return
+	}
+	_, _ = run(time.Minute, kubectl, "-n", namespace, "get", "pods", "-o", "wide")
+	_, _ = run(time.Minute, kubectl, "-n", namespace, "describe", "pods")
+	_, _ = run(time.Minute, kubectl, "-n", namespace, "get", "events", "--sort-by=.lastTimestamp")
+	names, _ := run(time.Minute, kubectl, "-n", namespace, "get", "pods", "-o", "name")
+	for _, pod := range strings.Fields(names) {
+		_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", pod, "--tail=100")
+		_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", pod, "--previous", "--tail=100")
+	}
+	Fail(fmt.Sprintf("%s was not rolled out in 5 minutes: %s%v", workload, out, err), 1)
+}
+
 func runMake(timeout time.Duration, args ...string) string {
 	// Named on the command line, so a developer's exported IMG or
 	// BACKENDS cannot deploy something else.
@@ -247,8 +265,8 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 
 	It("deploys, and the DaemonSet's pod becomes Ready", func() {
 		runMake(10*time.Minute, "deploy")
-		kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")
-		kc("-n", namespace, "rollout", "status", "deployment/sandbox-controller-api", "--timeout=3m")
+		rolledOut("daemonset/sandbox-controller")
+		rolledOut("deployment/sandbox-controller-api")
 		kc("-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=2m")
 		Expect(strings.Fields(kc("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name=sandbox-controller", "-o", "jsonpath={.items[*].spec.nodeName}"))).
 			To(ConsistOf(node, node2), "one pod of the DaemonSet on each node")
@@ -299,6 +317,10 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 
 	It("gives the sample Sandbox a Pod that kube-scheduler bound to the node and the kubelet runs", func() {
 		sandboxPodRuns("default", sampleSbx, sampleNode)
+	})
+
+	It("runs a Sandbox's processes in its Pod's cgroup, and the kubelet counts what they use for the Pod", func() {
+		podAccounting(node)
 	})
 
 	It("keeps a Sandbox too big for any node Pending, in the scheduler's words", func() {

@@ -347,7 +347,7 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Eventually(func() error { return as.Create(ctx, sandbox(ns, "use", "team-a", nil, v1alpha1.Devices{})) }, testharness.Timeout).Should(Succeed())
 	})
 
-	It("refuses a node's controller pointing a Sandbox's status.nodeName, or its spec, at a node", func() {
+	It("refuses a node's controller pointing a Sandbox's status.nodeName, status.pod, or its spec, at a node", func() {
 		// The node controllers' ServiceAccount, with its rights on
 		// Sandboxes (config/rbac): what one taken node could send.
 		nodeSA := "system:serviceaccount:sandbox-controller-system:sandbox-controller"
@@ -390,8 +390,20 @@ var _ = Describe("SandboxClass", Ordered, func() {
 			}, testharness.Timeout).Should(BeTrue())
 			return err
 		}
-		// The placer's write: placed on node-b.
-		Expect(writeAs(k8s, placed, true, func() { placed.Status.NodeName = "node-b" })).To(Succeed())
+		// The placer's write: placed on node-b, in its Pod.
+		podA := &v1alpha1.SandboxPod{Name: "placed-elsewhere-sandbox", UID: "0b3c8a40-1c57-4e55-9f1e-3a6a3c6d2f10"}
+		Expect(writeAs(k8s, placed, true, func() { placed.Status.NodeName, placed.Status.Pod = "node-b", podA })).To(Succeed())
+
+		// A node's controller pointing the Sandbox at another Pod's cgroup
+		// (another Sandbox's, on its own node) is refused.
+		err = writeAs(node, placed, true, func() {
+			placed.Status.Pod = &v1alpha1.SandboxPod{Name: "other-sandbox", UID: "7d2e41f8-5f0a-4c1e-8d55-0c7b9f3a1e22"}
+		})
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.pod"))
+		err = writeAs(node, placed, true, func() { placed.Status.Pod = nil })
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.pod"))
 
 		err = writeAs(node, placed, true, func() { placed.Status.NodeName = "node-a" })
 		Expect(err).To(HaveOccurred())

@@ -1,0 +1,205 @@
+//go:build linux
+
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// A Sandbox on a cluster has a Pod, and the kubelet accounts for what runs
+// in that Pod's cgroup: its eviction, its summary API and `kubectl top`
+// see it. Pods finds a Pod's cgroup on the node by the Pod's UID, in the
+// node's cgroup hierarchies (mounted at Root: in the controller's pod, a
+// hostPath of the node's /sys/fs/cgroup); At gives a Manager that makes
+// the instance's cgroup right below it. The cgroup is the kubelet's: it is
+// never made, changed or removed here.
+
+// ErrPodNotFound is wrapped when no cgroup of the Pod is on this node (yet:
+// the kubelet makes it when it starts the Pod).
+var ErrPodNotFound = errors.New("the Pod's cgroup is not on this node")
+
+// uidPattern is a Pod UID as the API server makes it; nothing else is
+// looked for, so a UID never becomes more than a file name.
+var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// podSearchDepth bounds the search: the kubelet's pod cgroups sit at
+// <cgroup-root>/kubepods[/<qos>]/pod<uid> (cgroupfs driver) or
+// kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid>.slice
+// (systemd driver), a few levels down.
+const podSearchDepth = 5
+
+// Pods finds Pods' cgroups below Root and keeps what it found.
+type Pods struct {
+	// Root is where the node's cgroup file systems are mounted.
+	Root string
+
+	mu    sync.Mutex
+	v2    *bool
+	found map[string]string
+}
+
+// NewPods finds Pods' cgroups in the hierarchies mounted at root.
+func NewPods(root string) *Pods {
+	return &Pods{Root: root, found: map[string]string{}}
+}
+
+// isV2 says whether Root is the unified hierarchy.
+func (p *Pods) isV2() (bool, error) {
+	if p.v2 != nil {
+		return *p.v2, nil
+	}
+	v2, err := isV2(p.Root)
+	if err != nil {
+		return false, err
+	}
+	p.v2 = &v2
+	return v2, nil
+}
+
+func isV2(root string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return false, fmt.Errorf("%w: %s: %w", ErrUnavailable, root, err)
+	}
+	return st.Type == unix.CGROUP2_SUPER_MAGIC, nil
+}
+
+// Find returns the cgroup of the Pod with uid, as a path from the root of
+// each hierarchy. On v1 the memory hierarchy is searched, and the path must
+// be in the others too, as the kubelet makes it in each.
+func (p *Pods) Find(uid string) (string, error) {
+	if !uidPattern.MatchString(uid) {
+		return "", fmt.Errorf("%q is not a Pod UID", uid)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v2, err := p.isV2()
+	if err != nil {
+		return "", err
+	}
+	base := p.Root
+	if !v2 {
+		base = filepath.Join(p.Root, "memory")
+	}
+	if path, ok := p.found[uid]; ok {
+		if st, err := os.Lstat(filepath.Join(base, path)); err == nil && st.IsDir() {
+			return path, nil
+		}
+		delete(p.found, uid)
+	}
+	path, err := findPod(base, uid)
+	if err != nil {
+		return "", err
+	}
+	if !v2 {
+		for _, c := range v1Controllers {
+			if st, err := os.Stat(filepath.Join(p.Root, c, path)); err != nil || !st.IsDir() {
+				return "", fmt.Errorf("%w: Pod %s has the memory cgroup %s, but no %s cgroup there", ErrPodNotFound, uid, path, c)
+			}
+		}
+	}
+	p.found[uid] = path
+	return path, nil
+}
+
+// Forget drops what is known of the Pod with uid (it is gone).
+func (p *Pods) Forget(uid string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.found, uid)
+}
+
+// At is the manager of the instance cgroups right below parent, an
+// existing cgroup (a path from the root of each hierarchy, mounted at
+// root) that is not ours: a Pod's, which the kubelet made. Unlike New's,
+// its parent is never made, and never removed with the last instance.
+func At(root, parent string) (*Manager, error) {
+	v2, err := isV2(root)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{V2: v2, dirs: map[string]string{}, kubelets: true}
+	if v2 {
+		m.dirs[""] = filepath.Join(root, parent)
+	} else {
+		for _, c := range v1Controllers {
+			m.dirs[c] = filepath.Join(root, c, parent)
+		}
+	}
+	if !m.parentExists() {
+		return nil, fmt.Errorf("%w: %s is not in every hierarchy below %s", ErrPodNotFound, parent, root)
+	}
+	return m, nil
+}
+
+// isPodDir says whether a cgroup named name is the Pod with uid's, under
+// either of the kubelet's cgroup drivers.
+func isPodDir(name, uid string) bool {
+	return name == "pod"+uid || (strings.HasPrefix(name, "kubepods") &&
+		strings.HasSuffix(name, "-pod"+strings.ReplaceAll(uid, "-", "_")+".slice"))
+}
+
+// findPod searches base for the Pod's cgroup where the kubelet makes Pods'
+// cgroups, and nowhere else: below a cgroup named kubepods* (and its QoS
+// classes, burstable and besteffort), at the top of the hierarchy or below
+// one top-level cgroup (the kubelet's --cgroup-root). Names anywhere else
+// are not the kubelet's to give (a container's cgroup is named after its
+// instance, and an agent chooses that name), so a match there is never
+// taken. It follows no link (cgroup file systems have none; a
+// bind-mounted base might).
+func findPod(base, uid string) (string, error) {
+	type dir struct {
+		path     string
+		kubepods bool
+	}
+	level := []dir{{path: "."}}
+	for depth := 0; depth < podSearchDepth && len(level) > 0; depth++ {
+		var next []dir
+		for _, d := range level {
+			entries, err := os.ReadDir(filepath.Join(base, d.path))
+			if err != nil {
+				if depth == 0 {
+					return "", fmt.Errorf("%w: reading %s: %w", ErrUnavailable, base, err)
+				}
+				continue // gone meanwhile
+			}
+			for _, e := range entries {
+				if e.Type()&os.ModeType != os.ModeDir {
+					continue
+				}
+				name := e.Name()
+				sub := dir{path: filepath.Join(d.path, name), kubepods: d.kubepods}
+				switch {
+				case d.kubepods && isPodDir(name, uid):
+					return "/" + sub.path, nil
+				case d.kubepods && (name == "burstable" || name == "besteffort"),
+					strings.HasPrefix(name, "kubepods") && !strings.Contains(name, "-pod"):
+					sub.kubepods = true
+					next = append(next, sub)
+				case depth == 0 && !d.kubepods:
+					next = append(next, sub) // a --cgroup-root
+				}
+			}
+		}
+		level = next
+	}
+	return "", fmt.Errorf("%w: no cgroup pod%s below %s (the kubelet makes it when it starts the Pod)", ErrPodNotFound, uid, base)
+}
+
+// parentExists says whether the parent is there in every hierarchy.
+func (m *Manager) parentExists() bool {
+	for _, d := range m.dirs {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			return false
+		}
+	}
+	return true
+}
