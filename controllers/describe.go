@@ -63,9 +63,9 @@ func (r *SandboxReconciler) describe(ctx context.Context, s *sandboxScope) (bool
 	}
 	in = instance.WithGitDirs(in, gitDirsToBind(s.claims, mounted))
 	if p := s.sb.Status.Pod; p != nil && r.PodCgroups != nil {
-		cg, err := r.PodCgroups.Find(p.UID)
+		cg, err := r.PodCgroups.Find(p.UID, p.ContainerID)
 		if err != nil {
-			s.facts.fail(v1alpha1.ReasonPodStarting, fmt.Sprintf("the Sandbox's Pod %s has no cgroup on this node yet, which its processes run in (the kubelet makes it when it starts the Pod): %v", p.Name, err))
+			s.facts.fail(v1alpha1.ReasonPodStarting, fmt.Sprintf("the Sandbox's Pod %s has no cgroup on this node yet, which its processes run in (the kubelet makes it when it starts the Pod's container): %v", p.Name, err))
 			s.retry = podStartRetry
 			return true, nil
 		}

@@ -269,23 +269,37 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	return ctrl.Result{}, nil
 }
 
-// recordPod records sb's Pod where its node stays the same (a Pod that
-// ended was replaced on the node that pins the Sandbox, or the Pod was
-// bound before the placer wrote one): the node's controller moves the
-// instance into the new Pod's cgroup.
+// recordPod records sb's Pod where its node stays the same: its container
+// started (or started again), or a Pod that ended was replaced on the
+// node that pins the Sandbox. The node's controller moves the instance
+// into the container's cgroup.
 func (p *placer) recordPod(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.Pod) (ctrl.Result, error) {
 	read := sb.DeepCopy()
-	sb.Status.Pod = &v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}
+	sb.Status.Pod = podRef(pod)
 	if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
 		return requeueOnConflict(err)
 	}
 	return ctrl.Result{}, nil
 }
 
-// isSandboxPod says whether ref names pod.
+// isSandboxPod says whether ref names pod as it is now.
 func isSandboxPod(ref *v1alpha1.SandboxPod, pod *corev1.Pod) bool {
-	return ref != nil && ref.Name == pod.Name && ref.UID == string(pod.UID)
+	return ref != nil && *ref == *podRef(pod)
 }
+
+// podRef names pod, and its container once the kubelet runs it.
+func podRef(pod *corev1.Pod) *v1alpha1.SandboxPod {
+	ref := &v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}
+	for _, c := range pod.Status.ContainerStatuses {
+		if c.Name == podContainer && c.State.Running != nil {
+			ref.ContainerID = c.ContainerID
+		}
+	}
+	return ref
+}
+
+// podContainer is the name of the one container of a Sandbox's Pod.
+const podContainer = "sandbox"
 
 // podsFound is what a Sandbox's Pods say.
 type podsFound struct {
@@ -479,7 +493,7 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 		},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
-				Name:            "sandbox",
+				Name:            podContainer,
 				Image:           o.PodImage,
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Resources:       reqs,
@@ -609,7 +623,7 @@ func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.P
 	}
 	read := sb.DeepCopy()
 	sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: p.opts.Now()}
-	sb.Status.Pod = &v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}
+	sb.Status.Pod = podRef(pod)
 	applyConditions(&sb.Status.Conditions, placementConditions(f))
 	// Only over the Sandbox as read: a node's controller that wrote first
 	// wins, and this pass is retried.

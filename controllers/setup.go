@@ -76,10 +76,11 @@ type Options struct {
 	PodCgroupRoot string
 }
 
-// PodCgroupFinder finds a Pod's cgroup on this node by the Pod's UID, as
-// a path from the root of each hierarchy (cgroup.Pods).
+// PodCgroupFinder finds the cgroup an instance of a Pod runs below on this
+// node, by the Pod's UID and its container's ID, as a path from the root
+// of each hierarchy (cgroup.Pods).
 type PodCgroupFinder interface {
-	Find(uid string) (string, error)
+	Find(uid, containerID string) (string, error)
 }
 
 // DefaultReconcileTimeout is the deadline of one reconcile: longer than a

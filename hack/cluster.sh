@@ -3,7 +3,8 @@
 # part built from source through the Go module proxy: etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, a kubelet registered as a node,
 # kube-proxy (iptables mode), a containerd of its own with the CRI plugin,
-# the CNI plugins, and a pause image. Nothing comes from an image registry.
+# the CNI plugins, a pause image, and metrics-server (the Metrics API, for
+# kubectl top). Nothing comes from an image registry.
 #
 #   hack/cluster.sh start    build what is missing, start what is not running,
 #                            wait until the node is Ready; prints `env` output
@@ -117,6 +118,8 @@ READY_TIMEOUT=${CLUSTER_READY_TIMEOUT:-180}
 SHARED_DIRS=${CLUSTER_SHARED_DIRS:-/var/lib/sandbox-controller $PREFIX/containerd}
 CNI_VERSION=${CNI_VERSION:-v1.10.0}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
+METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.8.0}
+METRICS_PORT=${CLUSTER_METRICS_PORT:-10352}
 export K8S_VERSION=${K8S_VERSION:-1.37.2}
 
 K8S_BIN=$("$ROOT/hack/envtest-assets.sh" --print-dir)
@@ -220,6 +223,23 @@ build_tools() {
   rm -f "$TOOLS"/.built-*
   touch "$TOOLS/.built-$CNI_VERSION-$CRICTL_VERSION"
   say "built the CNI plugins and crictl in $((SECONDS - t0))s"
+}
+
+# build_metrics_server builds metrics-server, which serves the Metrics API
+# (kubectl top) from the kubelets' resource metrics, in its own module.
+build_metrics_server() {
+  local bin=$TOOLS/metrics-server-$METRICS_SERVER_VERSION t0=$SECONDS
+  [ -x "$bin" ] && return 0
+  mkdir -p "$TOOLS/metrics-server"
+  say "building metrics-server $METRICS_SERVER_VERSION (log $TOOLS/metrics-server.log)"
+  if ! (cd "$TOOLS/metrics-server" && env -u GOFLAGS GOBIN="$TOOLS/metrics-server" CGO_ENABLED=0 \
+    go install -trimpath -ldflags "-s -w" "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION") \
+    >"$TOOLS/metrics-server.log" 2>&1; then
+    tail -20 "$TOOLS/metrics-server.log" >&2
+    die "building metrics-server failed"
+  fi
+  mv "$TOOLS/metrics-server/metrics-server" "$bin"
+  say "built metrics-server in $((SECONDS - t0))s"
 }
 
 # build_images builds the pause binary and packs it into an image with
@@ -456,6 +476,57 @@ start_apiserver() {
     --enable-aggregator-routing=true \
     --profiling=false
   wait_for "kube-apiserver /readyz" 90 kube-apiserver kubectl get --raw /readyz
+}
+
+# start_metrics_server runs metrics-server on this machine and registers
+# it as the Metrics API (APIService v1beta1.metrics.k8s.io, a Service
+# without selector whose endpoint is this machine): kubectl top reads the
+# kubelets' resource metrics through it. It reaches the kubelets with the
+# administrator's credentials and checks their serving certificates
+# against the cluster's CA.
+start_metrics_server() {
+  local addr=$1
+  mkdir -p "$PREFIX/metrics-server"
+  launch metrics-server "$TOOLS/metrics-server-$METRICS_SERVER_VERSION" \
+    --kubeconfig "$ADMIN_KUBECONFIG" \
+    --authentication-kubeconfig "$ADMIN_KUBECONFIG" --authorization-kubeconfig "$ADMIN_KUBECONFIG" \
+    --bind-address "$addr" --secure-port "$METRICS_PORT" --cert-dir "$PREFIX/metrics-server" \
+    --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP \
+    --kubelet-use-node-status-port --metric-resolution 15s
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: metrics-server, namespace: kube-system}
+spec:
+  ports: [{name: https, port: 443, targetPort: $METRICS_PORT}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: metrics-server-host
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: metrics-server}
+addressType: IPv4
+ports: [{name: https, port: $METRICS_PORT, protocol: TCP}]
+endpoints: [{addresses: ["$addr"]}]
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta1.metrics.k8s.io}
+spec:
+  group: metrics.k8s.io
+  version: v1beta1
+  service: {name: metrics-server, namespace: kube-system, port: 443}
+  # Its certificate is self-signed (--cert-dir); it runs beside the API
+  # server on this machine.
+  insecureSkipTLSVerify: true
+  groupPriorityMinimum: 100
+  versionPriority: 100
+YAML
+}
+
+metrics_available() {
+  kubectl get apiservice v1beta1.metrics.k8s.io -o jsonpath='{.status.conditions[?(@.type=="Available")].status}' | grep -qx True
 }
 
 start_controllers() {
@@ -735,6 +806,7 @@ start() {
   build_k8s
   build_containerd
   build_tools
+  build_metrics_server
   build_images
   addr=$(address)
   pki "$addr"
@@ -768,6 +840,8 @@ start() {
   # cluster's CA in kube-root-ca.crt (kube-controller-manager makes both).
   wait_for "the default service account" 60 kube-controller-manager \
     kubectl -n default get serviceaccount/default configmap/kube-root-ca.crt
+  start_metrics_server "$addr"
+  wait_for "the Metrics API (metrics-server)" 60 metrics-server metrics_available
   print_env
 }
 
@@ -1090,6 +1164,7 @@ stop() {
   stop_pods
   halt containerd
   kill_leftovers
+  halt metrics-server
   halt kube-scheduler
   halt kube-controller-manager
   halt kube-apiserver

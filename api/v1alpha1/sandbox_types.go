@@ -434,6 +434,13 @@ type SandboxPod struct {
 	// +kubebuilder:validation:MaxLength=36
 	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
 	UID string `json:"uid"`
+	// ContainerID is the runtime's ID of the Pod's container once it runs
+	// (containerd://<id>): the sandbox's processes run in its cgroup, which
+	// the kubelet reports (kubectl top pod) and evicts by.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[a-z0-9.-]+://[0-9a-f]{64}$`
+	// +optional
+	ContainerID string `json:"containerID,omitempty"`
 }
 
 // SandboxStatus is what the controller observed.

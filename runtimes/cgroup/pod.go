@@ -72,18 +72,65 @@ func isV2(root string) (bool, error) {
 	return st.Type == unix.CGROUP2_SUPER_MAGIC, nil
 }
 
-// Find returns the cgroup of the Pod with uid, as a path from the root of
-// each hierarchy. On v1 the memory hierarchy is searched, and the path must
-// be in the others too, as the kubelet makes it in each.
-func (p *Pods) Find(uid string) (string, error) {
-	if !uidPattern.MatchString(uid) {
-		return "", fmt.Errorf("%q is not a Pod UID", uid)
-	}
+// Find returns the cgroup an instance of the Pod with uid runs below, as a
+// path from the root of each hierarchy: on cgroup v1, that of its
+// container (containerID, as the Pod's status gives it: the kubelet
+// reports a Pod's containers, and evicts by them; the container's
+// cgroup counts its children's use); on v2, where a cgroup with a process
+// of its own (the container's) can give no controller to a child, the
+// Pod's (the kubelet's summary counts it for the Pod).
+func (p *Pods) Find(uid, containerID string) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	v2, err := p.isV2()
 	if err != nil {
 		return "", err
+	}
+	pod, err := p.pod(uid, v2)
+	if err != nil || v2 {
+		return pod, err
+	}
+	return p.container(pod, containerID)
+}
+
+// containerIDPattern is a container ID as the kubelet reports it.
+var containerIDPattern = regexp.MustCompile(`^[a-z0-9.-]+://([0-9a-f]{64})$`)
+
+// container returns the cgroup of the container with id below the Pod's
+// cgroup pod (v1): <id> under the kubelet's cgroupfs driver, a scope named
+// after the runtime and the id under its systemd driver.
+func (p *Pods) container(pod, containerID string) (string, error) {
+	m := containerIDPattern.FindStringSubmatch(containerID)
+	if m == nil {
+		return "", fmt.Errorf("%w: the Pod's container has no ID yet (%q)", ErrPodNotFound, containerID)
+	}
+	id := m[1]
+	for _, name := range []string{id, "cri-containerd-" + id + ".scope", "crio-" + id + ".scope", "docker-" + id + ".scope"} {
+		path := pod + "/" + name
+		if p.inEveryHierarchy(path) {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no cgroup of container %s below %s", ErrPodNotFound, id, pod)
+}
+
+// inEveryHierarchy says whether path is a cgroup of every v1 hierarchy
+// instances use.
+func (p *Pods) inEveryHierarchy(path string) bool {
+	for _, c := range v1Controllers {
+		if st, err := os.Lstat(filepath.Join(p.Root, c, path)); err != nil || !st.IsDir() {
+			return false
+		}
+	}
+	return true
+}
+
+// pod returns the cgroup of the Pod with uid, as a path from the root of
+// each hierarchy. On v1 the memory hierarchy is searched, and the path must
+// be in the others too, as the kubelet makes it in each. p.mu is held.
+func (p *Pods) pod(uid string, v2 bool) (string, error) {
+	if !uidPattern.MatchString(uid) {
+		return "", fmt.Errorf("%q is not a Pod UID", uid)
 	}
 	base := p.Root
 	if !v2 {
@@ -99,22 +146,11 @@ func (p *Pods) Find(uid string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !v2 {
-		for _, c := range v1Controllers {
-			if st, err := os.Stat(filepath.Join(p.Root, c, path)); err != nil || !st.IsDir() {
-				return "", fmt.Errorf("%w: Pod %s has the memory cgroup %s, but no %s cgroup there", ErrPodNotFound, uid, path, c)
-			}
-		}
+	if !v2 && !p.inEveryHierarchy(path) {
+		return "", fmt.Errorf("%w: Pod %s has the memory cgroup %s, but not in each of %v", ErrPodNotFound, uid, path, v1Controllers)
 	}
 	p.found[uid] = path
 	return path, nil
-}
-
-// Forget drops what is known of the Pod with uid (it is gone).
-func (p *Pods) Forget(uid string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.found, uid)
 }
 
 // At is the manager of the instance cgroups right below parent, an

@@ -86,16 +86,62 @@ func TestFindPodTakesOnlyTheKubeletsPlaces(t *testing.T) {
 func TestFindRefusesWhatIsNotAPodUID(t *testing.T) {
 	p := NewPods(tree(t, "kubepods/pod..", "kubepods/pod"+podUID))
 	for _, uid := range []string{"", "..", "../x", podUID + "/..", strings.ToUpper(podUID), podUID + "\n"} {
-		if got, err := p.Find(uid); err == nil {
+		if got, err := p.Find(uid, ""); err == nil {
 			t.Errorf("Find(%q) = %q, want an error", uid, got)
 		}
 	}
 }
 
+// containerID is a container ID as the kubelet reports it.
+const containerID = "containerd://4f0c3b1d2e5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0"
+
+// v1Tree makes paths in each v1 hierarchy instances use.
+func v1Tree(t *testing.T, paths ...string) string {
+	t.Helper()
+	var all []string
+	for _, c := range v1Controllers {
+		for _, p := range paths {
+			all = append(all, filepath.Join(c, p))
+		}
+	}
+	return tree(t, all...)
+}
+
+// On cgroup v1 an instance runs below the Pod's container, whose cgroup
+// the kubelet reports for the Pod (kubectl top pod) and evicts by: named
+// by its ID under the cgroupfs driver, a scope of the runtime under the
+// systemd driver. Anything but a container ID as the kubelet gives it is
+// refused, and a container not (yet) there is waited for.
+func TestFindTakesThePodsContainer(t *testing.T) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	systemdPod := "kubepods.slice/kubepods-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice"
+	for _, c := range []struct{ name, dir, want string }{
+		{"cgroupfs", "kubepods/pod" + podUID + "/" + id, "/kubepods/pod" + podUID + "/" + id},
+		{"systemd", systemdPod + "/cri-containerd-" + id + ".scope", "/" + systemdPod + "/cri-containerd-" + id + ".scope"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := NewPods(v1Tree(t, c.dir)).Find(podUID, containerID)
+			if err != nil || got != c.want {
+				t.Fatalf("Find = %q, %v; want %q", got, err, c.want)
+			}
+		})
+	}
+	p := NewPods(v1Tree(t, "kubepods/pod"+podUID+"/"+id, "kubepods/pod"+podUID+"/x"))
+	for _, bad := range []string{"", "containerd://", "containerd://../x", "containerd://" + id + "/..", "x", id} {
+		if got, err := p.Find(podUID, bad); !errors.Is(err, ErrPodNotFound) {
+			t.Errorf("Find(%q) = %q, %v; want ErrPodNotFound", bad, got, err)
+		}
+	}
+	other := "containerd://" + strings.Repeat("a", 64)
+	if got, err := p.Find(podUID, other); !errors.Is(err, ErrPodNotFound) {
+		t.Errorf("Find of a container not there = %q, %v; want ErrPodNotFound", got, err)
+	}
+}
+
 // On the node's real cgroups: an instance's cgroup is made right below a
-// Pod's, a command starts in it, the Pod's cgroup counts what it uses
-// (the kubelet reads the Pod's), and removing the instance leaves the
-// Pod's cgroup, which is the kubelet's.
+// Pod's container's (v1) or the Pod's (v2), a command starts in it, the
+// Pod's and the container's cgroups count what it uses (the kubelet reads
+// them), and removing the instance leaves them, which are the kubelet's.
 func TestInstanceRunsInThePodsCgroupAndLeavesIt(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "root", "run the tests as root: Pods' cgroups are the kubelet's, made as root")
@@ -104,16 +150,21 @@ func TestInstanceRunsInThePodsCgroupAndLeavesIt(t *testing.T) {
 	if err != nil {
 		testenv.Missing(t, "cgroups", err.Error())
 	}
-	// What a kubelet with --cgroup-root=<root> makes for a Guaranteed Pod.
+	// What a kubelet with --cgroup-root=<root> makes for a Guaranteed Pod
+	// and its container.
 	root := "/sandbox-controller-pod-test-" + strconv.Itoa(os.Getpid())
 	podPath := root + "/kubepods/pod" + podUID
+	parent := podPath // on v2: the Pod's
+	if !v2 {
+		parent = podPath + "/" + strings.TrimPrefix(containerID, "containerd://")
+	}
 	var made []string
 	hierarchies := []string{""}
 	if !v2 {
 		hierarchies = v1Controllers
 	}
 	for _, c := range hierarchies {
-		d := filepath.Join(Mount, c, podPath)
+		d := filepath.Join(Mount, c, parent)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			testenv.Missing(t, "a cgroup the test can make", err.Error())
 		}
@@ -121,7 +172,7 @@ func TestInstanceRunsInThePodsCgroupAndLeavesIt(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		for _, top := range made {
-			for _, d := range []string{filepath.Join(top, "kubepods/pod"+podUID), filepath.Join(top, "kubepods"), top} {
+			for _, d := range []string{filepath.Join(top, strings.TrimPrefix(parent, root)), filepath.Join(top, "kubepods/pod"+podUID), filepath.Join(top, "kubepods"), top} {
 				_ = os.Remove(d)
 			}
 		}
@@ -129,17 +180,17 @@ func TestInstanceRunsInThePodsCgroupAndLeavesIt(t *testing.T) {
 	if v2 {
 		for d := Mount; ; {
 			_ = enable(d)
-			if d == filepath.Join(Mount, podPath) {
+			if d == filepath.Join(Mount, parent) {
 				break
 			}
-			rel := strings.TrimPrefix(filepath.Join(Mount, podPath), d+"/")
+			rel := strings.TrimPrefix(filepath.Join(Mount, parent), d+"/")
 			d = filepath.Join(d, strings.SplitN(rel, "/", 2)[0])
 		}
 	}
 
-	found, err := NewPods(Mount).Find(podUID)
-	if err != nil || found != podPath {
-		t.Fatalf("Find = %q, %v; want %q", found, err, podPath)
+	found, err := NewPods(Mount).Find(podUID, containerID)
+	if err != nil || found != parent {
+		t.Fatalf("Find = %q, %v; want %q", found, err, parent)
 	}
 	m, err := At(Mount, found)
 	if err != nil {
@@ -160,7 +211,7 @@ func TestInstanceRunsInThePodsCgroupAndLeavesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	want := podPath + "/inst"
+	want := parent + "/inst"
 	testenv.Eventually(t, 30*time.Second, "the command's cgroups to name "+want, func() bool {
 		b, _ := os.ReadFile(outFile)
 		return strings.Contains(string(b), want+"\n")
@@ -169,28 +220,30 @@ func TestInstanceRunsInThePodsCgroupAndLeavesIt(t *testing.T) {
 	if v2 {
 		memory = ""
 	}
-	pids, err := os.ReadFile(filepath.Join(Mount, memory, podPath, "inst", "cgroup.procs"))
+	pids, err := os.ReadFile(filepath.Join(Mount, memory, parent, "inst", "cgroup.procs"))
 	if err != nil || !strings.Contains(string(pids), strconv.Itoa(cmd.Process.Pid)) {
 		t.Fatalf("the instance's cgroup.procs = %q, %v; want pid %d", pids, err, cmd.Process.Pid)
 	}
-	// The Pod's cgroup counts the instance's processes, as the kubelet
-	// reads it.
-	podUsage, err := readUsage(v2, func(c string) string { return filepath.Join(Mount, c, podPath) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if podUsage.Pids < 1 {
-		t.Errorf("the Pod's cgroup counts %d processes; the instance's are below it", podUsage.Pids)
+	// The Pod's and the container's cgroups count the instance's
+	// processes, as the kubelet reads them.
+	for _, p := range []string{podPath, parent} {
+		u, err := readUsage(v2, func(c string) string { return filepath.Join(Mount, c, p) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Pids < 1 {
+			t.Errorf("cgroup %s counts %d processes; the instance's are below it", p, u.Pids)
+		}
 	}
 	if err := m.Remove("inst"); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
 	for _, c := range hierarchies {
-		if _, err := os.Stat(filepath.Join(Mount, c, podPath)); err != nil {
+		if _, err := os.Stat(filepath.Join(Mount, c, parent)); err != nil {
 			t.Errorf("removing the instance took the Pod's cgroup too: %v", err)
 		}
-		if _, err := os.Stat(filepath.Join(Mount, c, podPath, "inst")); err == nil {
+		if _, err := os.Stat(filepath.Join(Mount, c, parent, "inst")); err == nil {
 			t.Errorf("the instance's cgroup is still in %s", c)
 		}
 	}

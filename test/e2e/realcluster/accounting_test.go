@@ -14,6 +14,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -22,22 +23,27 @@ import (
 // its Pod (the node's controller finds it by status.pod), so what the
 // kubelet reports for the Pod, and evicts by, is what the agent uses.
 
-// summaryPod is the part of the kubelet's summary API (stats/summary) read
-// here: what metrics-server and the kubelet's eviction read too.
-type summaryPod struct {
-	PodRef struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-		UID       string `json:"uid"`
-	} `json:"podRef"`
-	Memory *struct {
-		WorkingSetBytes *uint64 `json:"workingSetBytes"`
-	} `json:"memory"`
+// workingSet is a memory working set in the kubelet's summary API.
+type workingSet struct {
+	WorkingSetBytes *uint64 `json:"workingSetBytes"`
 }
 
-// podWorkingSet is the memory working set the node's kubelet reports for
-// the Pod with uid; -1 while it reports none.
-func podWorkingSet(node, uid string) int64 {
+// summaryPod is the part of the kubelet's summary API (stats/summary) read
+// here: what the kubelet's eviction ranks Pods by (their containers').
+type summaryPod struct {
+	PodRef struct {
+		UID string `json:"uid"`
+	} `json:"podRef"`
+	Containers []struct {
+		Name   string      `json:"name"`
+		Memory *workingSet `json:"memory"`
+	} `json:"containers"`
+}
+
+// containerWorkingSet is the memory working set the node's kubelet reports
+// for the container of the Sandbox's Pod with uid; -1 while it reports
+// none.
+func containerWorkingSet(node, uid string) int64 {
 	out, err := run(time.Minute, kubectl, "get", "--raw", "/api/v1/nodes/"+node+"/proxy/stats/summary")
 	if err != nil {
 		return -1
@@ -49,16 +55,40 @@ func podWorkingSet(node, uid string) int64 {
 		return -1
 	}
 	for _, p := range summary.Pods {
-		if p.PodRef.UID == uid && p.Memory != nil && p.Memory.WorkingSetBytes != nil {
-			return int64(*p.Memory.WorkingSetBytes)
+		if p.PodRef.UID != uid {
+			continue
+		}
+		for _, c := range p.Containers {
+			if c.Name == "sandbox" && c.Memory != nil && c.Memory.WorkingSetBytes != nil {
+				return int64(*c.Memory.WorkingSetBytes)
+			}
 		}
 	}
 	return -1
 }
 
+// topMemory is the memory kubectl top (the Metrics API, metrics-server)
+// gives the Pod, in bytes; -1 while it gives none.
+func topMemory(pod string) int64 {
+	out, err := run(time.Minute, kubectl, "top", "pod", pod, "--no-headers")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(out)
+	if len(f) < 3 {
+		return -1
+	}
+	q, err := resource.ParseQuantity(f[2])
+	if err != nil {
+		return -1
+	}
+	return q.Value()
+}
+
 // podAccounting runs a command holding 96 MiB in a bwrap Sandbox on node:
-// the kubelet's summary of the Sandbox's Pod grows by it, and the command
-// is in a cgroup below the Pod's on the node.
+// what the kubelet reports for the container of the Sandbox's Pod, and
+// kubectl top pod, grow by it, and the command is in a cgroup below the
+// Pod's on the node.
 func podAccounting(node string) {
 	const name = "busy"
 	agent := agentOf(name)
@@ -87,9 +117,11 @@ spec:
 	Expect(kc("get", "sandbox", name, "-o", "jsonpath={.status.pod.name}/{.status.pod.uid}")).To(Equal(name + "-sandbox/" + uid))
 
 	// The Pod alone: pause, a few hundred KiB.
-	var idle int64
-	Eventually(func() int64 { idle = podWorkingSet(node, uid); return idle }).WithTimeout(2*time.Minute).WithPolling(2*time.Second).
+	var idle, idleTop int64
+	Eventually(func() int64 { idle = containerWorkingSet(node, uid); return idle }).WithTimeout(2*time.Minute).WithPolling(2*time.Second).
 		Should(BeNumerically(">=", 0), "the kubelet reports no memory for Pod %s", uid)
+	Eventually(func() int64 { idleTop = topMemory(name + "-sandbox"); return idleTop }).WithTimeout(2*time.Minute).WithPolling(2*time.Second).
+		Should(BeNumerically(">=", 0), "kubectl top gives no memory for Pod %s", uid)
 
 	// git hash-object --stdin reads all of its input into memory before
 	// it hashes; while the input stays open, it holds what it read.
@@ -105,10 +137,16 @@ spec:
 	_, err = io.CopyN(stdin, zeros{}, held)
 	Expect(err).NotTo(HaveOccurred())
 
-	var busy int64
-	Eventually(func() int64 { busy = podWorkingSet(node, uid); return busy }).WithTimeout(2*time.Minute).WithPolling(2*time.Second).
-		Should(BeNumerically(">=", idle+held*3/4), "the kubelet counts the sandbox's memory in its Pod")
-	GinkgoWriter.Printf("Pod %s: working set %d KiB idle, %d KiB with the command holding %d KiB\n", uid, idle>>10, busy>>10, held>>10)
+	// The kubelet's summary, which its eviction ranks by, and kubectl top
+	// (metrics-server, from the kubelet's resource metrics) count it for
+	// the Pod's container.
+	var busy, busyTop int64
+	Eventually(func() int64 { busy = containerWorkingSet(node, uid); return busy }).WithTimeout(2*time.Minute).WithPolling(2*time.Second).
+		Should(BeNumerically(">=", idle+held*3/4), "the kubelet counts the sandbox's memory in its Pod's container")
+	Eventually(func() int64 { busyTop = topMemory(name + "-sandbox"); return busyTop }).WithTimeout(3*time.Minute).WithPolling(5*time.Second).
+		Should(BeNumerically(">=", idleTop+held*3/4), "kubectl top pod counts the sandbox's memory")
+	GinkgoWriter.Printf("Pod %s: working set %d KiB idle, %d KiB with the command holding %d KiB; kubectl top %d KiB, then %d KiB\n",
+		uid, idle>>10, busy>>10, held>>10, idleTop>>10, busyTop>>10)
 
 	// On the node: the command's cgroup is below the Pod's.
 	Expect(podCgroupProcesses(uid, "git")).NotTo(BeEmpty(), "no git process in a cgroup below Pod %s", uid)

@@ -319,7 +319,7 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		sandboxPodRuns("default", sampleSbx, sampleNode)
 	})
 
-	It("runs a Sandbox's processes in its Pod's cgroup, and the kubelet counts what they use for the Pod", func() {
+	It("runs a Sandbox's processes in its Pod's cgroup, and the kubelet and kubectl top pod count what they use", func() {
 		podAccounting(node)
 	})
 

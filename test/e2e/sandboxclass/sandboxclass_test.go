@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -398,6 +399,11 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		// (another Sandbox's, on its own node) is refused.
 		err = writeAs(node, placed, true, func() {
 			placed.Status.Pod = &v1alpha1.SandboxPod{Name: "other-sandbox", UID: "7d2e41f8-5f0a-4c1e-8d55-0c7b9f3a1e22"}
+		})
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.pod"))
+		err = writeAs(node, placed, true, func() {
+			placed.Status.Pod = &v1alpha1.SandboxPod{Name: podA.Name, UID: podA.UID, ContainerID: "containerd://" + strings.Repeat("e", 64)}
 		})
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.pod"))
