@@ -62,17 +62,36 @@ func (r *SandboxReconciler) describe(ctx context.Context, s *sandboxScope) (bool
 		mounted = s.sb.Status.MountedGitDirs
 	}
 	in = instance.WithGitDirs(in, gitDirsToBind(s.claims, mounted))
-	if p := s.sb.Status.Pod; p != nil && r.PodCgroups != nil {
-		cg, err := r.PodCgroups.Find(p.UID, p.ContainerID)
+	if r.PodCgroups != nil {
+		// On a cluster a Sandbox runs in its Pod's cgroup, a pinned one too:
+		// nothing starts before the kubelet runs the Pod's container.
+		cg, err := r.podCgroup(s.sb.Status.Pod)
 		if err != nil {
-			s.facts.fail(v1alpha1.ReasonPodStarting, fmt.Sprintf("the Sandbox's Pod %s has no cgroup on this node yet, which its processes run in (the kubelet makes it when it starts the Pod's container): %v", p.Name, err))
+			s.facts.fail(v1alpha1.ReasonPodStarting, err.Error())
 			s.retry = podStartRetry
 			return true, nil
 		}
+		p := s.sb.Status.Pod
 		in = instance.WithPod(in, runtimes.Pod{UID: p.UID, Cgroup: cg, CgroupRoot: r.PodCgroupRoot})
 	}
 	s.instance, s.gitDirs = in, instance.GitDirs(in)
 	return false, nil
+}
+
+// podCgroup is the cgroup on this node the Sandbox's processes run below:
+// its Pod's container's.
+func (r *SandboxReconciler) podCgroup(p *v1alpha1.SandboxPod) (string, error) {
+	switch {
+	case p == nil:
+		return "", errors.New("waiting for the Sandbox's Pod, which its processes run in (the aggregated API makes it, kube-scheduler binds it)")
+	case p.ContainerID == "":
+		return "", fmt.Errorf("waiting for the kubelet to start the container of the Sandbox's Pod %s, which its processes run in", p.Name)
+	}
+	cg, err := r.PodCgroups.Find(p.UID, p.ContainerID)
+	if err != nil {
+		return "", fmt.Errorf("the cgroup of the Sandbox's Pod %s, which its processes run in, is not on this node yet: %w", p.Name, err)
+	}
+	return cg, nil
 }
 
 // podStartRetry is how often a Pod's cgroup is looked for while the

@@ -105,9 +105,9 @@ const (
 	// ReasonPlaced: the Sandbox was placed on a node (status.nodeName) and
 	// waits for that node's controller.
 	ReasonPlaced = "Placed"
-	// ReasonPodStarting: the Sandbox's Pod is bound to this node, and the
-	// kubelet has not made its cgroup yet, which the sandbox's processes
-	// run in; looked for again every 2 seconds.
+	// ReasonPodStarting: on a cluster, the Sandbox's Pod is not there yet
+	// or the kubelet has not started its container, whose cgroup the
+	// sandbox's processes run in; looked for again every 2 seconds.
 	ReasonPodStarting = "PodStarting"
 	// ReasonNodeLost: the Sandbox's Node is not Ready (or gone); the
 	// message says since when and whether the Sandbox moves.

@@ -120,6 +120,13 @@ func runAggregatedAPI(ctx context.Context, f flags) error {
 	}); err != nil {
 		return fmt.Errorf("setting up placement: %w", err)
 	}
+	// The nodes' serving certificates: only this Deployment holds the exec
+	// API CA's key.
+	signer := &servingcert.Signer{Client: mgr.GetClient(), CA: execCA, Validity: f.certValidity,
+		User: "system:serviceaccount:" + f.systemNamespace + ":" + f.nodeServiceAccount}
+	if err := signer.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the nodes' certificate signer: %w", err)
+	}
 	if err := addProbes(mgr); err != nil {
 		return err
 	}

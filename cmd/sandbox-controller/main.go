@@ -48,6 +48,7 @@ type flags struct {
 	apiAdvertise                            string
 	podImage                                string
 	podCgroups                              string
+	nodeServiceAccount                      string
 	nodeLostAfter                           time.Duration
 	systemNamespace                         string
 	certValidity                            time.Duration
@@ -103,6 +104,7 @@ func main() {
 	flag.IntVar(&f.sandboxWorkers, "sandbox-workers", 4, "Sandboxes reconciled at once (a Sandbox is never reconciled twice at once)")
 	flag.IntVar(&f.claimWorkers, "claim-workers", 16, "SessionClaims reconciled at once; bursts of claims bind this many at a time")
 	flag.StringVar(&f.nodeName, "node-name", "", "this node's name: reconcile the Sandboxes pinned (spec.nodeName) or placed (status.nodeName) here; empty (one machine) reconciles only Sandboxes that are neither")
+	flag.StringVar(&f.nodeServiceAccount, "node-service-account", "sandbox-controller", "with --mode=api: the ServiceAccount (in --system-namespace) the nodes' controllers run as: the aggregated API signs a node's exec API serving certificate only for it, and only for the node its token is bound to")
 	flag.StringVar(&f.podCgroups, "pod-cgroups", "", "with --node-name on a cluster: where the node's cgroup hierarchies are mounted in this process (a hostPath of the node's /sys/fs/cgroup, as config/manager mounts it): each Sandbox's processes run below the cgroup of its Pod (status.pod), so that the kubelet accounts for them (eviction, its summary API, kubectl top pod); empty: below the backends' own cgroup parents")
 	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --mode=api: how long the Pod of an onNodeLost: Move Sandbox tolerates its node being not ready or unreachable before it is evicted and the Sandbox is scheduled elsewhere (whole seconds)")
 	flag.StringVar(&f.podImage, "sandbox-pod-image", envOr("SANDBOX_POD_IMAGE", controllers.DefaultPodImage), "with --mode=api: the image of the Pod each Sandbox gets, which only holds its place on a node: the pause image the nodes already hold (default $SANDBOX_POD_IMAGE, else "+controllers.DefaultPodImage+")")
@@ -381,10 +383,13 @@ func clusterCertificate(ctx context.Context, cfg *rest.Config, scheme *runtime.S
 	if err != nil {
 		return nil, err
 	}
-	// Next to the aggregated API's Deployment the node only reads the CA it
-	// makes; the node's Role lets it write none.
+	// Next to the aggregated API the node asks it for the certificate and
+	// never reads the CA's key.
 	src := &servingcert.Source{Client: c, Namespace: f.systemNamespace, Hosts: hosts, Validity: f.certValidity,
-		ReadOnly: f.apiService != "", Log: ctrl.Log.WithName("servingcert")}
+		Request: f.apiService != "", Node: f.nodeName, Log: ctrl.Log.WithName("servingcert")}
+	if src.Request && f.nodeName == "" {
+		return nil, errors.New("the aggregated API signs a node's serving certificate for its node: set --node-name, or give --api-tls-cert-file")
+	}
 	loadCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	if err := src.Load(loadCtx); err != nil {

@@ -46,11 +46,12 @@ import (
 )
 
 // A node's controller's own Role in its namespace (config/rbac/role.yaml):
-// it reads the exec API's CA, which the aggregated API's Deployment makes
-// (config/aggregated), and the forwarder CA's certificate, and writes
-// neither. A node started with --api-service="" makes the exec API's CA
-// itself and needs create on Secrets and ConfigMaps besides.
-// +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=secrets,resourceNames=sandbox-controller-ca,verbs=get
+// it reads the certificates of the exec API's CA, which the aggregated
+// API's Deployment makes (config/aggregated) and signs the nodes' serving
+// certificates with (csr.go), and of the forwarder CA, and writes neither;
+// it reads no CA's key. A node started with --api-service="" makes the
+// exec API's CA itself and needs get and create on Secrets and ConfigMaps
+// besides.
 // +kubebuilder:rbac:groups="",namespace=sandbox-controller-system,resources=configmaps,resourceNames=sandbox-controller-ca;sandbox-controller-forwarder-ca,verbs=get;list;watch
 
 // DefaultNamespace is the controllers' namespace unless they are told
@@ -341,6 +342,13 @@ type Source struct {
 	// controller next to the aggregated API's Deployment, which makes the
 	// CAs and which a node may not write for. Load waits for the CA.
 	ReadOnly bool
+	// Request asks the aggregated API for the certificate (a
+	// CertificateSigningRequest of SignerName, signed for Node's name and
+	// addresses only) in place of reading the CA: a node's controller
+	// never holds the exec API CA's key. The CA's certificate is read from
+	// its ConfigMap.
+	Request bool
+	Node    string
 	// Hosts are the addresses and names the certificate is for: the
 	// node's exec API address first.
 	Hosts    []string
@@ -364,7 +372,7 @@ func (s *Source) Load(ctx context.Context) error {
 	}
 	for {
 		err := s.renew(ctx)
-		if !s.ReadOnly || !errors.Is(err, ErrNoCA) {
+		if (!s.ReadOnly && !s.Request) || !errors.Is(err, ErrNoCA) {
 			return err
 		}
 		s.Log.Info("waiting for the aggregated API's Deployment to make the CA", "secret", s.Namespace+"/"+s.authority().Secret)
@@ -400,6 +408,9 @@ func (s *Source) authority() Authority {
 }
 
 func (s *Source) renew(ctx context.Context) error {
+	if s.Request {
+		return s.requestCert(ctx)
+	}
 	now := s.Now()
 	a := s.authority()
 	ca, err := s.ca(ctx, a, now)
@@ -420,6 +431,26 @@ func (s *Source) renew(ctx context.Context) error {
 	s.cur.Store(cert)
 	s.caPEM.Store(&ca.PEM)
 	s.Log.Info("serving certificate issued", "ca", a.What, "hosts", s.Hosts, "notAfter", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// requestCert has the aggregated API sign the node's certificate.
+func (s *Source) requestCert(ctx context.Context) error {
+	a := s.authority()
+	caPEM, found, err := a.ReadPublished(ctx, s.Client, s.Namespace)
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("%s (ConfigMap %s/%s): %w", a.What, s.Namespace, a.ConfigMap, ErrNoCA)
+	}
+	cert, err := request(ctx, s.Client, s.Node, s.Hosts, s.Validity)
+	if err != nil {
+		return err
+	}
+	s.cur.Store(cert)
+	s.caPEM.Store(&caPEM)
+	s.Log.Info("serving certificate signed by the aggregated API", "hosts", s.Hosts, "notAfter", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
 

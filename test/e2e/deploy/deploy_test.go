@@ -45,9 +45,11 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
@@ -414,9 +416,35 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		fwdSrc := &servingcert.Source{Client: aggregated, Namespace: namespace, Authority: servingcert.ForwarderCA, ClientName: servingcert.ForwarderName,
 			Hosts: []string{"sandbox-controller-exec-api." + namespace + ".svc"}, Log: GinkgoLogr}
 		Expect(fwdSrc.Load(ctx)).To(Succeed())
-		src := &servingcert.Source{Client: controller, Namespace: namespace, Hosts: []string{"10.0.0.7", "node-a"}, ReadOnly: true, Log: GinkgoLogr}
-		Expect(src.Load(ctx)).To(Succeed())
+		Expect(apierrors.IsForbidden(controller.Get(ctx, client.ObjectKey{Namespace: namespace, Name: servingcert.SecretName}, &corev1.Secret{}))).To(BeTrue(),
+			"no node's controller reads the exec API CA's key")
+
+		By("signing a node's serving certificate as the aggregated API does, for the node its controller's token names")
+		nodeA := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+		Expect(k8s.Create(ctx, nodeA)).To(Succeed())
+		nodeA.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.7"}}
+		Expect(k8s.Status().Update(ctx, nodeA)).To(Succeed())
+		signerScheme := runtime.NewScheme()
+		Expect(clientgoscheme.AddToScheme(signerScheme)).To(Succeed())
+		mgr, err := ctrl.NewManager(apiAs, ctrl.Options{Scheme: signerScheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect((&servingcert.Signer{Client: mgr.GetClient(), User: controllerSA, CA: execCA, Validity: time.Hour}).SetupWithManager(mgr)).To(Succeed())
+		signerCtx, stopSigner := context.WithCancel(ctx)
+		defer stopSigner()
+		go func() {
+			defer GinkgoRecover()
+			Expect(mgr.Start(signerCtx)).To(Succeed())
+		}()
+		onNodeA := actingAs(controllerSA)
+		onNodeA.Impersonate.Extra = map[string][]string{servingcert.NodeNameExtra: {"node-a"}}
+		nodeClient, err := client.New(onNodeA, client.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		src := &servingcert.Source{Client: nodeClient, Namespace: namespace, Hosts: []string{"10.0.0.7", "node-a"}, Request: true, Node: "node-a", Log: GinkgoLogr}
+		loadCtx, cancelLoad := context.WithTimeout(ctx, time.Minute)
+		defer cancelLoad()
+		Expect(src.Load(loadCtx)).To(Succeed())
 		Expect(src.CAPEM()).To(Equal(execCA.PEM))
+		Expect(k8s.Delete(ctx, nodeA)).To(Succeed())
 		anyone := rest.CopyConfig(adminCfg)
 		anyone.Impersonate = rest.ImpersonationConfig{UserName: "someone", Groups: []string{"system:authenticated"}}
 		someone, err := client.New(anyone, client.Options{})

@@ -150,6 +150,15 @@ func rolledOut(workload string) {
 	if err == nil {
 		return
 	}
+	diagnose()
+	Fail(fmt.Sprintf("%s was not rolled out in 5 minutes: %s%v", workload, out, err), 1)
+}
+
+// diagnose reports what the deployment's pods went through, for a failure
+// to say why they are not Ready: their state, events, and the logs of
+// each container, and of the one before it when it restarted.
+func diagnose() {
+	_, _ = run(time.Minute, kubectl, "get", "nodes", "-o", "wide")
 	_, _ = run(time.Minute, kubectl, "-n", namespace, "get", "pods", "-o", "wide")
 	_, _ = run(time.Minute, kubectl, "-n", namespace, "describe", "pods")
 	_, _ = run(time.Minute, kubectl, "-n", namespace, "get", "events", "--sort-by=.lastTimestamp")
@@ -158,7 +167,6 @@ func rolledOut(workload string) {
 		_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", pod, "--tail=100")
 		_, _ = run(time.Minute, kubectl, "-n", namespace, "logs", pod, "--previous", "--tail=100")
 	}
-	Fail(fmt.Sprintf("%s was not rolled out in 5 minutes: %s%v", workload, out, err), 1)
 }
 
 func runMake(timeout time.Duration, args ...string) string {
@@ -267,7 +275,10 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 		runMake(10*time.Minute, "deploy")
 		rolledOut("daemonset/sandbox-controller")
 		rolledOut("deployment/sandbox-controller-api")
-		kc("-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=2m")
+		if out, err := run(4*time.Minute, kubectl, "-n", namespace, "wait", "pod", "-l", "app.kubernetes.io/name=sandbox-controller", "--for=condition=Ready", "--timeout=3m"); err != nil {
+			diagnose()
+			Fail(fmt.Sprintf("the DaemonSet's pods are not Ready: %s%v", out, err))
+		}
 		Expect(strings.Fields(kc("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name=sandbox-controller", "-o", "jsonpath={.items[*].spec.nodeName}"))).
 			To(ConsistOf(node, node2), "one pod of the DaemonSet on each node")
 
