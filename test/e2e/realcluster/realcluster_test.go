@@ -222,6 +222,10 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 			}
 		}
 		Expect(node).NotTo(BeEmpty())
+		// A run that was killed left its deployment, with what its specs
+		// patched into the DaemonSet (the worktree example's hostPath):
+		// make deploy's server-side apply would keep those fields.
+		kc("-n", namespace, "delete", "daemonset", "sandbox-controller", "--ignore-not-found", "--wait", "--timeout=2m")
 	})
 
 	AfterAll(func() {
