@@ -68,7 +68,11 @@ func (r *SandboxReconciler) describe(ctx context.Context, s *sandboxScope) (bool
 		cg, err := r.podCgroup(s.sb.Status.Pod)
 		if err != nil {
 			s.facts.fail(v1alpha1.ReasonPodStarting, err.Error())
-			s.retry = podStartRetry
+			if p := s.sb.Status.Pod; p != nil && p.ContainerID != "" {
+				// The placer's write of the Pod and its container brings
+				// the Sandbox back; the kubelet making the cgroup does not.
+				s.retry = podStartRetry
+			}
 			return true, nil
 		}
 		p := s.sb.Status.Pod

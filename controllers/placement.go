@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -291,12 +292,18 @@ func isSandboxPod(ref *v1alpha1.SandboxPod, pod *corev1.Pod) bool {
 func podRef(pod *corev1.Pod) *v1alpha1.SandboxPod {
 	ref := &v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}
 	for _, c := range pod.Status.ContainerStatuses {
-		if c.Name == podContainer && c.State.Running != nil {
+		// An ID of another shape (a runtime that is not a CRI one) would
+		// make the API refuse the whole status write: the Sandbox is then
+		// placed, and waits for a container it can find.
+		if c.Name == podContainer && c.State.Running != nil && containerIDPattern.MatchString(c.ContainerID) {
 			ref.ContainerID = c.ContainerID
 		}
 	}
 	return ref
 }
+
+// containerIDPattern is status.pod.containerID's schema pattern.
+var containerIDPattern = regexp.MustCompile(`^[a-z0-9.-]+://[0-9a-f]{64}$`)
 
 // podContainer is the name of the one container of a Sandbox's Pod.
 const podContainer = "sandbox"

@@ -7,7 +7,9 @@ import (
 	"strconv"
 	"time"
 
+	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
 // version is set at link time (-X main.version=...) by `make image`; a
@@ -100,6 +103,9 @@ func cacheOptions(cfg *rest.Config) cache.Options {
 		// Pod of the cluster.
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelSandboxPod: "true"})},
+			// Only the requests of the nodes' signer (--mode=api), not every
+			// CertificateSigningRequest anyone makes.
+			&certv1.CertificateSigningRequest{}: {Field: fields.OneTermEqualSelector("spec.signerName", servingcert.SignerName)},
 		},
 	}
 }

@@ -204,18 +204,37 @@ func (f *Forwarding) transport() (*http.Transport, error) {
 	}, nil
 }
 
-// forward sends a request to the exec API of the node that runs the
-// claim's Sandbox (endpoint, host:port), naming the caller in headers the
+// transportTo reaches the exec API of node: its serving certificate must
+// name the node (the aggregated API signs a node's for its own name
+// alone), whatever address the claim's endpoint gives, so a node that
+// points another node's claims at itself is not believed. Each node has
+// its own transport: a connection verified for one node is never reused
+// for another's at the same address.
+func (s *Server) transportTo(node string) http.RoundTripper {
+	if s.forwardBase == nil {
+		return s.forwardTransport
+	}
+	if t, ok := s.toNode.Load(node); ok {
+		return t.(http.RoundTripper)
+	}
+	t := s.forwardBase.Clone()
+	t.TLSClientConfig.ServerName = node
+	got, _ := s.toNode.LoadOrStore(node, t)
+	return got.(http.RoundTripper)
+}
+
+// forward sends a request to the exec API of node, which runs the claim's
+// Sandbox (at endpoint, host:port), naming the caller in headers the
 // receiving node trusts only from the forwarder's certificate. None of the
 // caller's own credentials go along.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, endpoint string) {
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, endpoint, node string) {
 	s.metrics.forwarded.Inc()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(&url.URL{Scheme: "https", Host: endpoint})
 			setIdentity(pr.Out.Header, u)
 		},
-		Transport: s.forwardTransport,
+		Transport: s.transportTo(node),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			s.refuse(w, r, u, &apiError{code: http.StatusBadGateway, msg: fmt.Sprintf("forwarding to the exec API of the Sandbox's node at %s: %v", endpoint, err)})
 		},

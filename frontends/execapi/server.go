@@ -63,8 +63,13 @@ type Server struct {
 	execs   *claimLimiter
 	uploads uploadSlots
 	handler http.Handler
-	// forwardTransport reaches other nodes' exec APIs (Options.Forwarding).
+	// forwardTransport reaches other nodes' exec APIs (Options.Forwarding);
+	// forwardBase, when set, is what the transport to each node is made
+	// from (transportTo), one per node name, which the node's serving
+	// certificate must carry.
 	forwardTransport http.RoundTripper
+	forwardBase      *http.Transport
+	toNode           sync.Map
 
 	mu sync.Mutex
 	ln net.Listener
@@ -92,9 +97,10 @@ func New(cfg Config, opts Options) (*Server, error) {
 		return nil, errors.New("exec API: serving the aggregated API only needs forwarding to the nodes")
 	}
 	if opts.Forwarding != nil {
-		if s.forwardTransport, err = opts.Forwarding.transport(); err != nil {
+		if s.forwardBase, err = opts.Forwarding.transport(); err != nil {
 			return nil, err
 		}
+		s.forwardTransport = s.forwardBase
 	}
 	s.handler = s.routes()
 	return s, nil

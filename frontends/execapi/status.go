@@ -33,8 +33,9 @@ type apiError struct {
 	refusal string
 	msg     string
 	// endpoint, on a request for a Sandbox of another node, is that
-	// node's exec API (the claim's status.endpoint) when it has one.
-	endpoint string
+	// node's exec API (the claim's status.endpoint) when it has one, and
+	// node that node's name, which its serving certificate must carry.
+	endpoint, node string
 }
 
 func (e *apiError) Error() string { return e.msg }

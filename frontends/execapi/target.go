@@ -66,9 +66,9 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 			if claim.Status.Endpoint == "" {
 				return nil, notReady("SessionClaim %s/%s has no endpoint yet: no node's controller serves its Sandbox %q yet", ns, name, sb.Name)
 			}
-			return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q: this is the aggregated API, which runs nothing; use the endpoint in the claim's status, or go through the API server", ns, sb.Name, sb.Node())}
+			return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, node: sb.Node(), msg: fmt.Sprintf("Sandbox %s/%s runs on node %q: this is the aggregated API, which runs nothing; use the endpoint in the claim's status, or go through the API server", ns, sb.Name, sb.Node())}
 		}
-		return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, msg: fmt.Sprintf("Sandbox %s/%s runs on node %q; this controller serves node %q: use the endpoint in the claim's status", ns, sb.Name, sb.Node(), s.opts.NodeName)}
+		return nil, &apiError{code: http.StatusMisdirectedRequest, endpoint: claim.Status.Endpoint, node: sb.Node(), msg: fmt.Sprintf("Sandbox %s/%s runs on node %q; this controller serves node %q: use the endpoint in the claim's status", ns, sb.Name, sb.Node(), s.opts.NodeName)}
 	}
 	if e := s.checkOwner(ns, name, &sb); e != nil {
 		return nil, e
@@ -168,7 +168,7 @@ func (s *Server) claimTarget(w http.ResponseWriter, r *http.Request, u user.Info
 		return t, true
 	}
 	if s.forwards(how, aerr) {
-		s.forward(w, r, u, aerr.endpoint)
+		s.forward(w, r, u, aerr.endpoint, aerr.node)
 	} else {
 		s.refuse(w, r, u, aerr)
 	}

@@ -17,7 +17,6 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -169,18 +168,30 @@ func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{}, nil
 	}
 	var node *corev1.Node
+	var others []corev1.Node
 	if names := csr.Spec.Extra[NodeNameExtra]; len(names) == 1 {
-		var n corev1.Node
-		switch err := s.Client.Get(ctx, client.ObjectKey{Name: names[0]}, &n); {
-		case err == nil:
-			node = &n
-		case !apierrors.IsNotFound(err):
+		var nodes corev1.NodeList
+		if err := s.Client.List(ctx, &nodes); err != nil {
 			return ctrl.Result{}, err
 		}
+		for i := range nodes.Items {
+			if nodes.Items[i].Name == names[0] {
+				node = &nodes.Items[i]
+			} else {
+				others = append(others, nodes.Items[i])
+			}
+		}
 	}
-	cr, err := CheckRequest(&csr, s.User, node)
+	cr, err := CheckRequest(&csr, s.User, node, others...)
 	if err != nil {
-		log.FromContext(ctx).Info("denied a certificate request", "csr", csr.Name, "user", csr.Spec.Username, "reason", err.Error())
+		log.FromContext(ctx).Info("refused a certificate request", "csr", csr.Name, "user", csr.Spec.Username, "reason", err.Error())
+		if decided(&csr, certv1.CertificateApproved) {
+			// Approved by an earlier pass (the Node changed since): an
+			// approved request can no longer be denied, only fail.
+			csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
+				Type: certv1.CertificateFailed, Status: corev1.ConditionTrue, Reason: "NotANodesOwn", Message: err.Error(), LastUpdateTime: metav1.Now()})
+			return ctrl.Result{}, s.Client.Status().Update(ctx, &csr)
+		}
 		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
 			Type: certv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "NotANodesOwn", Message: err.Error(), LastUpdateTime: metav1.Now()})
 		return ctrl.Result{}, s.Client.SubResource("approval").Update(ctx, &csr)
@@ -193,7 +204,7 @@ func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			return ctrl.Result{}, err
 		}
 	}
-	validity := s.Validity
+	validity := min(s.Validity, MaxNodeValidity)
 	if e := csr.Spec.ExpirationSeconds; e != nil && time.Duration(*e)*time.Second < validity {
 		validity = time.Duration(*e) * time.Second
 	}
@@ -201,7 +212,7 @@ func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if s.Now != nil {
 		now = s.Now()
 	}
-	signed, err := s.CA.signRequest(cr, validity, now)
+	signed, err := s.CA.signRequest(cr, node.Name, validity, now)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -222,12 +233,19 @@ func decided(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionTyp
 	return false
 }
 
+// MaxNodeValidity bounds a node's serving certificate, which nothing
+// revokes: a node deleted, or an address given to another machine, is
+// believed at most this long after.
+const MaxNodeValidity = 24 * time.Hour
+
 // CheckRequest is the request csr carries when it is a node's controller's
 // (user, its token bound to a Pod on node) for a serving certificate of
 // that node's name and addresses, and an error naming the broken rule
 // otherwise. node is the Node its token names; nil when it names none or
-// one that does not exist.
-func CheckRequest(csr *certv1.CertificateSigningRequest, user string, node *corev1.Node) (*x509.CertificateRequest, error) {
+// one that does not exist. An address one of the others reports too is
+// refused: a Node's addresses are its kubelet's word, and a taken node's
+// kubelet could add another's.
+func CheckRequest(csr *certv1.CertificateSigningRequest, user string, node *corev1.Node, others ...corev1.Node) (*x509.CertificateRequest, error) {
 	if csr.Spec.Username != user {
 		return nil, fmt.Errorf("signer %s signs only for the nodes' controllers (%s), not %s", SignerName, user, csr.Spec.Username)
 	}
@@ -272,6 +290,11 @@ func CheckRequest(csr *certv1.CertificateSigningRequest, user string, node *core
 		if !nodeHasAddress(node, ip) {
 			return nil, fmt.Errorf("request: address %s is not one node %s reports (status.addresses)", ip, node.Name)
 		}
+		for i := range others {
+			if nodeHasAddress(&others[i], ip) {
+				return nil, fmt.Errorf("request: address %s is reported by node %s too", ip, others[i].Name)
+			}
+		}
 	}
 	return cr, nil
 }
@@ -290,17 +313,18 @@ func nodeHasAddress(node *corev1.Node, ip net.IP) bool {
 	return false
 }
 
-// signRequest signs the serving certificate cr asks for, for its key,
-// valid from now for validity (never past the CA's own end), as PEM: the
-// certificate, then the CA's.
-func (ca *CA) signRequest(cr *x509.CertificateRequest, validity time.Duration, now time.Time) ([]byte, error) {
+// signRequest signs the serving certificate cr asks for node, for its
+// key, valid from now for validity (never past the CA's own end), as PEM:
+// the certificate, then the CA's. Only the checked names and addresses
+// come from the request; the subject names the node.
+func (ca *CA) signRequest(cr *x509.CertificateRequest, node string, validity time.Duration, now time.Time) ([]byte, error) {
 	serial, err := serialNumber()
 	if err != nil {
 		return nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cr.Subject.CommonName},
+		Subject:      pkix.Name{CommonName: "sandbox-controller exec API " + node},
 		IPAddresses:  cr.IPAddresses,
 		DNSNames:     cr.DNSNames,
 		NotBefore:    now.Add(-5 * time.Minute),

@@ -97,10 +97,16 @@ func (r *Runtime) startInCgroup(in runtimes.Instance, cmd *exec.Cmd) error {
 	return m.Start(in.Name, cmd)
 }
 
-// removeCgroup kills what is left in the instance's cgroup and removes it.
+// removeCgroup kills what is left in the instance's cgroup and removes it
+// (and forgets the Pod's cgroup, which the instance was the one user of).
 func (r *Runtime) removeCgroup(in runtimes.Instance) {
 	if m, _ := r.cgroupsOf(in); m != nil {
 		_ = m.Remove(in.Name)
+	}
+	if in.Pod != nil {
+		r.mu.Lock()
+		delete(r.podCgroups, in.Pod.CgroupRoot+"\x00"+in.Pod.Cgroup)
+		r.mu.Unlock()
 	}
 }
 

@@ -20,7 +20,8 @@ import (
 // node's cgroup hierarchies (mounted at Root: in the controller's pod, a
 // hostPath of the node's /sys/fs/cgroup); At gives a Manager that makes
 // the instance's cgroup right below it. The cgroup is the kubelet's: it is
-// never made, changed or removed here.
+// never made or removed here (on cgroup v2 the controllers its children
+// need are given to them, as the kubelet gives them to its containers).
 
 // ErrPodNotFound is wrapped when no cgroup of the Pod is on this node (yet:
 // the kubelet makes it when it starts the Pod).

@@ -136,15 +136,11 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 	return append(opts, seccomp.WithDefaultProfile())
 }
 
-// podCgroupsPath is the cgroupsPath of in's container, right below its
-// Pod's cgroup: a path for runc's cgroupfs driver, or "slice:prefix:name"
-// for its systemd driver (the kubelet's systemd driver makes each Pod's
-// cgroup a .slice, and the node's containerd then runs runc with the same
-// driver).
+// podCgroupsPath is the cgroupsPath of in's container, right below the
+// cgroup of its Pod's container (its Pod's, on cgroup v2): a path, as runc
+// takes it with its cgroupfs driver, which the driver's runtime options
+// (none) leave it on, whichever driver the kubelet uses.
 func podCgroupsPath(in runtimes.Instance) string {
-	if strings.HasSuffix(in.Pod.Cgroup, ".slice") {
-		return path.Base(in.Pod.Cgroup) + ":sandbox-controller:" + in.Name
-	}
 	return path.Join(in.Pod.Cgroup, "sandbox-"+in.Name)
 }
 

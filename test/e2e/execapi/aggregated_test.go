@@ -372,5 +372,28 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		Expect(env.Client.Status().Update(ctx, lostClaim)).To(Succeed())
 		r = execThrough(ctx, alice, ns, "lost-claim", "true")
 		Expect(r.err).To(MatchError(And(ContainSubstring("is not Ready"), ContainSubstring("NodeLost"))))
+
+		By("a claim pointed at another node's exec API is not forwarded there: the serving certificate must name the Sandbox's node")
+		// As a taken node would write them: the claim of a Sandbox on
+		// node-v points at this suite's node, whose certificate names
+		// only its own address.
+		posed := &v1alpha1.Sandbox{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "posed"},
+			Spec:       v1alpha1.SandboxSpec{Agent: "agg-posed-" + ns, NodeName: "node-v", Binaries: []v1alpha1.BinaryName{"true"}},
+		}
+		Expect(env.Client.Create(ctx, posed)).To(Succeed())
+		posed.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonRunning,
+			Message: "running", LastTransitionTime: metav1.Now()}}
+		Expect(env.Client.Status().Update(ctx, posed)).To(Succeed())
+		posedClaim := testharness.NewClaim(ns, "posed-claim", "posed")
+		Expect(env.Client.Create(ctx, posedClaim)).To(Succeed())
+		posedClaim.Status.Endpoint = hostNode.addr
+		posedClaim.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound,
+			Message: "bound", LastTransitionTime: metav1.Now()}}
+		Expect(env.Client.Status().Update(ctx, posedClaim)).To(Succeed())
+		before = hostNode.counter("sandbox_execapi_execs_total")
+		r = execThrough(ctx, alice, ns, "posed-claim", "true")
+		Expect(r.err).To(MatchError(And(ContainSubstring("certificate"), ContainSubstring("node-v"))))
+		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(Equal(before), "nothing reached the node that posed")
 	})
 })

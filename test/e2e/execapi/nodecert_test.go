@@ -67,7 +67,8 @@ var _ = Describe("the nodes' serving certificates", Ordered, func() {
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "csr-requester"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: nodeSA},
 				{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "mallory"}}})).To(Succeed())
-		for name, ip := range map[string]string{"node-a": "10.20.0.1", "node-b": "10.20.0.2"} {
+		// node-e's kubelet (taken) reports node-d's address as its own too.
+		for name, ip := range map[string]string{"node-a": "10.20.0.1", "node-b": "10.20.0.2", "node-d": "10.20.0.9", "node-e": "10.20.0.9"} {
 			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 			Expect(env.Client.Create(ctx, n)).To(Succeed())
 			n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
@@ -108,6 +109,8 @@ var _ = Describe("the nodes' serving certificates", Ordered, func() {
 		_, err = cert.Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "node-a", KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 		Expect(err).NotTo(HaveOccurred(), "the certificate verifies against the exec API's CA, which clients trust")
 		Expect(src.CAPEM()).To(Equal(caPEM))
+		Expect(cert.Leaf.Subject.CommonName).To(Equal("sandbox-controller exec API node-a"), "the subject is the signer's, not the request's")
+		Expect(cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore)).To(BeNumerically("<=", servingcert.MaxNodeValidity+5*time.Minute), "nothing revokes it: a day at most")
 	})
 
 	DescribeTable("denies what is not a node's own, saying which rule it broke",
@@ -120,6 +123,7 @@ var _ = Describe("the nodes' serving certificates", Ordered, func() {
 		Entry("another node's name", nodeSA, "node-a", []string{"10.20.0.1", "node-b"}, `DNS name "node-b" is not node node-a's name`),
 		Entry("any other name", nodeSA, "node-a", []string{"kubernetes.default.svc"}, `DNS name "kubernetes.default.svc" is not node node-a's name`),
 		Entry("a node that does not exist", nodeSA, "node-z", []string{"10.20.0.1"}, "node node-z, which the request's credentials name, does not exist"),
+		Entry("an address another node reports too", nodeSA, "node-d", []string{"10.20.0.9"}, "address 10.20.0.9 is reported by node node-e too"),
 		Entry("a user other than the nodes' controllers", "mallory", "node-a", []string{"10.20.0.1"}, "signs only for the nodes' controllers"),
 	)
 })

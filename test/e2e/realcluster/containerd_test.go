@@ -75,7 +75,15 @@ patches:
           volumes:
           - name: containerd
             hostPath: {path: %q, type: Directory}
-`, rel("config/default"), rel("config/backends/containerd"), version, namespace, ctrAddress, fifoDir, sockDir, sockDir)
+# The Sandboxes' Pods keep the pause image this cluster holds, as make
+# deploy SANDBOX_POD_IMAGE set it: a Pod whose image cannot be pulled never
+# runs, and its Sandbox waits for it (PodStarting).
+- target: {kind: Deployment, name: sandbox-controller-api}
+  patch: |-
+    - op: add
+      path: /spec/template/spec/containers/0/env/-
+      value: {name: SANDBOX_POD_IMAGE, value: %q}
+`, rel("config/default"), rel("config/backends/containerd"), version, namespace, ctrAddress, fifoDir, sockDir, sockDir, podImage())
 	Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644)).To(Succeed())
 	kc("apply", "--server-side", "--field-manager=sandbox-controller-deploy", "-k", overlay)
 	kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")

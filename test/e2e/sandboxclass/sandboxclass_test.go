@@ -414,6 +414,11 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		err = writeAs(node, placed, true, func() { placed.Status.NodeName = "node-a" })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.nodeName"))
+		// Clearing it would have the placer write it back, and the two
+		// take turns while the Sandbox's own node stops looking at it.
+		err = writeAs(node, placed, true, func() { placed.Status.NodeName = "" })
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.nodeName"))
 
 		// Its own writes pass: the status of a Sandbox pinned to it,
 		// conditions, its finalizer.
