@@ -19,10 +19,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // A node's exec API serving certificate is asked for, not made: the node's
@@ -150,29 +152,31 @@ type Signer struct {
 // the nodes' Role): read the requests, update their approval and status,
 // and approve and sign for SignerName.
 
-// SetupWithManager watches the requests of SignerName.
-func (s *Signer) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).Named("csr-signer").
+// SetupWithManager watches the requests of SignerName. (The package keeps
+// to controller-runtime's parts: its root package registers a --kubeconfig
+// flag, which the clients that read the CA here must not get.)
+func (s *Signer) SetupWithManager(mgr manager.Manager) error {
+	return builder.ControllerManagedBy(mgr).Named("csr-signer").
 		For(&certv1.CertificateSigningRequest{}).
 		WithEventFilter(signerOnly{}).
 		Complete(s)
 }
 
 // Reconcile approves and signs one request, or denies it.
-func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (s *Signer) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var csr certv1.CertificateSigningRequest
 	if err := s.Client.Get(ctx, req.NamespacedName, &csr); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if csr.Spec.SignerName != SignerName || len(csr.Status.Certificate) > 0 || decided(&csr, certv1.CertificateDenied) || decided(&csr, certv1.CertificateFailed) {
-		return ctrl.Result{}, nil
+		return reconcile.Result{}, nil
 	}
 	var node *corev1.Node
 	var others []corev1.Node
 	if names := csr.Spec.Extra[NodeNameExtra]; len(names) == 1 {
 		var nodes corev1.NodeList
 		if err := s.Client.List(ctx, &nodes); err != nil {
-			return ctrl.Result{}, err
+			return reconcile.Result{}, err
 		}
 		for i := range nodes.Items {
 			if nodes.Items[i].Name == names[0] {
@@ -190,18 +194,18 @@ func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			// approved request can no longer be denied, only fail.
 			csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
 				Type: certv1.CertificateFailed, Status: corev1.ConditionTrue, Reason: "NotANodesOwn", Message: err.Error(), LastUpdateTime: metav1.Now()})
-			return ctrl.Result{}, s.Client.Status().Update(ctx, &csr)
+			return reconcile.Result{}, s.Client.Status().Update(ctx, &csr)
 		}
 		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
 			Type: certv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "NotANodesOwn", Message: err.Error(), LastUpdateTime: metav1.Now()})
-		return ctrl.Result{}, s.Client.SubResource("approval").Update(ctx, &csr)
+		return reconcile.Result{}, s.Client.SubResource("approval").Update(ctx, &csr)
 	}
 	if !decided(&csr, certv1.CertificateApproved) {
 		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
 			Type: certv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "NodesOwnAddresses",
 			Message: "the exec API serving certificate of node " + node.Name + ", for its own name and addresses", LastUpdateTime: metav1.Now()})
 		if err := s.Client.SubResource("approval").Update(ctx, &csr); err != nil {
-			return ctrl.Result{}, err
+			return reconcile.Result{}, err
 		}
 	}
 	validity := min(s.Validity, MaxNodeValidity)
@@ -214,14 +218,14 @@ func (s *Signer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	}
 	signed, err := s.CA.signRequest(cr, node.Name, validity, now)
 	if err != nil {
-		return ctrl.Result{}, err
+		return reconcile.Result{}, err
 	}
 	csr.Status.Certificate = signed
 	if err := s.Client.Status().Update(ctx, &csr); err != nil {
-		return ctrl.Result{}, err
+		return reconcile.Result{}, err
 	}
 	log.FromContext(ctx).Info("signed a node's exec API serving certificate", "csr", csr.Name, "node", node.Name)
-	return ctrl.Result{}, nil
+	return reconcile.Result{}, nil
 }
 
 func decided(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionType) bool {

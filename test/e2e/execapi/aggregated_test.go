@@ -356,20 +356,8 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		By("a Sandbox whose node is lost is said to be not Ready, not forwarded to the endpoint it had")
 		// Pinned to a node no controller here serves: the statuses are
 		// written as its node and the placing node would have left them.
-		lost := &v1alpha1.Sandbox{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost"},
-			Spec:       v1alpha1.SandboxSpec{Agent: "agg-lost-" + ns, NodeName: "node-c", Binaries: []v1alpha1.BinaryName{"true"}},
-		}
-		Expect(env.Client.Create(ctx, lost)).To(Succeed())
-		lost.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonNodeLost,
-			Message: "node node-c lost since a while", LastTransitionTime: metav1.Now()}}
-		Expect(env.Client.Status().Update(ctx, lost)).To(Succeed())
-		lostClaim := testharness.NewClaim(ns, "lost-claim", "lost")
-		Expect(env.Client.Create(ctx, lostClaim)).To(Succeed())
-		lostClaim.Status.Endpoint = reserveAddress() // nothing listens there
-		lostClaim.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound,
-			Message: "bound", LastTransitionTime: metav1.Now()}}
-		Expect(env.Client.Status().Update(ctx, lostClaim)).To(Succeed())
+		pinnedElsewhere(ns, "lost", "node-c", reserveAddress(), // nothing listens there
+			metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonNodeLost, Message: "node node-c lost since a while"})
 		r = execThrough(ctx, alice, ns, "lost-claim", "true")
 		Expect(r.err).To(MatchError(And(ContainSubstring("is not Ready"), ContainSubstring("NodeLost"))))
 
@@ -377,23 +365,32 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		// As a taken node would write them: the claim of a Sandbox on
 		// node-v points at this suite's node, whose certificate names
 		// only its own address.
-		posed := &v1alpha1.Sandbox{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "posed"},
-			Spec:       v1alpha1.SandboxSpec{Agent: "agg-posed-" + ns, NodeName: "node-v", Binaries: []v1alpha1.BinaryName{"true"}},
-		}
-		Expect(env.Client.Create(ctx, posed)).To(Succeed())
-		posed.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonRunning,
-			Message: "running", LastTransitionTime: metav1.Now()}}
-		Expect(env.Client.Status().Update(ctx, posed)).To(Succeed())
-		posedClaim := testharness.NewClaim(ns, "posed-claim", "posed")
-		Expect(env.Client.Create(ctx, posedClaim)).To(Succeed())
-		posedClaim.Status.Endpoint = hostNode.addr
-		posedClaim.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound,
-			Message: "bound", LastTransitionTime: metav1.Now()}}
-		Expect(env.Client.Status().Update(ctx, posedClaim)).To(Succeed())
+		pinnedElsewhere(ns, "posed", "node-v", hostNode.addr,
+			metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonRunning, Message: "running"})
 		before = hostNode.counter("sandbox_execapi_execs_total")
 		r = execThrough(ctx, alice, ns, "posed-claim", "true")
 		Expect(r.err).To(MatchError(And(ContainSubstring("certificate"), ContainSubstring("node-v"))))
 		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(Equal(before), "nothing reached the node that posed")
 	})
 })
+
+// pinnedElsewhere makes Sandbox name, pinned to node, which no controller
+// of this suite serves, and its claim name-claim with the statuses that
+// node would write: the Sandbox's Ready condition ready, and the claim
+// bound at endpoint.
+func pinnedElsewhere(ns, name, node, endpoint string, ready metav1.Condition) {
+	sb := &v1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       v1alpha1.SandboxSpec{Agent: "agg-" + name + "-" + ns, NodeName: node, Binaries: []v1alpha1.BinaryName{"true"}},
+	}
+	Expect(env.Client.Create(ctx, sb)).To(Succeed())
+	ready.LastTransitionTime = metav1.Now()
+	sb.Status.Conditions = []metav1.Condition{ready}
+	Expect(env.Client.Status().Update(ctx, sb)).To(Succeed())
+	claim := testharness.NewClaim(ns, name+"-claim", name)
+	Expect(env.Client.Create(ctx, claim)).To(Succeed())
+	claim.Status.Endpoint = endpoint
+	claim.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound,
+		Message: "bound", LastTransitionTime: metav1.Now()}}
+	Expect(env.Client.Status().Update(ctx, claim)).To(Succeed())
+}
