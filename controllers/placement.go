@@ -261,6 +261,7 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if sb.Status.NodeName != node {
 		return p.placed(ctx, &sb, cur)
 	}
+	p.reportWaiting(&sb, cur)
 	if !isSandboxPod(sb.Status.Pod, cur) {
 		return p.recordPod(ctx, &sb, cur)
 	}
@@ -282,6 +283,22 @@ func (p *placer) recordPod(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev
 	}
 	return ctrl.Result{}, nil
 }
+
+// reportWaiting says on the Sandbox why the kubelet does not run its
+// Pod's container (an image it cannot pull, say): the node's controller,
+// which cannot read Pods, only says that it waits for it (PodStarting).
+// Repeats are counted on one Event by the recorder.
+func (p *placer) reportWaiting(sb *v1alpha1.Sandbox, pod *corev1.Pod) {
+	for _, c := range pod.Status.ContainerStatuses {
+		if w := c.State.Waiting; c.Name == podContainer && w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
+			p.recorder.Event(sb, "Warning", EventPodNotRunning, boundedMessage(fmt.Sprintf("the container of Pod %s waits: %s: %s", pod.Name, w.Reason, w.Message)))
+		}
+	}
+}
+
+// EventPodNotRunning is the reason of the Event that says why the kubelet
+// does not run a Sandbox's Pod's container.
+const EventPodNotRunning = "PodNotRunning"
 
 // isSandboxPod says whether ref names pod as it is now.
 func isSandboxPod(ref *v1alpha1.SandboxPod, pod *corev1.Pod) bool {

@@ -309,6 +309,24 @@ var _ = Describe("Placement", Ordered, func() {
 			Eventually(env.SandboxStatus(ns, name), testharness.Timeout).Should(
 				testharness.SandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
 		}
+
+		By("a Pod whose container the kubelet cannot start says why on its Sandbox")
+		pod, err := podOf(ns, "s1")()
+		Expect(err).NotTo(HaveOccurred())
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "sandbox", Image: pod.Spec.Containers[0].Image,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull", Message: "no registry reachable"}}}}
+		Expect(k8s.Status().Update(ctx, pod)).To(Succeed())
+		Eventually(func() []string {
+			var events corev1.EventList
+			Expect(k8s.List(ctx, &events, client.InNamespace(ns))).To(Succeed())
+			var out []string
+			for _, e := range events.Items {
+				if e.InvolvedObject.Kind == "Sandbox" && e.InvolvedObject.Name == "s1" && e.Reason == controllers.EventPodNotRunning {
+					out = append(out, e.Message)
+				}
+			}
+			return out
+		}, testharness.Timeout).Should(ContainElement(ContainSubstring("ErrImagePull: no registry reachable")))
 	})
 
 	It("keeps a Sandbox no node has room for Unschedulable in the scheduler's words, and places it once one has", func() {
