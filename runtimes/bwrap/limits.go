@@ -113,8 +113,16 @@ func (r *Runtime) removeCgroup(in runtimes.Instance) {
 // Usage reads what the instance's commands use now (runtimes.UsageReader).
 func (r *Runtime) Usage(name string) (runtimes.Usage, error) {
 	in := runtimes.Instance{Name: name}
-	if rec, err := r.load(name); err == nil && rec != nil {
-		in = rec.Instance
+	r.mu.Lock()
+	inPods := len(r.podCgroups) > 0
+	r.mu.Unlock()
+	if inPods {
+		// Which Pod's cgroup it is in is the record's: read only where
+		// instances run in Pods (a cluster's node, where Ensure has met
+		// them), never on every reconcile of a machine without Pods.
+		if rec, err := r.load(name); err == nil && rec != nil {
+			in = rec.Instance
+		}
 	}
 	m, err := r.cgroupsOf(in)
 	if m == nil {

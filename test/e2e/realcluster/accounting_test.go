@@ -148,6 +148,17 @@ spec:
 	GinkgoWriter.Printf("Pod %s: working set %d KiB idle, %d KiB with the command holding %d KiB; kubectl top %d KiB, then %d KiB\n",
 		uid, idle>>10, busy>>10, held>>10, idleTop>>10, busyTop>>10)
 
+	// The Sandbox's own status.usage reads the instance's cgroup, below
+	// the Pod's container.
+	Eventually(func() int64 {
+		out, err := run(time.Minute, kubectl, "get", "sandbox", name, "-o", "jsonpath={.status.usage.memory}")
+		q, perr := resource.ParseQuantity(strings.TrimSpace(out))
+		if err != nil || perr != nil {
+			return -1
+		}
+		return q.Value()
+	}).WithTimeout(2*time.Minute).WithPolling(5*time.Second).Should(BeNumerically(">=", held*3/4), "status.usage counts the command's memory")
+
 	// On the node: the command's cgroup is below the Pod's.
 	Expect(podCgroupProcesses(uid, "git")).NotTo(BeEmpty(), "no git process in a cgroup below Pod %s", uid)
 
