@@ -119,9 +119,9 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 		}
 		return cfg, ns, strings.TrimSuffix(cfg.Host, "/") + v1alpha1.SubresourcePrefix, nil
 	}
-	server := f.server
+	server, node := f.server, ""
 	if server == "" {
-		if server, err = claimEndpoint(ctx, cfg, ns, claim); err != nil {
+		if server, node, err = claimEndpoint(ctx, cfg, ns, claim); err != nil {
 			return nil, "", "", err
 		}
 	}
@@ -146,6 +146,12 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 		if ca != nil {
 			api.CAFile, api.CAData = "", ca
 		}
+	}
+	if node != "" && !f.insecure {
+		// The node's certificate must name the Sandbox's node, whatever
+		// address the claim's endpoint gives: a node's controller writes
+		// that endpoint, and a taken one could point it at itself.
+		api.ServerName = node
 	}
 	return api, ns, strings.TrimSuffix(server, "/") + "/api/v1alpha1", nil
 }
@@ -200,22 +206,32 @@ func publishedCA(ctx context.Context, cfg *rest.Config, namespace string) ([]byt
 	return []byte(ca), nil
 }
 
-// claimEndpoint reads status.endpoint of the SessionClaim.
-func claimEndpoint(ctx context.Context, cfg *rest.Config, ns, claim string) (string, error) {
+// claimEndpoint reads status.endpoint of the SessionClaim, and the node
+// its Sandbox runs on (spec.nodeName, else status.nodeName; empty on one
+// machine, or when the Sandbox cannot be read), whose name the endpoint's
+// certificate must carry.
+func claimEndpoint(ctx context.Context, cfg *rest.Config, ns, claim string) (endpoint, node string, err error) {
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	gvr := v1alpha1.GroupVersion.WithResource("sessionclaims")
-	obj, err := dc.Resource(gvr).Namespace(ns).Get(ctx, claim, metav1.GetOptions{})
+	obj, err := dc.Resource(v1alpha1.GroupVersion.WithResource("sessionclaims")).Namespace(ns).Get(ctx, claim, metav1.GetOptions{})
 	if err != nil {
-		return "", fmt.Errorf("reading SessionClaim %s/%s: %w", ns, claim, err)
+		return "", "", fmt.Errorf("reading SessionClaim %s/%s: %w", ns, claim, err)
 	}
 	ep, _, _ := unstructured.NestedString(obj.Object, "status", "endpoint")
 	if ep == "" {
-		return "", fmt.Errorf("SessionClaim %s/%s publishes no endpoint in its status yet (is it Bound?); give the exec API's address with --server", ns, claim)
+		return "", "", fmt.Errorf("SessionClaim %s/%s publishes no endpoint in its status yet (is it Bound?); give the exec API's address with --server", ns, claim)
 	}
-	return ep, nil
+	if name, _, _ := unstructured.NestedString(obj.Object, "spec", "sandboxName"); name != "" {
+		if sb, err := dc.Resource(v1alpha1.GroupVersion.WithResource("sandboxes")).Namespace(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+			// Pinned, or placed (Sandbox.Node).
+			if node, _, _ = unstructured.NestedString(sb.Object, "spec", "nodeName"); node == "" {
+				node, _, _ = unstructured.NestedString(sb.Object, "status", "nodeName")
+			}
+		}
+	}
+	return ep, node, nil
 }
 
 func newExecCommand(c *cli) *cobra.Command {

@@ -220,6 +220,14 @@ func (cl *Claim) target(ctx context.Context) (*rest.Config, string, error) {
 		return nil, "", fmt.Errorf("SessionClaim %s/%s has no status.endpoint yet", cl.Namespace, cl.Name)
 	}
 	cfg := &rest.Config{Host: "https://" + sc.Status.Endpoint, Timeout: c.cfg.Timeout}
+	// The node's certificate must name the Sandbox's node, whatever
+	// address the claim's endpoint gives: a node's controller writes that
+	// endpoint, and a taken one could point it at itself. (One machine,
+	// or a Sandbox this client may not read: the address is verified.)
+	var sb v1alpha1.Sandbox
+	if err := c.kube.Get(ctx, client.ObjectKey{Namespace: cl.Namespace, Name: sc.Spec.SandboxName}, &sb); err == nil && sb.Node() != "" {
+		cfg.ServerName = sb.Node()
+	}
 	var cm corev1.ConfigMap
 	if err := c.kube.Get(ctx, client.ObjectKey{Namespace: c.opts.SystemNamespace, Name: servingcert.ConfigMapName}, &cm); err == nil {
 		cfg.CAData = []byte(cm.Data[servingcert.ConfigMapKey])

@@ -371,6 +371,20 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		r = execThrough(ctx, alice, ns, "posed-claim", "true")
 		Expect(r.err).To(MatchError(And(ContainSubstring("certificate"), ContainSubstring("node-v"))))
 		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(Equal(before), "nothing reached the node that posed")
+
+		By("kubectl sandbox exec --via node holds the endpoint's certificate to the Sandbox's node too, for a user who reads Sandboxes")
+		Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "read-sandboxes"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"get"}}}})).To(Succeed())
+		Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "read-sandboxes"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "read-sandboxes"},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"}}})).To(Succeed())
+		caFile := filepath.Join(env.Dir, "node-ca-"+ns+".crt")
+		Expect(os.WriteFile(caFile, aggCA.PEM, 0o600)).To(Succeed())
+		out, err := osexec.Command(sandboxctlBinary(), "exec", "--kubeconfig", kubeconfigOf("alice"), "-n", ns, "--api-ca-file", caFile,
+			"--via", "node", "posed-claim", "--", "true").CombinedOutput()
+		Expect(err).To(HaveOccurred(), string(out))
+		Expect(string(out)).To(And(ContainSubstring("certificate"), ContainSubstring("node-v")))
+		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(Equal(before), "nothing reached the node that posed")
 	})
 })
 
