@@ -150,17 +150,20 @@ func (cp *ControlPlane) StartAPIServer() error {
 	if err != nil {
 		return fmt.Errorf("opening the kube-apiserver log: %w", err)
 	}
-	cmd := exec.Command(cp.argv[0], cp.argv[1:]...)
+	runCtx, cancel := context.WithTimeout(context.Background(), MaxRun)
+	cmd := exec.CommandContext(runCtx, cp.argv[0], cp.argv[1:]...)
 	cmd.Env = cp.environ
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
+		cancel()
 		_ = logf.Close()
 		return fmt.Errorf("starting kube-apiserver again: %w", err)
 	}
 	done := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
+		cancel()
 		_ = logf.Close()
 		close(done)
 	}()
@@ -268,6 +271,11 @@ func readStat(pid int) (procStat, error) {
 	return st, nil
 }
 
+// MaxRun bounds one run of a child process (kube-apiserver started again,
+// the controller): longer than any suite runs, so a child a test forgot to
+// stop is killed with the test binary's run, not left on the host.
+const MaxRun = 90 * time.Minute
+
 // Controller is the sandbox-controller binary run as a child process.
 type Controller struct {
 	// Bin is the binary; Args its flags (a metrics address is added).
@@ -323,19 +331,22 @@ func (c *Controller) Start() error {
 		return fmt.Errorf("opening the controller log: %w", err)
 	}
 	fmt.Fprintf(logf, "\n==== start %d at %s ====\n", c.Starts+1, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(c.Bin, append(append([]string{}, c.Args...), "--metrics-bind-address", c.metricsAddr)...)
+	runCtx, cancel := context.WithTimeout(context.Background(), MaxRun)
+	cmd := exec.CommandContext(runCtx, c.Bin, append(append([]string{}, c.Args...), "--metrics-bind-address", c.metricsAddr)...)
 	cmd.Env = append(os.Environ(), c.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group, so a kill of the test's group in a terminal
 	// does not count as one of the test's kills.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
+		cancel()
 		_ = logf.Close()
 		return fmt.Errorf("starting the controller: %w", err)
 	}
 	done := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
+		cancel()
 		_ = logf.Close()
 		close(done)
 	}()
