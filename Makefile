@@ -199,6 +199,7 @@ IMAGE_TAR  ?= $(BIN)/sandbox-controller-image.tar
 SCALE_SANDBOXES ?= 1000
 
 IMAGE_BIN  := $(BIN)/image/sandbox-controller
+HOLDER_BIN := $(BIN)/image/sandbox-holder
 
 # make deploy and make undeploy (hack/deploy.sh, docs/cluster.md) talk to the
 # cluster of KUBECONFIG with KUBECTL (empty: bin/k8s/<version>/kubectl,
@@ -206,12 +207,13 @@ IMAGE_BIN  := $(BIN)/image/sandbox-controller
 IMG              ?= $(IMAGE_NAME):$(VERSION)
 BACKENDS         ?=
 SANDBOX_POD_IMAGE ?=
+CONTAINER_BUNDLES ?=
 UNDEPLOY_TIMEOUT ?= 5m
 KUBECTL          ?=
 
 .PHONY: image
 image: image-binary ## Build the controller's OCI image without a container engine (static binary; bwrap, git and their libraries from Debian packages) as bin/sandbox-controller-image.tar, tagged with VERSION (default: git describe); `ctr images import` takes it.
-	cd hack/image && GOWORK=off go run . -controller "$(IMAGE_BIN)" -debs "$(BIN)/image/debs" \
+	cd hack/image && GOWORK=off go run . -controller "$(IMAGE_BIN)" -holder "$(HOLDER_BIN)" -debs "$(BIN)/image/debs" \
 		-name "$(IMAGE_NAME)" -version "$(VERSION)" -out "$(IMAGE_TAR)" -epoch "$$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 
 # The binary the image runs: static (the image has no libraries for it) and
@@ -219,10 +221,11 @@ image: image-binary ## Build the controller's OCI image without a container engi
 .PHONY: image-binary
 image-binary:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(IMAGE_BIN) ./cmd/sandbox-controller
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(HOLDER_BIN) ./cmd/sandbox-holder
 
 .PHONY: deploy
-deploy: ## Install the CRDs, RBAC, admission policy, namespace, the controller's DaemonSet and the aggregated API's Deployment (config/default) in the cluster of KUBECONFIG, with the image IMG (default IMAGE_NAME:VERSION, what make image tags); BACKENDS=containerd,incus adds those backends' components; SANDBOX_POD_IMAGE names the image of the Sandboxes' Pods (default the nodes' pause image, registry.k8s.io/pause:3.10). Server-side apply; run again to update.
-	IMG="$(IMG)" BACKENDS="$(BACKENDS)" SANDBOX_POD_IMAGE="$(SANDBOX_POD_IMAGE)" KUBECTL="$(KUBECTL)" hack/deploy.sh deploy
+deploy: ## Install the CRDs, RBAC, admission policy, namespace, the controller's DaemonSet and the aggregated API's Deployment (config/default) in the cluster of KUBECONFIG, with the image IMG (default IMAGE_NAME:VERSION, what make image tags); BACKENDS=containerd,incus adds those backends' components; SANDBOX_POD_IMAGE names the image of the Sandboxes' Pods (default the nodes' pause image, registry.k8s.io/pause:3.10); CONTAINER_BUNDLES the nodes' directory of containerd's bundles for the kubelet's containers (default /run/containerd/io.containerd.runtime.v2.task/k8s.io). Server-side apply; run again to update.
+	IMG="$(IMG)" BACKENDS="$(BACKENDS)" SANDBOX_POD_IMAGE="$(SANDBOX_POD_IMAGE)" CONTAINER_BUNDLES="$(CONTAINER_BUNDLES)" KUBECTL="$(KUBECTL)" hack/deploy.sh deploy
 
 .PHONY: undeploy
 undeploy: ## Delete every Sandbox and SessionClaim while the controller still runs to release them (fails after UNDEPLOY_TIMEOUT naming those left, having deleted nothing else), then everything deploy installed. The agents' areas stay on the nodes.

@@ -77,6 +77,14 @@ func (r *SandboxReconciler) describe(ctx context.Context, s *sandboxScope) (bool
 		}
 		p := s.sb.Status.Pod
 		in = instance.WithPod(in, runtimes.Pod{UID: p.UID, Cgroup: cg, CgroupRoot: r.PodCgroupRoot})
+		if in.Image != "" && s.sb.Spec.BackendOrDefault() == v1alpha1.BackendBwrap {
+			// The image is the file system of the Pod's container.
+			_, id, _ := strings.Cut(p.ContainerID, "://")
+			in = instance.WithImageContainer(in, id)
+		}
+	} else if b := s.sb.Spec.Bwrap; b != nil && b.Image != "" {
+		s.facts.fail(v1alpha1.ReasonInvalidSpec, "spec.bwrap.image: a bwrap Sandbox runs over an image only on a cluster, where its Pod's container holds the image; this controller runs Sandboxes on its own machine (no --pod-cgroups), whose commands see the machine's directories: remove spec.bwrap.image, or run the Sandbox on a cluster")
+		return true, nil
 	}
 	s.instance, s.gitDirs = in, instance.GitDirs(in)
 	return false, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -85,6 +86,13 @@ type PlacementOptions struct {
 	SystemNamespace string
 	// PodImage is the image of the Sandboxes' Pods; empty: DefaultPodImage.
 	PodImage string
+	// HolderImage is the image the Pod of a bwrap Sandbox with an image
+	// (spec.bwrap.image) copies the holder from (the controller's own,
+	// which holds cmd/sandbox-holder at HolderPath): its init container
+	// copies it into an emptyDir, and the image's container runs it, so
+	// that the node's runtime mounts the image's file system for the
+	// node's controller. Empty: such Sandboxes are not placed (PodRefused).
+	HolderImage string
 	// NodeLostAfter is how long a Move Sandbox's Pod tolerates the loss of
 	// its node; zero: DefaultNodeLostAfter.
 	NodeLostAfter time.Duration
@@ -242,6 +250,27 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if cur == nil {
 		return p.createPod(ctx, &sb, found)
 	}
+	switch image, replace := p.podDrift(&sb, cur); {
+	case replace:
+		// Made again at once, on the node it was bound to unless the
+		// Sandbox moves (createPod).
+		log.FromContext(ctx).Info("replacing the Sandbox's Pod: its image settings changed", "pod", cur.Name)
+		if err := p.Delete(ctx, cur, client.Preconditions{UID: &cur.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	case image != "":
+		patch := client.StrategicMergeFrom(cur.DeepCopy())
+		for i := range cur.Spec.Containers {
+			if cur.Spec.Containers[i].Name == podContainer {
+				cur.Spec.Containers[i].Image = image
+			}
+		}
+		log.FromContext(ctx).Info("setting the Sandbox's Pod's image", "pod", cur.Name, "image", image)
+		if err := p.Patch(ctx, cur, patch); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+	}
 	node := cur.Spec.NodeName
 	if node == "" {
 		return p.pending(ctx, &sb, cur)
@@ -324,6 +353,16 @@ var containerIDPattern = regexp.MustCompile(`^[a-z0-9.-]+://[0-9a-f]{64}$`)
 
 // podContainer is the name of the one container of a Sandbox's Pod.
 const podContainer = "sandbox"
+
+// The holder of a bwrap Sandbox's image: where the controller's image
+// keeps it, the init container that copies it, and where the image's
+// container finds it.
+const (
+	HolderPath      = "/usr/local/bin/sandbox-holder"
+	holderContainer = "holder"
+	holderVolume    = "sandbox-holder"
+	holderMount     = "/.sandbox-holder"
+)
 
 // podsFound is what a Sandbox's Pods say.
 type podsFound struct {
@@ -500,6 +539,52 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 			Effect: corev1.TaintEffectNoExecute, TolerationSeconds: forHow})
 	}
 
+	restricted := func() *corev1.SecurityContext {
+		return &corev1.SecurityContext{
+			RunAsNonRoot:             ptr.To(true),
+			RunAsUser:                ptr.To(int64(65535)),
+			RunAsGroup:               ptr.To(int64(65535)),
+			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		}
+	}
+	main := corev1.Container{
+		Name:            podContainer,
+		Image:           o.PodImage,
+		ImagePullPolicy: corev1.PullIfNotPresent,
+		Resources:       reqs,
+		SecurityContext: restricted(),
+	}
+	var (
+		inits   []corev1.Container
+		volumes []corev1.Volume
+		secrets []corev1.LocalObjectReference
+	)
+	if b := bwrapImage(sb); b != nil {
+		// The image's container runs the holder, copied in by an init
+		// container from the controller's image: nothing of the image
+		// runs, whatever it holds (a shell or no libc at all).
+		main.Image, main.ImagePullPolicy = b.Image, corev1.PullPolicy(b.ImagePullPolicy)
+		main.Command = []string{holderMount + "/" + path.Base(HolderPath)}
+		main.VolumeMounts = []corev1.VolumeMount{{Name: holderVolume, MountPath: holderMount, ReadOnly: true}}
+		inits = []corev1.Container{{
+			Name:            holderContainer,
+			Image:           o.HolderImage,
+			ImagePullPolicy: corev1.PullIfNotPresent,
+			Command:         []string{HolderPath, "install", holderMount},
+			Resources:       reqs,
+			SecurityContext: restricted(),
+			VolumeMounts:    []corev1.VolumeMount{{Name: holderVolume, MountPath: holderMount}},
+		}}
+		volumes = []corev1.Volume{{Name: holderVolume, VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("16Mi"))}}}}
+		for _, n := range b.ImagePullSecrets {
+			secrets = append(secrets, corev1.LocalObjectReference{Name: n})
+		}
+	}
+
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: sb.Namespace,
@@ -516,21 +601,10 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 			}},
 		},
 		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{
-				Name:            podContainer,
-				Image:           o.PodImage,
-				ImagePullPolicy: corev1.PullIfNotPresent,
-				Resources:       reqs,
-				SecurityContext: &corev1.SecurityContext{
-					RunAsNonRoot:             ptr.To(true),
-					RunAsUser:                ptr.To(int64(65535)),
-					RunAsGroup:               ptr.To(int64(65535)),
-					AllowPrivilegeEscalation: ptr.To(false),
-					ReadOnlyRootFilesystem:   ptr.To(true),
-					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-				},
-			}},
+			InitContainers:                inits,
+			Containers:                    []corev1.Container{main},
+			Volumes:                       volumes,
+			ImagePullSecrets:              secrets,
 			NodeName:                      node,
 			NodeSelector:                  sb.Spec.NodeSelector,
 			Affinity:                      affinity,
@@ -549,6 +623,10 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 // bound to: its areas are there. A name another Pod holds (not this
 // Sandbox's) is passed over for the next attempt's.
 func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, found podsFound) (ctrl.Result, error) {
+	if bwrapImage(sb) != nil && p.opts.HolderImage == "" {
+		return p.notPlaced(ctx, sb, v1alpha1.ReasonPodRefused,
+			"spec.bwrap.image: the aggregated API knows no holder image (--holder-image, the controller's own image), which the Pod of a bwrap Sandbox with an image needs")
+	}
 	node := sb.Spec.NodeName
 	if node == "" && sb.Spec.OnNodeLost != v1alpha1.NodeLostMove {
 		node = found.lastNode
@@ -589,6 +667,47 @@ func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, found pods
 	default:
 		return ctrl.Result{}, err
 	}
+}
+
+// bwrapImage is sb's spec.bwrap when it names an image.
+func bwrapImage(sb *v1alpha1.Sandbox) *v1alpha1.BwrapSpec {
+	if b := sb.Spec.Bwrap; b != nil && b.Image != "" && sb.Spec.BackendOrDefault() == v1alpha1.BackendBwrap {
+		return b
+	}
+	return nil
+}
+
+// podDrift says how pod, sb's Pod, falls behind sb's image: a new image
+// is set in place (image is what to set; the kubelet restarts the
+// container with it), any other difference (an image added or taken
+// away, its pull policy, a secret the Pod lacks: a Pod cannot change
+// them) needs a
+// new Pod (replace).
+func (p *placer) podDrift(sb *v1alpha1.Sandbox, pod *corev1.Pod) (image string, replace bool) {
+	want := SandboxPod(sb, p.opts, pod.Spec.NodeName, 0)
+	var cur *corev1.Container
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == podContainer {
+			cur = &pod.Spec.Containers[i]
+		}
+	}
+	if cur == nil {
+		return "", true
+	}
+	wantMain := want.Spec.Containers[0]
+	hadHolder := len(pod.Spec.InitContainers) > 0
+	if hadHolder != (len(want.Spec.InitContainers) > 0) ||
+		(wantMain.ImagePullPolicy != "" && cur.ImagePullPolicy != wantMain.ImagePullPolicy) ||
+		slices.ContainsFunc(want.Spec.ImagePullSecrets, func(w corev1.LocalObjectReference) bool {
+			// The ServiceAccount's secrets are added to the Pod's.
+			return !slices.Contains(pod.Spec.ImagePullSecrets, w)
+		}) {
+		return "", true
+	}
+	if hadHolder && cur.Image != wantMain.Image {
+		return wantMain.Image, false
+	}
+	return "", false
 }
 
 func podOwnedBy(pod *corev1.Pod, sb *v1alpha1.Sandbox) bool {

@@ -17,6 +17,11 @@
 #                     IMAGE_NAME:VERSION, the name `make image` writes)
 #   BACKENDS          backends besides bwrap, comma-separated: containerd,
 #                     incus (the components under config/backends/)
+#   CONTAINER_BUNDLES the nodes' directory of their containerd's bundles
+#                     for the kubelet's containers (default
+#                     /run/containerd/io.containerd.runtime.v2.task/k8s.io):
+#                     bwrap Sandboxes with spec.bwrap.image see their Pod's
+#                     container's root file system from there
 #   SANDBOX_POD_IMAGE the image of the Pod each Sandbox gets, which only
 #                     holds its place on a node (default: the aggregated
 #                     API's, registry.k8s.io/pause:3.10, the pause image
@@ -83,9 +88,23 @@ write_overlay() {
         echo "- ../../config/backends/$b"
       done
     fi
+    [ -n "${SANDBOX_POD_IMAGE:-}${CONTAINER_BUNDLES:-}" ] && echo "patches:"
+    if [ -n "${CONTAINER_BUNDLES:-}" ]; then
+      [[ $CONTAINER_BUNDLES =~ ^/[A-Za-z0-9._/-]+$ ]] || fail "CONTAINER_BUNDLES=$CONTAINER_BUNDLES is not an absolute path"
+      echo "- target: {kind: DaemonSet, name: sandbox-controller}"
+      echo "  patch: |-"
+      echo "    apiVersion: apps/v1"
+      echo "    kind: DaemonSet"
+      echo "    metadata: {name: sandbox-controller}"
+      echo "    spec:"
+      echo "      template:"
+      echo "        spec:"
+      echo "          volumes:"
+      echo "          - name: container-bundles"
+      echo "            hostPath: {path: \"$CONTAINER_BUNDLES\", type: DirectoryOrCreate}"
+    fi
     if [ -n "${SANDBOX_POD_IMAGE:-}" ]; then
       [[ $SANDBOX_POD_IMAGE =~ ^[A-Za-z0-9._/:@-]+$ ]] || fail "SANDBOX_POD_IMAGE=$SANDBOX_POD_IMAGE is not an image reference"
-      echo "patches:"
       echo "- target: {kind: Deployment, name: sandbox-controller-api}"
       echo "  patch: |-"
       echo "    - op: add"

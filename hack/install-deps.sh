@@ -17,6 +17,7 @@ need=()
 if [ $# -eq 0 ]; then
   command -v bwrap >/dev/null || need+=(bubblewrap)
   command -v git >/dev/null || need+=(git)
+  command -v busybox >/dev/null || need+=(busybox-static)
 else
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")

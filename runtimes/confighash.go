@@ -31,6 +31,7 @@ type configV1 struct {
 	Devices     devicesV1     `json:"devices"`
 	Passthrough []string      `json:"passthrough"`
 	Image       string        `json:"image,omitempty"`
+	ImageRoot   string        `json:"imageRoot,omitempty"`
 	Containerd  *containerdV1 `json:"containerd,omitempty"`
 	Incus       *incusV1      `json:"incus,omitempty"`
 	Identity    identityV1    `json:"identity"`
@@ -111,7 +112,7 @@ func (in Instance) configInputV1() configV1 {
 		Name: in.Name, Agent: in.Agent, AgentDir: in.AgentDir,
 		Areas: bindsV1(in.Areas), Mounts: bindsV1(in.Mounts),
 		Binaries: in.Binaries, Devices: devicesV1{USB: in.Devices.USB, All: in.Devices.All},
-		Passthrough: in.Env, Image: in.Image,
+		Passthrough: in.Env, Image: in.Image, ImageRoot: in.ImageContainer,
 		Identity:   identityV1{UID: in.Identity.UID, GID: in.Identity.GID},
 		StopOnExit: in.StopOnExit,
 		Resources: resourcesV1{CPUMillis: in.Resources.CPUMillis, MemoryBytes: in.Resources.MemoryBytes, Pids: in.Resources.Pids,

@@ -80,6 +80,12 @@ type Instance struct {
 	Devices  Devices  `json:"devices"`
 	Env      []string `json:"passthrough"`
 	Image    string   `json:"image,omitempty"`
+	// ImageContainer, for a bwrap instance with an Image (on a cluster),
+	// is the node runtime's ID of the Sandbox's Pod's container (64
+	// hexadecimal digits), whose root file system holds the image: the
+	// instance's commands see its system directories. A new container is
+	// a new ConfigHash.
+	ImageContainer string `json:"imageContainer,omitempty"`
 	// Containerd and Incus are the settings of those backends; nil for
 	// the others.
 	Containerd *ContainerdConfig `json:"containerd,omitempty"`

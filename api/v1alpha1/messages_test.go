@@ -26,6 +26,7 @@ func TestCRDMessagesMatchGoRules(t *testing.T) {
 		v1alpha1.MsgClassPidsMax: true, v1alpha1.MsgClassRootfsMax: true, v1alpha1.MsgClassRootMax: true,
 		v1alpha1.MsgEgressHost: true, v1alpha1.MsgEgressAllowOnly: true, v1alpha1.MsgEgressNoAllow: true,
 		v1alpha1.MsgClassEgress: true, v1alpha1.MsgClassEgressNet: true,
+		v1alpha1.MsgBwrapOnly: true, v1alpha1.MsgBwrapImage: true,
 	}
 	for _, m := range decodeRuleMessages {
 		goMsgs[m] = true

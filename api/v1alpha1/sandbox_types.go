@@ -146,6 +146,40 @@ type Resources struct {
 // what it takes to exhaust a node's process table.
 const DefaultPidsLimit = 2048
 
+// BwrapSpec configures the bwrap backend.
+type BwrapSpec struct {
+	// Image, on a cluster, is an image whose file system the Sandbox's
+	// commands see as their system directories (/usr, /bin, /lib and the
+	// rest, and the account, loader and certificate files of /etc) in
+	// place of the node's: the image of the Sandbox's Pod's container,
+	// pulled by the kubelet like any Pod's (imagePullPolicy, the
+	// imagePullSecrets below and those of the namespace's default
+	// ServiceAccount). Only binaries found in the image run, and only the
+	// allowlisted ones are visible; the areas, /tmp, devices, environment
+	// and identity rules are unchanged, and nothing of the image runs but
+	// the allowlisted commands (its entrypoint and user are ignored).
+	// Empty: the node's (on one machine, the host's) directories.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	// +kubebuilder:validation:XValidation:rule=`self.matches(r'^[^\s\p{C}]+$')`,message="spec.bwrap.image is an image reference: no spaces or control characters"
+	// +optional
+	Image string `json:"image,omitempty"`
+	// ImagePullPolicy is the Pod's: Always, IfNotPresent or Never;
+	// empty: as Kubernetes defaults it (Always for :latest or no tag,
+	// else IfNotPresent).
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy string `json:"imagePullPolicy,omitempty"`
+	// ImagePullSecrets name Secrets of the Sandbox's namespace the
+	// kubelet pulls the image with, added to those of the namespace's
+	// default ServiceAccount.
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=253
+	// +listType=set
+	// +optional
+	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
+}
+
 // ContainerdSpec configures the containerd backend.
 type ContainerdSpec struct {
 	// Image is the image reference the container is created from. It must be
@@ -270,6 +304,7 @@ func (s *SandboxSpec) EgressOrDefault() EgressMode {
 // SandboxSpec is what an agent's environment is.
 // +kubebuilder:validation:XValidation:rule="self.backend != 'incus' || has(self.incus)",message="backend incus requires the incus table (spec.incus with an image)"
 // +kubebuilder:validation:XValidation:rule="self.backend != 'containerd' || has(self.containerd)",message="backend containerd requires the containerd table (spec.containerd with an image)"
+// +kubebuilder:validation:XValidation:rule="!has(self.bwrap) || self.backend == 'bwrap'",message="spec.bwrap applies to backend bwrap only"
 type SandboxSpec struct {
 	// Agent is the agent's slug, a DNS-1123 label of at most 52 characters.
 	// The runtime instance is named cireilclaw-{agent} and the host areas
@@ -390,6 +425,11 @@ type SandboxSpec struct {
 	// (the default), or an allowlist of hosts through a proxy.
 	// +optional
 	Network *Network `json:"network,omitempty"`
+
+	// Bwrap configures the bwrap backend: an image its commands see as
+	// their system directories, on a cluster.
+	// +optional
+	Bwrap *BwrapSpec `json:"bwrap,omitempty"`
 
 	// Containerd configures the containerd backend; required with it.
 	// +optional

@@ -41,6 +41,13 @@ type ClassDevices struct {
 // "*" alone allows any image). An empty list allows no image, so the
 // backend cannot be used.
 type ClassImages struct {
+	// Bwrap are the images spec.bwrap.image may name; a bwrap Sandbox
+	// without an image (the node's directories) needs no entry.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +listType=set
+	// +optional
+	Bwrap []string `json:"bwrap,omitempty"`
 	// Containerd are the images spec.containerd.image may name.
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=4096
@@ -123,7 +130,8 @@ type SandboxClassSpec struct {
 	// +optional
 	Devices ClassDevices `json:"devices,omitempty"`
 
-	// AllowedImages are the images of the containerd and incus backends.
+	// AllowedImages are the images of the bwrap, containerd and incus
+	// backends.
 	// +optional
 	AllowedImages ClassImages `json:"allowedImages,omitempty"`
 

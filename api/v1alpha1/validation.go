@@ -32,6 +32,8 @@ const (
 	MsgBackendImmutable   = "backend is immutable: delete and recreate the Sandbox to change it"
 	MsgIncusRequired      = "backend incus requires the incus table (spec.incus with an image)"
 	MsgContainerdRequired = "backend containerd requires the containerd table (spec.containerd with an image)"
+	MsgBwrapOnly          = "spec.bwrap applies to backend bwrap only"
+	MsgBwrapImage         = "spec.bwrap.image is an image reference: no spaces or control characters"
 	MsgSandboxNameImmut   = "sandboxName is immutable: create a new SessionClaim for another Sandbox"
 	MsgWorktreeImmutable  = "worktree is immutable: create a new SessionClaim for another worktree"
 	MsgWorktreeRepository = "worktree repository is a relative path below /workspace/ without '.', '..' or empty segments"
@@ -111,9 +113,30 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 		}
 	}
 	errs = append(errs, validateNetwork(spec.Network, p.Child("network"))...)
+	errs = append(errs, validateBwrap(spec, p.Child("bwrap"))...)
 	errs = append(errs, validateInput(spec, p)...)
 	return errs
 }
+
+// validateBwrap applies the rules of spec.bwrap: the bwrap backend's
+// table, and an image reference without blanks or control characters
+// (the CRD's CEL says the same).
+func validateBwrap(spec *SandboxSpec, p *field.Path) field.ErrorList {
+	b := spec.Bwrap
+	if b == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if spec.BackendOrDefault() != BackendBwrap {
+		errs = append(errs, field.Invalid(p, spec.BackendOrDefault(), MsgBwrapOnly))
+	}
+	if b.Image != "" && !imageRefPattern.MatchString(b.Image) {
+		errs = append(errs, field.Invalid(p.Child("image"), b.Image, MsgBwrapImage))
+	}
+	return errs
+}
+
+var imageRefPattern = regexp.MustCompile(`^[^\s\p{C}]+$`)
 
 var worktreeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 

@@ -156,6 +156,15 @@ func WithPod(in runtimes.Instance, pod runtimes.Pod) runtimes.Instance {
 	return in
 }
 
+// WithImageContainer gives a bwrap instance with an image the container
+// whose root file system holds it (the Sandbox's Pod's, on a cluster); a
+// new container is a new ConfigHash.
+func WithImageContainer(in runtimes.Instance, id string) runtimes.Instance {
+	in.ImageContainer = id
+	in.ConfigHash = in.Hash()
+	return in
+}
+
 // describe builds the Instance for a Sandbox spec. It applies the admission
 // rules again (the API's and the backend's, backend.ValidateSpec) and
 // refuses a spec that breaks one, so a CRD installed without its CEL rules

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -115,8 +118,16 @@ func runAggregatedAPI(ctx context.Context, f flags) error {
 	}
 	// Every Sandbox gets its Pod here, which kube-scheduler binds to a
 	// node (controllers/placement.go).
+	holder := f.holderImage
+	if holder == "" {
+		var herr error
+		if holder, herr = ownImage(ctx, mgr.GetAPIReader()); herr != nil {
+			log.Info("bwrap Sandboxes with an image are not placed: no holder image", "reason", herr.Error())
+		}
+	}
 	if err := controllers.SetupPlacement(ctx, mgr, controllers.PlacementOptions{
 		SystemNamespace: f.systemNamespace, PodImage: f.podImage, NodeLostAfter: f.nodeLostAfter,
+		HolderImage: holder,
 	}); err != nil {
 		return fmt.Errorf("setting up placement: %w", err)
 	}
@@ -135,4 +146,22 @@ func runAggregatedAPI(ctx context.Context, f flags) error {
 		return fmt.Errorf("running the aggregated API: %w", err)
 	}
 	return nil
+}
+
+// ownImage is the image this process's container runs (POD_NAMESPACE and
+// POD_NAME, from the downward API, name its Pod): the controller's image,
+// which holds the holder the Pods of bwrap Sandboxes with an image copy.
+func ownImage(ctx context.Context, r client.Reader) (string, error) {
+	ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")
+	if ns == "" || name == "" {
+		return "", errors.New("give --holder-image, or run in a Pod with POD_NAMESPACE and POD_NAME set (config/aggregated does)")
+	}
+	var pod corev1.Pod
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pod); err != nil {
+		return "", fmt.Errorf("reading this process's Pod %s/%s for its image: %w", ns, name, err)
+	}
+	if len(pod.Spec.Containers) == 0 {
+		return "", fmt.Errorf("this process's Pod %s/%s has no container", ns, name)
+	}
+	return pod.Spec.Containers[0].Image, nil
 }

@@ -25,7 +25,7 @@ func permissiveClass() *v1alpha1.SandboxClass {
 			AllowedMountSourceRoots: []string{"/"},
 			AllowedEnv:              []string{"*"},
 			Devices:                 v1alpha1.ClassDevices{USB: true, All: true},
-			AllowedImages:           v1alpha1.ClassImages{Containerd: []string{"*"}, Incus: []string{"*"}},
+			AllowedImages:           v1alpha1.ClassImages{Bwrap: []string{"*"}, Containerd: []string{"*"}, Incus: []string{"*"}},
 			AllowedEgress:           []string{"*"},
 		},
 	}

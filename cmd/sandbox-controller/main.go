@@ -47,6 +47,7 @@ type flags struct {
 	api                                     execapi.Config
 	apiAdvertise                            string
 	podImage                                string
+	holderImage                             string
 	podCgroups                              string
 	nodeServiceAccount                      string
 	nodeLostAfter                           time.Duration
@@ -107,6 +108,7 @@ func main() {
 	flag.StringVar(&f.nodeServiceAccount, "node-service-account", "sandbox-controller", "with --mode=api: the ServiceAccount (in --system-namespace) the nodes' controllers run as: the aggregated API signs a node's exec API serving certificate only for it, and only for the node its token is bound to")
 	flag.StringVar(&f.podCgroups, "pod-cgroups", "", "with --node-name on a cluster: where the node's cgroup hierarchies are mounted in this process (a hostPath of the node's /sys/fs/cgroup, as config/manager mounts it): each Sandbox's processes run below the cgroup of its Pod (status.pod), so that the kubelet accounts for them (eviction, its summary API, kubectl top pod); empty: below the backends' own cgroup parents")
 	flag.DurationVar(&f.nodeLostAfter, "node-lost-after", controllers.DefaultNodeLostAfter, "with --mode=api: how long the Pod of an onNodeLost: Move Sandbox tolerates its node being not ready or unreachable before it is evicted and the Sandbox is scheduled elsewhere (whole seconds)")
+	flag.StringVar(&f.holderImage, "holder-image", os.Getenv("SANDBOX_HOLDER_IMAGE"), "with --mode=api: the image the Pod of a bwrap Sandbox with spec.bwrap.image copies the holder ("+controllers.HolderPath+") from: the controller's own image (default $SANDBOX_HOLDER_IMAGE, else the image of this process's own Pod)")
 	flag.StringVar(&f.podImage, "sandbox-pod-image", envOr("SANDBOX_POD_IMAGE", controllers.DefaultPodImage), "with --mode=api: the image of the Pod each Sandbox gets, which only holds its place on a node: the pause image the nodes already hold (default $SANDBOX_POD_IMAGE, else "+controllers.DefaultPodImage+")")
 	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node controllers' pods, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: "+backendList())

@@ -25,6 +25,10 @@ import (
 // controllerPath is where the image keeps the controller; the entrypoint.
 const controllerPath = "usr/local/bin/sandbox-controller"
 
+// holderPath is where it keeps the holder, which a bwrap Sandbox's Pod
+// copies into its image's container and runs there (cmd/sandbox-holder).
+const holderPath = "usr/local/bin/sandbox-holder"
+
 // The image's /etc: root and nobody, and name lookups from files only (the
 // controller is a static Go binary; bwrap and git use glibc's files
 // backend, built into libc.so.6 since glibc 2.34).
@@ -34,15 +38,28 @@ var etcFiles = map[string]string{
 	"etc/nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
 }
 
-func build(c config) (ref string, size int64, err error) {
-	bin, err := os.ReadFile(c.controller)
+// readStatic reads the static binary at p, what names it in messages.
+func readStatic(p, what string) ([]byte, error) {
+	bin, err := os.ReadFile(p)
 	if err != nil {
-		return "", 0, fmt.Errorf("reading the controller binary: %w", err)
+		return nil, fmt.Errorf("reading the %s binary: %w", what, err)
 	}
 	if static, err := isStatic(bin); err != nil {
-		return "", 0, fmt.Errorf("reading the controller binary %s: %w", c.controller, err)
+		return nil, fmt.Errorf("reading the %s binary %s: %w", what, p, err)
 	} else if !static {
-		return "", 0, fmt.Errorf("the controller binary %s is linked dynamically: build it with CGO_ENABLED=0 (the image has no libraries for it)", c.controller)
+		return nil, fmt.Errorf("the %s binary %s is linked dynamically: build it with CGO_ENABLED=0 (the image has no libraries for it)", what, p)
+	}
+	return bin, nil
+}
+
+func build(c config) (ref string, size int64, err error) {
+	bin, err := readStatic(c.controller, "controller")
+	if err != nil {
+		return "", 0, err
+	}
+	holder, err := readStatic(c.holder, "holder")
+	if err != nil {
+		return "", 0, err
 	}
 	debs, err := fetchDebs(c.debDir, c.arch, c.packageList())
 	if err != nil {
@@ -58,7 +75,10 @@ func build(c config) (ref string, size int64, err error) {
 	if err != nil {
 		return "", 0, err
 	}
-	ctrl := tree{controllerPath: {kind: kindFile, mode: 0o755, data: bin}}
+	ctrl := tree{
+		controllerPath: {kind: kindFile, mode: 0o755, data: bin},
+		holderPath:     {kind: kindFile, mode: 0o755, data: holder},
+	}
 
 	mtime := time.Unix(c.epoch, 0).UTC()
 	img := empty.Image
@@ -67,7 +87,7 @@ func build(c config) (ref string, size int64, err error) {
 		why string
 	}{
 		{system, "bubblewrap, git and their libraries from Debian packages; /etc"},
-		{ctrl, "the controller " + c.version},
+		{ctrl, "the controller and the holder " + c.version},
 	} {
 		layer, err := layerOf(l.t, mtime)
 		if err != nil {

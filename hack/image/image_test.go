@@ -41,7 +41,7 @@ func staticBinary(t *testing.T) string {
 // The archive is one a registry takes: it is pushed to an in-process
 // registry and pulled back with the same digest.
 func TestArchivePushesToARegistry(t *testing.T) {
-	c := config{controller: staticBinary(t), debDir: debDir, packages: defaultPackages, name: "sandbox-controller",
+	c := config{controller: staticBinary(t), holder: staticBinary(t), debDir: debDir, packages: defaultPackages, name: "sandbox-controller",
 		version: "push-test", out: filepath.Join(t.TempDir(), "image.tar"), arch: "amd64", epoch: 1}
 	if _, _, err := build(c); err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestArchivePushesToARegistry(t *testing.T) {
 // A library no package ships fails the build and names the library and
 // who needs it, instead of an image whose git cannot start.
 func TestMissingLibraryNamed(t *testing.T) {
-	c := config{controller: staticBinary(t), debDir: debDir, packages: strings.Replace(defaultPackages, ",zlib1g", "", 1),
+	c := config{controller: staticBinary(t), holder: staticBinary(t), debDir: debDir, packages: strings.Replace(defaultPackages, ",zlib1g", "", 1),
 		name: "x", version: "x", out: filepath.Join(t.TempDir(), "image.tar"), arch: "amd64"}
 	_, _, err := build(c)
 	if err == nil || !strings.Contains(err.Error(), "libz.so.1, needed by /usr/bin/git") {
@@ -106,7 +106,7 @@ func TestDynamicControllerRefused(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no git and no sh to stand in for a dynamically linked controller: %v", err)
 	}
-	c := config{controller: dynamic, debDir: debDir, packages: defaultPackages, name: "x", version: "x", out: filepath.Join(t.TempDir(), "image.tar"), arch: "amd64"}
+	c := config{controller: dynamic, holder: staticBinary(t), debDir: debDir, packages: defaultPackages, name: "x", version: "x", out: filepath.Join(t.TempDir(), "image.tar"), arch: "amd64"}
 	if _, _, err := build(c); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
 		t.Fatalf("build with a dynamic controller: %v, want a refusal naming CGO_ENABLED=0", err)
 	}

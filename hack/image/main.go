@@ -24,6 +24,7 @@ const defaultPackages = "bubblewrap,git,libc6,libcap2,libselinux1,libpcre2-8-0,z
 func main() {
 	var c config
 	flag.StringVar(&c.controller, "controller", "bin/image/sandbox-controller", "the controller binary, built with CGO_ENABLED=0 (a dynamically linked one is refused)")
+	flag.StringVar(&c.holder, "holder", "bin/image/sandbox-holder", "the holder binary (cmd/sandbox-holder), built with CGO_ENABLED=0")
 	flag.StringVar(&c.debDir, "debs", "bin/image/debs", "directory of the Debian packages; a missing one is fetched with apt-get download")
 	flag.StringVar(&c.packages, "packages", defaultPackages, "comma-separated Debian packages the image's files come from")
 	flag.StringVar(&c.name, "name", "sandbox-controller", "image name (a name without a registry is docker.io/library/NAME, as the kubelet reads it)")
@@ -50,7 +51,7 @@ func fail(err error) {
 }
 
 type config struct {
-	controller, debDir, packages string
+	controller, holder, debDir, packages string
 	name, version, out, arch     string
 	epoch                        int64
 }

@@ -55,7 +55,7 @@ func newLatencyModes(tb testing.TB) latencyModes {
 	if _, err := rt.Ensure(context.Background(), in); err != nil {
 		tb.Fatal(err)
 	}
-	c, err := rt.prepare(in, runtimes.ExecRequest{Argv: []string{"true"}}, false)
+	c, err := rt.prepare(in, runtimes.ExecRequest{Argv: []string{"true"}}, false, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

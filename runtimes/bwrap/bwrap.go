@@ -73,6 +73,13 @@ type Config struct {
 	// made (no cgroup controllers, no permission), with a warning on every
 	// Ensure. Without it such an instance is refused (LimitsUnavailable).
 	AllowUnlimited bool
+	// ContainerBundles is the node runtime's directory of its containers'
+	// bundles, each holding the container's root file system at
+	// <id>/rootfs (containerd's <state>/io.containerd.runtime.v2.task/k8s.io
+	// for the kubelet's containers), as this process sees it. An instance
+	// with an Image sees the root file system of its Pod's container.
+	// Empty: instances with an Image are refused.
+	ContainerBundles string
 }
 
 // Host is where the driver finds things on the host.
@@ -137,6 +144,8 @@ type Runtime struct {
 	cgroups        *cgroup.Manager
 	cgroupErr      error
 	allowUnlimited bool
+	// bundles is Config.ContainerBundles.
+	bundles string
 	// podCgroups are the managers of the Pods' cgroups instances run in
 	// (Instance.Pod), by cgroup; under mu.
 	podCgroups map[string]*cgroup.Manager
@@ -185,6 +194,7 @@ func New(cfg Config) (*Runtime, error) {
 	sum := sha256.Sum256([]byte(filepath.Clean(cfg.StateDir)))
 	r.cgroups, r.cgroupErr = cgroup.New("sandbox-controller-bwrap-"+hex.EncodeToString(sum[:6]), cfg.CgroupParent)
 	r.allowUnlimited = cfg.AllowUnlimited
+	r.bundles = cfg.ContainerBundles
 	if r.bwrap == "" {
 		r.bwrap = "bwrap"
 	}
@@ -274,6 +284,15 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	// leave an instance recorded as running that takes no command.
 	if err := runtimes.CheckMountSources(in); err != nil {
 		return runtimes.State{}, err
+	}
+	if in.Image != "" {
+		// Every command opens the image again; one that cannot be opened
+		// now would take no command.
+		v, err := r.openView(in)
+		if err != nil {
+			return runtimes.State{}, runtimes.Errorf(runtimes.ReasonUnavailable, "ensuring", in.Name, "%w", err)
+		}
+		v.Close()
 	}
 	rec, err := r.load(in.Name)
 	if err != nil {
@@ -394,7 +413,14 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonNotFound, op, name, "the instance is not running")
 	}
 	value, disabled := policy.SandboxDisabled(r.getenv)
-	c, err := r.prepare(rec.Instance, req, disabled)
+	var view *imageView
+	if rec.Instance.Image != "" && !disabled {
+		if view, err = r.openView(rec.Instance); err != nil {
+			return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonUnavailable, op, name, "%w", err)
+		}
+		defer view.Close()
+	}
+	c, err := r.prepare(rec.Instance, req, disabled, view)
 	if err != nil {
 		return runtimes.ExitStatus{}, &runtimes.Error{Reason: runtimes.ReasonRefused, Op: op, Name: name, Err: err}
 	}
@@ -434,7 +460,11 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		}
 		cmd = exec.CommandContext(ctx, r.bwrap, r.Args(rec.Instance, c)...)
 		cmd.Env = []string{}
-		cmd.ExtraFiles = extra
+		if view != nil {
+			// The image's descriptors first, as Args numbers them.
+			cmd.ExtraFiles = append(cmd.ExtraFiles, view.files...)
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, extra...)
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	// bwrap's --die-with-parent ends the sandbox if we die; its own process
@@ -496,21 +526,32 @@ type Command struct {
 	// mounts included; empty means the areas and custom mounts are bound
 	// from their sources (a driver that is not root has no mount tree).
 	Areas []runtimes.Bind
+	// Image, for an instance with an Image, is what the command sees of
+	// it: its descriptors come first among those the command inherits
+	// (3, 4, ...), before the git directories'.
+	Image *imageView
 	// GitDirs are the targets of the instance's git directory binds, bound
-	// from the descriptors 3, 4, ... the command inherits (ExtraFiles).
+	// from the descriptors the command inherits after the image's
+	// (ExtraFiles).
 	GitDirs []string
 }
 
 // prepare applies the policy: the allowlist and argv checks, the lookup of
 // the command on the host, and the environment rebuilt from nothing.
-func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabled bool) (Command, error) {
+func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabled bool, view *imageView) (Command, error) {
 	if len(req.Env) > 0 {
 		return Command{}, fmt.Errorf("%w: the request carries environment variables; the environment is rebuilt by the sandbox policy from the passthrough list, workspace/%s and the locale, never taken from a request", policy.ErrRefused, policy.DotEnvFile)
 	}
 	if err := policy.CheckArgv(in.Binaries, req.Argv); err != nil {
 		return Command{}, err
 	}
-	bin, err := r.lookHost(req.Argv[0])
+	var bin string
+	var err error
+	if view != nil {
+		bin, err = view.look(req.Argv[0], in.Image)
+	} else {
+		bin, err = r.lookHost(req.Argv[0])
+	}
 	if err != nil {
 		return Command{}, err
 	}
@@ -533,8 +574,8 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabl
 	if err != nil {
 		return Command{}, err
 	}
-	c := Command{Path: bin, Args: req.Argv[1:], Env: env, Workspace: ws}
-	if disabled {
+	c := Command{Path: bin, Args: req.Argv[1:], Env: env, Workspace: ws, Image: view}
+	if disabled || view != nil {
 		return c, nil
 	}
 	c.Path, c.Binds, err = r.nixClosure(bin)
@@ -610,21 +651,12 @@ func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 		// sandbox keeps it: its only way out is the proxy there.
 		a = append(a, "--share-net")
 	}
-	for _, d := range systemDirs {
-		fi, err := os.Lstat(d)
-		switch {
-		case err != nil:
-		case fi.Mode()&fs.ModeSymlink != 0:
-			if t, err := os.Readlink(d); err == nil {
-				a = append(a, "--symlink", t, d)
-			}
-		case fi.IsDir():
-			a = append(a, "--ro-bind", d, d)
-		}
-	}
-	a = r.commandDirs(a, in.Binaries)
-	for _, f := range hostFiles {
-		a = append(a, "--ro-bind-try", f, f)
+	fd := 3
+	if c.Image != nil {
+		a = c.Image.args(a, fd)
+		fd += len(c.Image.files)
+	} else {
+		a = r.hostSystem(a, in.Binaries)
 	}
 	a = append(a, "--proc", "/proc")
 	switch {
@@ -646,7 +678,6 @@ func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 	if !underSystemDir(c.Path) && !slices.ContainsFunc(c.Binds, func(b string) bool { return within(c.Path, b) }) {
 		a = append(a, "--ro-bind", c.Path, c.Path)
 	}
-	fd := 3
 	if len(c.Areas) > 0 {
 		for _, b := range c.Areas {
 			a = append(a, bindFlag(b.ReadOnly), b.Source, b.Target)
@@ -673,6 +704,28 @@ func (r *Runtime) Args(in runtimes.Instance, c Command) []string {
 	}
 	a = append(a, "--", c.Path)
 	return append(a, c.Args...)
+}
+
+// hostSystem binds the host's system directories, its command
+// directories holding only the allowlisted commands, and its /etc files.
+func (r *Runtime) hostSystem(a []string, binaries []string) []string {
+	for _, d := range systemDirs {
+		fi, err := os.Lstat(d)
+		switch {
+		case err != nil:
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if t, err := os.Readlink(d); err == nil {
+				a = append(a, "--symlink", t, d)
+			}
+		case fi.IsDir():
+			a = append(a, "--ro-bind", d, d)
+		}
+	}
+	a = r.commandDirs(a, binaries)
+	for _, f := range hostFiles {
+		a = append(a, "--ro-bind-try", f, f)
+	}
+	return a
 }
 
 // commandDirs are where a shell looks for commands. In the sandbox each

@@ -13,6 +13,7 @@ import (
 func Flags(fs *flag.FlagSet) runtimes.Constructor {
 	var cfg Config
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "cgroup (a path from the root of each hierarchy) below which the bwrap backend makes each instance's cgroup with its resource limits; empty: below the controller's own cgroup (in a pod, the pod's)")
+	fs.StringVar(&cfg.ContainerBundles, "container-bundles", "", "on a cluster node: the node runtime's directory of its containers' bundles, each with the container's root file system at <id>/rootfs (containerd: <state>/io.containerd.runtime.v2.task/k8s.io, /run/containerd/io.containerd.runtime.v2.task/k8s.io by default), as this process sees it (config/manager mounts it with HostToContainer propagation); a bwrap Sandbox with spec.bwrap.image sees the root file system of its Pod's container as its system directories; empty: such Sandboxes are refused")
 	fs.BoolVar(&cfg.AllowUnlimited, "allow-unlimited-sandboxes", false, "let bwrap Sandboxes run WITHOUT resource limits where no cgroup can be made, with a warning; without it such a Sandbox is Ready=False (LimitsUnavailable)")
 	return func(_ context.Context, stateDir string) (runtimes.Runtime, func(), error) {
 		c := cfg

@@ -112,7 +112,7 @@ func Class(name string, backends ...v1alpha1.Backend) *v1alpha1.SandboxClass {
 		AllowedBackends:       backends,
 		AllowedEgress:         []string{Allowed, "*.example.com", Loopback, Private},
 		AllowedEgressNetworks: []string{ServerNet},
-		AllowedImages:         v1alpha1.ClassImages{Containerd: []string{"*"}, Incus: []string{"*"}},
+		AllowedImages:         v1alpha1.ClassImages{Bwrap: []string{"*"}, Containerd: []string{"*"}, Incus: []string{"*"}},
 	}}
 	c.Name = name
 	return c
