@@ -52,8 +52,8 @@ func fail(err error) {
 
 type config struct {
 	controller, holder, debDir, packages string
-	name, version, out, arch     string
-	epoch                        int64
+	name, version, out, arch             string
+	epoch                                int64
 }
 
 func (c config) packageList() []string {
