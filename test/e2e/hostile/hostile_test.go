@@ -210,6 +210,10 @@ func table(dir string) []entry {
 		sandbox("backend unknown", obj{"backend": "docker"}, refused(`spec.backend: Unsupported value: "docker"`, `supported values: "bwrap", "containerd", "incus"`)),
 		sandbox("backend containerd without its table", obj{"backend": "containerd"}, refused(v1alpha1.MsgContainerdRequired)),
 		sandbox("backend incus without its table", obj{"backend": "incus"}, refused(v1alpha1.MsgIncusRequired)),
+		sandbox("bwrap table with backend containerd", obj{"backend": "containerd", "containerd": obj{"image": "x"}, "bwrap": obj{"image": "y"}}, refused(v1alpha1.MsgBwrapOnly)),
+		sandbox("bwrap image with a space", obj{"bwrap": obj{"image": "tools:1 --privileged"}}, refused(invalid("spec.bwrap.image", v1alpha1.MsgBwrapImage)...)),
+		sandbox("bwrap image with a newline", obj{"bwrap": obj{"image": "tools:1\nx"}}, refused(invalid("spec.bwrap.image", v1alpha1.MsgBwrapImage)...)),
+		sandbox("bwrap image pull policy of another name", obj{"bwrap": obj{"image": "tools:1", "imagePullPolicy": "Sometimes"}}, refused("spec.bwrap.imagePullPolicy: Unsupported value")),
 		sandbox("containerd image empty", obj{"backend": "containerd", "containerd": obj{"image": ""}}, refused("spec.containerd.image: Invalid value", "should be at least 1 chars long")),
 
 		// spec.mounts: sources.
@@ -315,6 +319,7 @@ func table(dir string) []entry {
 		held(sandbox("mount source that is a symbolic-link loop", mounts(mnt(loop, "data")), condition(v1alpha1.ConditionReady, v1alpha1.ReasonMountSourceMissing, loop))),
 		sandbox("overlay sizeLimit zero", obj{"keepRunning": true, "mounts": []any{obj{"source": good, "target": "data", "mode": "overlay", "sizeLimit": "0"}}}, condition(v1alpha1.ConditionReady, v1alpha1.ReasonInvalidSpec, v1alpha1.MsgMountSizePositive)),
 		sandbox("backend this controller does not run", containerdSpec(obj{}), condition(v1alpha1.ConditionReady, v1alpha1.ReasonBackendUnavailable, "containerd")),
+		sandbox("bwrap image on a controller of one machine", obj{"keepRunning": true, "bwrap": obj{"image": "example.test/tools:1"}}, condition(v1alpha1.ConditionReady, v1alpha1.ReasonInvalidSpec, "spec.bwrap.image: a bwrap Sandbox runs over an image only on a cluster")),
 		claim("claim naming a Sandbox of another namespace", obj{"sandboxName": "only-elsewhere"}, condition(v1alpha1.ConditionBound, v1alpha1.ReasonSandboxNotFound, "only-elsewhere")),
 		claim("claim naming namespace/name", obj{"sandboxName": other + "/only-elsewhere"}, condition(v1alpha1.ConditionBound, v1alpha1.ReasonSandboxNotFound, "only-elsewhere")),
 		claim("claim naming ../name", obj{"sandboxName": "../only-elsewhere"}, condition(v1alpha1.ConditionBound, v1alpha1.ReasonSandboxNotFound, "only-elsewhere")),

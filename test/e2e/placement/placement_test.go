@@ -44,6 +44,9 @@ import (
 
 const systemNS = "sandbox-system"
 
+// holderImage is the controller's image as the placer knows it.
+const holderImage = "example.test/sandbox-controller:v1"
+
 var (
 	env *testharness.Env
 	k8s client.Client
@@ -149,7 +152,7 @@ var _ = BeforeSuite(func() {
 	addNode("node-a", "a")
 	addNode("node-b", "b")
 	scheduler = env.StartScheduler()
-	placement = env.StartPlacer(controllers.PlacementOptions{SystemNamespace: systemNS, NodeLostAfter: 2 * time.Second})
+	placement = env.StartPlacer(controllers.PlacementOptions{SystemNamespace: systemNS, NodeLostAfter: 2 * time.Second, HolderImage: holderImage})
 	nodeA = &node{name: "node-a", dir: filepath.Join(env.Dir, "node-a"), orphanInterval: time.Second}
 	// node-b collects orphans at the default interval (5 minutes): what it
 	// removes within a spec it removes on its own account.
@@ -542,3 +545,81 @@ var _ = Describe("Placement", Ordered, func() {
 		Expect(readyOf(ns, "twice")()).To(HaveField("Status", metav1.ConditionTrue))
 	})
 })
+
+var _ = Describe("A bwrap Sandbox with an image", func() {
+	It("gets a Pod of that image running only the holder, a new image in place, and a new Pod when the image's pull settings change", func() {
+		ns := env.NewNamespace()
+		sandbox(ns, "py", func(sb *v1alpha1.Sandbox) {
+			sb.Spec.Resources.Requests.Memory = ptr.To(resource.MustParse("8Mi"))
+			sb.Spec.Bwrap = &v1alpha1.BwrapSpec{Image: "example.test/tools/python:3", ImagePullSecrets: []string{"regcred"}}
+		})
+		var first *corev1.Pod
+		Eventually(func() (*corev1.Pod, error) {
+			var err error
+			first, err = podOf(ns, "py")()
+			return first, err
+		}, testharness.Timeout).ShouldNot(BeNil())
+		spec := first.Spec
+		Expect(spec.Containers).To(HaveLen(1))
+		main := spec.Containers[0]
+		Expect(main.Image).To(Equal("example.test/tools/python:3"))
+		Expect(main.Command).To(Equal([]string{"/.sandbox-holder/sandbox-holder"}), "nothing of the image runs but the holder")
+		Expect(main.VolumeMounts).To(ConsistOf(HaveField("ReadOnly", true)))
+		Expect(*main.SecurityContext.RunAsNonRoot && *main.SecurityContext.ReadOnlyRootFilesystem && !*main.SecurityContext.AllowPrivilegeEscalation).To(BeTrue())
+		Expect(main.Resources.Requests.Memory().String()).To(Equal("8Mi"))
+		Expect(spec.InitContainers).To(HaveLen(1))
+		init := spec.InitContainers[0]
+		Expect(init.Image).To(Equal(holderImage))
+		Expect(init.Command).To(Equal([]string{controllers.HolderPath, "install", "/.sandbox-holder"}))
+		Expect(*init.SecurityContext.RunAsNonRoot && *init.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
+		Expect(spec.Volumes).To(ConsistOf(HaveField("VolumeSource.EmptyDir", Not(BeNil()))))
+		Expect(spec.ImagePullSecrets).To(ContainElement(corev1.LocalObjectReference{Name: "regcred"}))
+		Expect(spec.AutomountServiceAccountToken).To(HaveValue(BeFalse()))
+
+		By("a new image is set on the same Pod")
+		update(ns, "py", func(sb *v1alpha1.Sandbox) { sb.Spec.Bwrap.Image = "example.test/tools/python:3.12" })
+		Eventually(func() (string, error) {
+			p, err := podOf(ns, "py")()
+			if err != nil || p == nil {
+				return "", err
+			}
+			if p.UID != first.UID {
+				return "a new Pod " + string(p.UID), nil
+			}
+			return p.Spec.Containers[0].Image, nil
+		}, testharness.Timeout).Should(Equal("example.test/tools/python:3.12"))
+
+		By("a pull policy, which a Pod cannot change, gets a new Pod")
+		update(ns, "py", func(sb *v1alpha1.Sandbox) { sb.Spec.Bwrap.ImagePullPolicy = "Always" })
+		Eventually(func() (corev1.PullPolicy, error) {
+			p, err := podOf(ns, "py")()
+			if err != nil || p == nil || p.UID == first.UID {
+				return "", err
+			}
+			return p.Spec.Containers[0].ImagePullPolicy, nil
+		}, testharness.Timeout).Should(Equal(corev1.PullAlways))
+
+		By("without the image, the Pod is the pause image's again")
+		update(ns, "py", func(sb *v1alpha1.Sandbox) { sb.Spec.Bwrap = nil })
+		Eventually(func() ([]corev1.Container, error) {
+			p, err := podOf(ns, "py")()
+			if err != nil || p == nil {
+				return []corev1.Container{{}}, err
+			}
+			return p.Spec.InitContainers, nil
+		}, testharness.Timeout).Should(BeEmpty())
+	})
+})
+
+// update changes a Sandbox's spec, retrying on a conflict.
+func update(ns, name string, mutate func(*v1alpha1.Sandbox)) {
+	GinkgoHelper()
+	Eventually(func() error {
+		var sb v1alpha1.Sandbox
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sb); err != nil {
+			return err
+		}
+		mutate(&sb)
+		return k8s.Update(ctx, &sb)
+	}, testharness.Timeout).Should(Succeed())
+}
