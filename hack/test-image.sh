@@ -3,13 +3,18 @@
 # image-layout tarballs that `ctr images import` (or the client's Import)
 # takes as they are.
 #
-#   hack/test-image.sh [busybox|debian]   build the tarball if needed, print its path
+#   hack/test-image.sh [busybox|debian|python]   build the tarball if needed, print its path
 #   hack/test-image.sh --name VARIANT     print the image name the tarball carries
 #   hack/test-image.sh --path VARIANT     print the tarball's path without building
 #
 # busybox: Debian's busybox-static and its applet links, the host's git
 #          with its libraries (hack/add-git.sh), so git works inside the
 #          sandbox, and the egress tests' probe (about 13 MB, seconds).
+# python:  Debian's python3 (the host's, installed from python3-minimal)
+#          with its minimal standard library and the libraries it loads,
+#          /usr/bin/python3 an absolute link, and a marker file
+#          /usr/share/sandbox-test/marker: the system of a bwrap Sandbox
+#          with spec.bwrap.image (about 15 MB, seconds).
 # debian:  a Debian bookworm minbase with git and ca-certificates (about
 #          80 MB, a few minutes; built once and cached, like busybox, until
 #          the tarball is removed).
@@ -30,7 +35,8 @@ image_name() {
   case $1 in
     busybox) echo "localhost/sandbox-controller/busybox:test" ;;
     debian) echo "localhost/sandbox-controller/debian-git:bookworm" ;;
-    *) die "unknown image $1 (busybox or debian)" ;;
+    python) echo "localhost/sandbox-controller/python:test" ;;
+    *) die "unknown image $1 (busybox, debian or python)" ;;
   esac
 }
 
@@ -71,6 +77,34 @@ busybox_rootfs() {
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
   "$ROOT/hack/add-git.sh" "$r"
   "$ROOT/hack/egress-probe.sh" "$r" || die "building the egress probe"
+  sandbox_dirs "$r"
+}
+
+# PYTHON_MARKER is the marker file's content.
+PYTHON_MARKER="from the python test image"
+
+python_rootfs() {
+  local r=$1 py ver f
+  apt_install python3-minimal
+  py=$(readlink -f /usr/bin/python3)
+  ver=${py##*/}
+  mkdir -p "$r/usr/bin" "$r/usr/share/sandbox-test" "$r"/{etc,proc,sys,dev,root}
+  cp "$py" "$r/usr/bin/$ver"
+  # Absolute, as Debian's alternatives are: it resolves inside the image.
+  ln -s "/usr/bin/$ver" "$r/usr/bin/python3"
+  ldd "$py" | awk '/=> \//{print $3} /^\t\//{print $1}' | while read -r f; do
+    mkdir -p "$r$(dirname "$f")"
+    cp -L "$f" "$r$f"
+  done
+  dpkg -L "lib$ver-minimal" "$ver-minimal" | while read -r f; do
+    if [ -f "$f" ] && [ ! -L "$f" ] && [ "${f#/usr/share/}" = "$f" ]; then
+      mkdir -p "$r$(dirname "$f")"
+      cp "$f" "$r$f"
+    fi
+  done
+  echo "$PYTHON_MARKER" >"$r/usr/share/sandbox-test/marker"
+  printf 'root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' >"$r/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
   sandbox_dirs "$r"
 }
 
@@ -151,6 +185,6 @@ arg=${1:-busybox}
 case $arg in
   --name) image_name "${2:?variant}" ;;
   --path) tar_path "${2:?variant}" ;;
-  busybox | debian) build "$arg" ;;
-  *) echo "usage: $0 [busybox|debian] | --name VARIANT | --path VARIANT" >&2; exit 2 ;;
+  busybox | debian | python) build "$arg" ;;
+  *) echo "usage: $0 [busybox|debian|python] | --name VARIANT | --path VARIANT" >&2; exit 2 ;;
 esac

@@ -42,6 +42,9 @@ Agent areas are never touched.`,
 		for _, g := range st.Unrecorded {
 			lines = append(lines, fmt.Sprintf("%s\tno instance of %s records it", g, state))
 		}
+		for _, m := range st.Images {
+			lines = append(lines, fmt.Sprintf("%s\tan image mount no instance of %s records", m, state))
+		}
 		sort.Strings(lines)
 		code, verb := 0, "stale"
 		if !dryRun {

@@ -343,6 +343,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 	}
 	r.killAll(name)
 	r.removeTree(name)
+	r.removeImageMount(name)
 	r.removeCgroup(rec.Instance)
 	runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})
 	if !rec.Running {
@@ -356,6 +357,7 @@ func (r *Runtime) Stop(_ context.Context, name string) error {
 func (r *Runtime) Delete(_ context.Context, name string) error {
 	r.killAll(name)
 	r.removeTree(name)
+	r.removeImageMount(name)
 	if rec, err := r.load(name); err == nil && rec != nil {
 		r.removeCgroup(rec.Instance)
 		runtimes.UnmountOverlays(rec.Instance, runtimes.Instance{})

@@ -3,6 +3,7 @@ package bwrap
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -308,5 +309,136 @@ func (r *Runtime) openView(in runtimes.Instance) (*imageView, error) {
 		return nil, err
 	}
 	defer root.Close()
-	return viewImage(root, in.Binaries)
+	mounted, err := r.imageMount(in.Name, root)
+	if err != nil {
+		return nil, err
+	}
+	defer mounted.Close()
+	return viewImage(mounted, in.Binaries)
+}
+
+// imagesDir, in a driver's directory of trees, holds each instance's
+// image mount. Its name starts with a dot, so it is never an instance's.
+const imagesDir = ".images"
+
+// imageMount binds the root file system held by root at
+// <trees>/.images/<instance>, read-only, and returns it opened: the
+// descriptors bubblewrap binds must name paths the agent may search
+// (bubblewrap resolves a descriptor's path again as the agent), and the
+// runtime keeps its bundles to itself. The mount is kept while it holds
+// that root, made again for a new one (the Pod's new container), and
+// removed when the instance stops.
+func (r *Runtime) imageMount(name string, root *os.File) (*os.File, error) {
+	if r.trees == "" {
+		return nil, errors.New("an image Sandbox needs the bwrap driver to run as root, which mounts the image for its commands")
+	}
+	var want unix.Stat_t
+	if err := unix.Fstat(int(root.Fd()), &want); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(r.trees, imagesDir)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("preparing the image mounts: %w", err)
+	}
+	m := filepath.Join(dir, name)
+	l := r.treeLock(imagesDir + "/" + name)
+	l.Lock()
+	defer l.Unlock()
+	if f, err := openSame(m, &want); err == nil {
+		return f, nil
+	}
+	if err := detachAll(m); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(m, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("preparing the image mount: %w", err)
+	}
+	src := "/proc/self/fd/" + strconv.Itoa(int(root.Fd()))
+	if err := unix.Mount(src, m, "", unix.MS_BIND, ""); err != nil {
+		return nil, fmt.Errorf("mounting the image for the agent: %w", err)
+	}
+	if err := unix.Mount("", m, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		_ = detachAll(m)
+		return nil, fmt.Errorf("making the image mount read-only: %w", err)
+	}
+	f, err := openSame(m, &want)
+	if err != nil {
+		_ = detachAll(m)
+		return nil, fmt.Errorf("the image mount %s: %w", m, err)
+	}
+	return f, nil
+}
+
+// openSame opens the directory m, refusing a link, when it is the object
+// want describes.
+func openSame(m string, want *unix.Stat_t) (*os.File, error) {
+	fd, err := unix.Open(m, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Dev != want.Dev || st.Ino != want.Ino {
+		unix.Close(fd)
+		return nil, errors.New("does not hold the container's root file system")
+	}
+	return os.NewFile(uintptr(fd), m), nil
+}
+
+// detachAll detaches every mount stacked on m.
+func detachAll(m string) error {
+	for range 64 {
+		err := unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		default:
+			return fmt.Errorf("detaching the image mount %s: %w", m, err)
+		}
+	}
+	return fmt.Errorf("detaching the image mount %s: too many mounts stacked on it", m)
+}
+
+// removeImageMount detaches and removes the image mount of instance name.
+func (r *Runtime) removeImageMount(name string) {
+	if r.trees == "" {
+		return
+	}
+	m := filepath.Join(r.trees, imagesDir, name)
+	l := r.treeLock(imagesDir + "/" + name)
+	l.Lock()
+	defer l.Unlock()
+	if detachAll(m) == nil {
+		_ = os.Remove(m)
+	}
+}
+
+// removeImageMounts detaches and removes every image mount below the
+// trees directory dir, and the directory that held them.
+func removeImageMounts(dir string) error {
+	entries, err := os.ReadDir(filepath.Join(dir, imagesDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		m := filepath.Join(dir, imagesDir, e.Name())
+		if err := detachAll(m); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(dir, imagesDir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }

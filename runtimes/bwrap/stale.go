@@ -35,10 +35,15 @@ type StaleTrees struct {
 	// Unrecorded are the trees of instances the state directory does not
 	// record.
 	Unrecorded []string
+	// Images are the image mounts of instances the state directory does
+	// not record.
+	Images []string
 }
 
 // Empty says whether there is nothing stale.
-func (s StaleTrees) Empty() bool { return len(s.Abandoned) == 0 && len(s.Unrecorded) == 0 }
+func (s StaleTrees) Empty() bool {
+	return len(s.Abandoned) == 0 && len(s.Unrecorded) == 0 && len(s.Images) == 0
+}
 
 // FindStaleTrees looks below DefaultTreesDir for the trees of state
 // directories that are gone, and below stateDir's own trees for those of
@@ -78,6 +83,15 @@ func FindStaleTrees(stateDir string) (StaleTrees, error) {
 		if e.Name() == ownerFile || !e.IsDir() {
 			continue
 		}
+		if e.Name() == imagesDir {
+			mounts, _ := os.ReadDir(filepath.Join(own, imagesDir))
+			for _, m := range mounts {
+				if _, err := os.Lstat(filepath.Join(stateDir, m.Name()+".json")); errors.Is(err, fs.ErrNotExist) {
+					st.Images = append(st.Images, filepath.Join(own, imagesDir, m.Name()))
+				}
+			}
+			continue
+		}
 		if _, err := os.Lstat(filepath.Join(stateDir, e.Name()+".json")); !errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -101,6 +115,13 @@ func (s StaleTrees) Remove() error {
 	for _, g := range s.Unrecorded {
 		errs = append(errs, mounttree.Generations{Dir: g}.Remove())
 	}
+	for _, m := range s.Images {
+		if err := detachAll(m); err != nil {
+			errs = append(errs, err)
+		} else if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -116,10 +137,13 @@ func removeTreesDir(dir string) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if e.Name() == ownerFile {
-			continue
+		switch e.Name() {
+		case ownerFile:
+		case imagesDir:
+			errs = append(errs, removeImageMounts(dir))
+		default:
+			errs = append(errs, mounttree.Generations{Dir: filepath.Join(dir, e.Name())}.Remove())
 		}
-		errs = append(errs, mounttree.Generations{Dir: filepath.Join(dir, e.Name())}.Remove())
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

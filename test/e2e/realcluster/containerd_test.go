@@ -75,6 +75,8 @@ patches:
           volumes:
           - name: containerd
             hostPath: {path: %q, type: Directory}
+          - name: container-bundles
+            hostPath: {path: %q, type: DirectoryOrCreate}
 # The Sandboxes' Pods keep the pause image this cluster holds, as make
 # deploy SANDBOX_POD_IMAGE set it: a Pod whose image cannot be pulled never
 # runs, and its Sandbox waits for it (PodStarting).
@@ -83,7 +85,7 @@ patches:
     - op: add
       path: /spec/template/spec/containers/0/env/-
       value: {name: SANDBOX_POD_IMAGE, value: %q}
-`, rel("config/default"), rel("config/backends/containerd"), version, namespace, ctrAddress, fifoDir, sockDir, sockDir, podImage())
+`, rel("config/default"), rel("config/backends/containerd"), version, namespace, ctrAddress, fifoDir, sockDir, sockDir, containerBundles(), podImage())
 	Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kustomization), 0o644)).To(Succeed())
 	kc("apply", "--server-side", "--field-manager=sandbox-controller-deploy", "-k", overlay)
 	kc("-n", namespace, "rollout", "status", "daemonset/sandbox-controller", "--timeout=3m")

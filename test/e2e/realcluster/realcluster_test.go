@@ -173,7 +173,7 @@ func runMake(timeout time.Duration, args ...string) string {
 	// Named on the command line, so a developer's exported IMG or
 	// BACKENDS cannot deploy something else.
 	all := append([]string{"--no-print-directory", "-C", repo, "KUBECTL=" + kubectl, "VERSION=" + version,
-		"IMAGE_NAME=sandbox-controller", "IMG=sandbox-controller:" + version, "BACKENDS=", "SANDBOX_POD_IMAGE=" + podImage()}, args...)
+		"IMAGE_NAME=sandbox-controller", "IMG=sandbox-controller:" + version, "BACKENDS=", "SANDBOX_POD_IMAGE=" + podImage(), "CONTAINER_BUNDLES=" + containerBundles()}, args...)
 	out, err := run(timeout, "make", all...)
 	ExpectWithOffset(1, err).NotTo(HaveOccurred(), "make %s: %s", strings.Join(args, " "), out)
 	return out
@@ -336,6 +336,10 @@ var _ = Describe("make deploy on a real cluster, used as a user would", Ordered,
 
 	It("runs a Sandbox's processes in its Pod's cgroup, and the kubelet and kubectl top pod count what they use", func() {
 		podAccounting(node)
+	})
+
+	It("runs a bwrap Sandbox's commands from its own image: python3 from an image holding it", func() {
+		bwrapImageSandbox()
 	})
 
 	It("keeps a Sandbox too big for any node Pending, in the scheduler's words", func() {
