@@ -87,8 +87,10 @@ spec:
 	Expect(err).To(HaveOccurred(), out)
 	Expect(out).To(ContainSubstring("not in the image"))
 
-	// Files written in the workspace stay on the node, in the agent's area.
+	// Files written in the workspace are on the node, in the agent's area.
 	sandboxExec(imageClaim, nil, "python3", "-c", "open('/workspace/from-image','w').write('ok')")
+	ran := kc("get", "sandbox", imageSandbox, "-o", "jsonpath={.status.nodeName}")
+	Expect(os.ReadFile(filepath.Join(areasOf(ran), imageSandbox, "workspace", "from-image"))).To(Equal([]byte("ok")))
 
 	kc("delete", "-f", f, "--wait", "--timeout=2m")
 }
