@@ -321,7 +321,14 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(envValue(c, "CONTAINERD_BACKEND")).To(BeEmpty())
 		Expect(envValue(c, "INCUS_BACKEND")).To(BeEmpty())
 		Expect(c.SecurityContext.Privileged).To(Equal(ptr.To(true)))
-		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup"}))
+		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup",
+			"container-bundles": "/run/containerd/io.containerd.runtime.v2.task/k8s.io"}))
+		// containerd's bundles of the kubelet's containers, where a bwrap
+		// Sandbox's image is mounted after the pod starts.
+		Expect(c.Args).To(ContainElement("--container-bundles=/host/run/containerd-bundles"))
+		bundles := mountOf(c, "/host/run/containerd-bundles")
+		Expect(bundles).NotTo(BeNil())
+		Expect(bundles.MountPropagation).To(HaveValue(Equal(corev1.MountPropagationHostToContainer)))
 		// The node's cgroups, where the kubelet makes the Pods' cgroups
 		// the sandboxes' processes run in.
 		Expect(c.Args).To(ContainElement("--pod-cgroups=/host/sys/fs/cgroup"))
@@ -340,7 +347,7 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 	})
 
 	It("adds the containerd and incus components and another image, and takes them away again", func() {
-		out, err := runMake(3*time.Minute, "deploy", "VERSION="+version, "BACKENDS=containerd,incus", "IMG="+otherImage)
+		out, err := runMake(3*time.Minute, "deploy", "VERSION="+version, "BACKENDS=containerd,incus", "IMG="+otherImage, "CONTAINER_BUNDLES=/srv/containerd/state/io.containerd.runtime.v2.task/k8s.io")
 		Expect(err).NotTo(HaveOccurred(), out)
 		ds := daemonSet()
 		c := ds.Spec.Template.Spec.Containers[0]
@@ -349,7 +356,8 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(envValue(c, "CONTAINERD_BACKEND")).To(Equal(",containerd"))
 		Expect(envValue(c, "INCUS_BACKEND")).To(Equal(",incus"))
 		Expect(hostPaths(ds)).To(Equal(map[string]string{
-			"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup", "containerd": "/run/containerd", "incus": "/var/lib/incus"}))
+			"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup", "containerd": "/run/containerd", "incus": "/var/lib/incus",
+			"container-bundles": "/srv/containerd/state/io.containerd.runtime.v2.task/k8s.io"}))
 		Expect(mountOf(c, "/var/lib/sandbox-controller").MountPropagation).To(Equal(ptr.To(corev1.MountPropagationBidirectional)))
 		Expect(mountOf(c, "/run/containerd").MountPropagation).To(Equal(ptr.To(corev1.MountPropagationHostToContainer)))
 		Expect(mountOf(c, "/var/lib/incus").MountPropagation).To(Equal(ptr.To(corev1.MountPropagationHostToContainer)))
@@ -361,7 +369,8 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		Expect(c.Image).To(Equal(defaultImage))
 		Expect(ds.Spec.Template.Spec.HostPID).To(BeFalse())
 		Expect(envValue(c, "CONTAINERD_BACKEND")).To(BeEmpty())
-		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup"}))
+		Expect(hostPaths(ds)).To(Equal(map[string]string{"areas": "/var/lib/sandbox-controller", "cgroups": "/sys/fs/cgroup",
+			"container-bundles": "/run/containerd/io.containerd.runtime.v2.task/k8s.io"}))
 		Expect(mountOf(c, "/var/lib/sandbox-controller").MountPropagation).To(BeNil())
 	})
 
