@@ -185,10 +185,10 @@ bench-execapi: ## Exec of true through the exec API (the node's endpoint), throu
 	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v
 
 .PHONY: bench-scale
-bench-scale: image-binary ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each: time to all Ready and the controller's memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build).
+bench-scale: image-binary ## 1,000 and 10,000 Sandboxes (SCALE_SANDBOXES, comma-separated) with a claim each: time to all Ready against the API server's own time to create them, the controller's CPU and memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build, SCALE_PPROF=1 saves a CPU profile of each run).
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
-	$(BENCH_PAGE) SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" \
+	$(BENCH_PAGE) SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" SCALE_PPROF="$(SCALE_PPROF)" \
 		KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -tags scale -count=1 -timeout 90m -v -run '^TestScale$$' ./test/e2e/scale/
 
 ##@ Deploy
@@ -196,7 +196,7 @@ bench-scale: image-binary ## 1,000 Sandboxes (SCALE_SANDBOXES) with a claim each
 VERSION   ?= $(shell cat VERSION 2>/dev/null || git describe --tags --always --dirty 2>/dev/null || echo dev)
 IMAGE_NAME ?= sandbox-controller
 IMAGE_TAR  ?= $(BIN)/sandbox-controller-image.tar
-SCALE_SANDBOXES ?= 1000
+SCALE_SANDBOXES ?= 1000,10000
 
 IMAGE_BIN  := $(BIN)/image/sandbox-controller
 HOLDER_BIN := $(BIN)/image/sandbox-holder

@@ -53,6 +53,7 @@ func runAggregatedAPI(ctx context.Context, f flags) error {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress: f.probeAddr,
+		PprofBindAddress:       f.pprofAddr,
 		Cache:                  cacheOptions(cfg),
 	})
 	if err != nil {

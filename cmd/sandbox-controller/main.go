@@ -40,7 +40,7 @@ type flags struct {
 	drivers                                 map[v1alpha1.Backend]runtimes.Constructor
 	agentIDs                                string
 	sandboxWorkers, claimWorkers            int
-	metricsAddr, probeAddr                  string
+	metricsAddr, probeAddr, pprofAddr       string
 	leaderElect                             bool
 	local                                   bool
 	localAssets, localCRDs, localKubeconfig string
@@ -113,6 +113,7 @@ func main() {
 	flag.StringVar(&f.systemNamespace, "system-namespace", envOr("POD_NAMESPACE", controllers.DefaultSystemNamespace), "the controller's own namespace (default $POD_NAMESPACE, else "+controllers.DefaultSystemNamespace+"): the node controllers' pods, the exec API's CA (Secret and ConfigMap sandbox-controller-ca); every node's controller must use the same")
 	flag.StringVar(&f.backends, "backends", "bwrap", "comma-separated backends to enable on this node: "+backendList())
 	f.drivers = bindBackendFlags(flag.CommandLine)
+	flag.StringVar(&f.pprofAddr, "pprof-bind-address", "0", "address Go's profiler (net/http/pprof: /debug/pprof/profile, /heap, ...) binds to, for measuring the controller (make bench-scale PPROF=1); keep it on loopback, it serves anyone who reaches it; 0 (the default) disables it")
 	flag.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "address the metrics endpoint binds to (loopback by default: the controller runs on the node's network, and its metrics name tenants' objects); 0 disables it")
 	flag.StringVar(&f.probeAddr, "health-probe-bind-address", "127.0.0.1:8081", "address the health and readiness probes bind to (loopback by default, where the node's kubelet probes a host-network pod); 0 disables them")
 	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader so only one replica reconciles at a time")
@@ -251,6 +252,7 @@ Ctrl-C stops the controller and the control plane.
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress: f.probeAddr,
+		PprofBindAddress:       f.pprofAddr,
 		LeaderElection:         f.leaderElect,
 		LeaderElectionID:       "sandbox-controller.cireilclaw.dev",
 		Cache:                  cacheOptions(cfg),

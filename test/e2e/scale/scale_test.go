@@ -10,7 +10,9 @@ package scale
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -46,13 +48,21 @@ const readyTimeout = 40 * time.Minute
 
 // figures are one controller binary's measurements.
 type figures struct {
-	label                    string
-	n                        int
-	allReady                 time.Duration
-	idleRSS, readyRSS, peak  int64
-	readyAnon, readyFile     int64
-	idleHeap, readyHeap      int64
+	label    string
+	n        int
+	allReady time.Duration
+	// floor is how long the same 16 clients take, on the same API
+	// server, to create the same n Sandboxes and n claims with no
+	// controller running: what the API server needs just to store them.
+	floor                   time.Duration
+	idleRSS, readyRSS, peak int64
+	readyAnon, readyFile    int64
+	idleHeap, readyHeap     int64
+	// cpu is the controller's CPU time (user and system) from idle to
+	// all Ready.
+	cpu                      time.Duration
 	managedFieldsBytesServer int
+	profile                  string
 }
 
 func TestScale(t *testing.T) {
@@ -64,11 +74,15 @@ func TestScale(t *testing.T) {
 		testenv.Missing(t, "envtest binaries", p)
 	}
 	testenv.Binary(t, "bwrap", "install the bubblewrap package (hack/install-deps.sh)")
-	n := 1000
+	counts := []int{1000}
 	if v := os.Getenv("SCALE_SANDBOXES"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			t.Fatalf("SCALE_SANDBOXES=%q: want a positive count", v)
+		counts = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				t.Fatalf("SCALE_SANDBOXES=%q: want positive counts separated by commas", v)
+			}
+			counts = append(counts, n)
 		}
 	}
 	// The API server's own logs are not what this measures.
@@ -81,12 +95,15 @@ func TestScale(t *testing.T) {
 		t.Fatal("SCALE_CONTROLLER_BIN must name the controller binary to measure (make bench-scale builds bin/sandbox-controller)")
 	}
 	var all []figures
-	for _, b := range bins {
-		f := measure(t, b.path, n)
-		f.label = b.label
-		t.Logf("%s: %d claims Ready in %s; RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s",
-			f.label, n, f.allReady.Round(time.Second), mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
-		all = append(all, f)
+	for _, n := range counts {
+		for _, b := range bins {
+			f := measure(t, b.path, n)
+			f.label = b.label
+			t.Logf("%s: %d claims Ready in %s (%.2f× the API server's %s to create them); controller CPU %s (%.1f ms a Sandbox); RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s%s",
+				f.label, n, f.allReady.Round(time.Second), ratio(f.allReady, f.floor), f.floor.Round(100*time.Millisecond), f.cpu.Round(100*time.Millisecond),
+				perSandbox(f.cpu, n), mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap), f.profile)
+			all = append(all, f)
+		}
 	}
 	if err := testenv.WriteBenchTable(table, "bench-scale", render(all)); err != nil {
 		t.Fatalf("writing the table: %v", err)
@@ -128,13 +145,26 @@ func measure(t *testing.T, bin string, n int) figures {
 		t.Fatal(err)
 	}
 
+	var f figures
+	f.n = n
+	// The floor first, before the controller starts: the same creates in
+	// a namespace of their own, deleted again (nothing holds them yet).
+	f.floor = createAll(t, c, "floor", n)
+	if err := c.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "floor"}}); err != nil {
+		t.Fatal(err)
+	}
+
 	metrics := freeAddr(t)
+	pprofAddr := "0"
+	if os.Getenv("SCALE_PPROF") != "" {
+		pprofAddr = freeAddr(t)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "--kubeconfig", kcPath,
 		"--areas-root", filepath.Join(dir, "areas"), "--backends", "bwrap",
 		"--metrics-bind-address", metrics, "--health-probe-bind-address", "0", "--api-bind-address", "0",
-		"--log-level", "error")
+		"--pprof-bind-address", pprofAddr, "--log-level", "error")
 	logf, err := os.Create(filepath.Join(dir, "controller.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -155,8 +185,6 @@ func measure(t *testing.T, bin string, n int) figures {
 		}
 	}()
 
-	var f figures
-	f.n = n
 	// Idle: the caches are synced (the metrics endpoint answers once the
 	// manager runs) and nothing exists yet.
 	g := NewWithT(t)
@@ -166,42 +194,19 @@ func measure(t *testing.T, bin string, n int) figures {
 		return err
 	}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
 	f.idleRSS = procStatus(t, cmd.Process.Pid, "VmRSS")
-
-	ns := "scale"
-	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	sandboxes := make(chan int)
-	var wg sync.WaitGroup
-	var createErr error
-	var errOnce sync.Once
-	start := time.Now()
-	for range 16 {
-		wg.Add(1)
+	idleCPU := cpuTime(t, cmd.Process.Pid)
+	var profiled chan string
+	if pprofAddr != "0" {
+		// A CPU profile of the first minute of the run (or all of it).
+		profiled = make(chan string, 1)
 		go func() {
-			defer wg.Done()
-			for i := range sandboxes {
-				name := fmt.Sprintf("agent-%04d", i)
-				sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-					Spec: v1alpha1.SandboxSpec{Agent: name, Backend: v1alpha1.BackendBwrap, Binaries: []v1alpha1.BinaryName{"git"}}}
-				claim := &v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-session"},
-					Spec: v1alpha1.SessionClaimSpec{SandboxName: name, Session: "scale"}}
-				for _, o := range []client.Object{sb, claim} {
-					if err := c.Create(context.Background(), o); err != nil {
-						errOnce.Do(func() { createErr = fmt.Errorf("creating %s: %w", o.GetName(), err) })
-					}
-				}
-			}
+			profiled <- cpuProfile(pprofAddr, filepath.Join(dir, fmt.Sprintf("cpu-%d.pprof", n)), time.Minute)
 		}()
 	}
-	for i := range n {
-		sandboxes <- i
-	}
-	close(sandboxes)
-	wg.Wait()
-	if createErr != nil {
-		t.Fatal(createErr)
-	}
+
+	ns := "scale"
+	start := time.Now()
+	createAll(t, c, ns, n)
 	ready := func() (int, error) {
 		if cmd.ProcessState != nil {
 			return 0, StopTrying("the controller exited; its log is " + filepath.Join(dir, "controller.log"))
@@ -221,6 +226,10 @@ func measure(t *testing.T, bin string, n int) figures {
 	g.Eventually(ready).WithTimeout(readyTimeout).WithPolling(time.Second).Should(Equal(n),
 		"claims Ready (controller log: %s)", filepath.Join(dir, "controller.log"))
 	f.allReady = time.Since(start)
+	f.cpu = cpuTime(t, cmd.Process.Pid) - idleCPU
+	if profiled != nil {
+		f.profile = "; " + <-profiled
+	}
 	f.readyRSS = procStatus(t, cmd.Process.Pid, "VmRSS")
 	f.peak = procStatus(t, cmd.Process.Pid, "VmHWM")
 	f.readyAnon = procStatus(t, cmd.Process.Pid, "RssAnon")
@@ -229,7 +238,7 @@ func measure(t *testing.T, bin string, n int) figures {
 		t.Fatal(err)
 	}
 	var sb v1alpha1.Sandbox
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "agent-0000"}, &sb); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "agent-00000"}, &sb); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range sb.ManagedFields {
@@ -238,6 +247,94 @@ func measure(t *testing.T, bin string, n int) figures {
 		}
 	}
 	return f
+}
+
+// createAll creates n Sandboxes with a claim each in namespace ns, with 16
+// clients at once, and returns how long that took.
+func createAll(t *testing.T, c client.Client, ns string, n int) time.Duration {
+	t.Helper()
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	sandboxes := make(chan int)
+	var wg sync.WaitGroup
+	var createErr error
+	var errOnce sync.Once
+	start := time.Now()
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range sandboxes {
+				name := fmt.Sprintf("agent-%05d", i)
+				sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+					Spec: v1alpha1.SandboxSpec{Agent: ns + "-" + name, Backend: v1alpha1.BackendBwrap, Binaries: []v1alpha1.BinaryName{"git"}}}
+				claim := &v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-session"},
+					Spec: v1alpha1.SessionClaimSpec{SandboxName: name, Session: "scale"}}
+				for _, o := range []client.Object{sb, claim} {
+					if err := c.Create(context.Background(), o); err != nil {
+						errOnce.Do(func() { createErr = fmt.Errorf("creating %s: %w", o.GetName(), err) })
+					}
+				}
+			}
+		}()
+	}
+	for i := range n {
+		sandboxes <- i
+	}
+	close(sandboxes)
+	wg.Wait()
+	if createErr != nil {
+		t.Fatal(createErr)
+	}
+	return time.Since(start)
+}
+
+// cpuTime is the user and system time process pid used so far.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatalf("reading the controller's CPU time: %v", err)
+	}
+	// The fields after the command name, which is in parentheses.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("parsing /proc/%d/stat: %v %v", pid, err1, err2)
+	}
+	// USER_HZ is 100 on Linux.
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// cpuProfile saves a CPU profile of d from the pprof endpoint at addr to
+// file, and says where (or why not).
+func cpuProfile(addr, file string, d time.Duration) string {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
+	if err != nil {
+		return "no CPU profile: " + err.Error()
+	}
+	defer resp.Body.Close()
+	out, err := os.Create(file)
+	if err == nil {
+		_, err = io.Copy(out, resp.Body)
+		err = errors.Join(err, out.Close())
+	}
+	if err != nil {
+		return "no CPU profile: " + err.Error()
+	}
+	return "CPU profile of the first " + d.String() + ": go tool pprof -top " + file
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func perSandbox(cpu time.Duration, n int) float64 {
+	return float64(cpu.Microseconds()) / 1000 / float64(n)
 }
 
 func freeAddr(t *testing.T) string {
@@ -296,16 +393,20 @@ etcd (envtest), the controller binary started as its own process with the
 bwrap backend and logging at error level, then Sandboxes (binaries: git)
 with one SessionClaim each, created by 16 clients at once. "All Ready" runs
 from the first create until a list shows every claim Ready (polled once a
-second). Memory is the controller process's: RSS from /proc (anonymous:
+second). "API server alone" is the same creates by the same clients on the
+same API server just before, with no controller running: the floor the
+ratio is taken against. Controller CPU is its user and system time from
+idle to all Ready. Memory is the controller process's: RSS from /proc (anonymous:
 heap, stacks and runtime; file-backed: the pages of the binary it touched),
 heap in use from its own go_memstats_heap_inuse_bytes. "Idle" is after the
 caches synced, before the first Sandbox.
 
 `)
-	fmt.Fprintf(&b, "| controller | Sandboxes (a claim each) | all Ready after | RSS idle | RSS all Ready | of which anonymous | of which file-backed | peak RSS | heap in use idle | heap in use all Ready |\n")
-	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&b, "| controller | Sandboxes (a claim each) | API server alone creates them in | all Ready after | ratio | controller CPU | CPU a Sandbox | RSS idle | RSS all Ready | of which anonymous | of which file-backed | peak RSS | heap in use idle | heap in use all Ready |\n")
+	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, f := range all {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", f.label, f.n, f.allReady.Round(time.Second),
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f× | %s | %.1f ms | %s | %s | %s | %s | %s | %s | %s |\n", f.label, f.n, f.floor.Round(100*time.Millisecond),
+			f.allReady.Round(100*time.Millisecond), ratio(f.allReady, f.floor), f.cpu.Round(100*time.Millisecond), perSandbox(f.cpu, f.n),
 			mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
 	}
 	if len(all) > 0 {
