@@ -155,7 +155,11 @@ func runCommand(cmd *cobra.Command, f *sandboxFlags, argv []string, stdin io.Rea
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	defer closeRunner(r, stderr)
+	defer func() {
+		if err := r.Leave(context.Background()); err != nil {
+			fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		}
+	}()
 	st, err := r.Exec(ctx, runtimes.ExecRequest{Argv: argv, Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)

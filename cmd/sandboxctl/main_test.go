@@ -443,3 +443,72 @@ func TestGCRemovesAbandonedTrees(t *testing.T) {
 		t.Fatalf("%d mounts below %s after gc", n, trees)
 	}
 }
+
+// run leaves an instance without custom mounts as it is: the next run
+// verifies its mount tree and reuses it instead of building and removing
+// one each time. One with a custom mount is stopped, its tree gone, as
+// before: its mount points are directories of the agent's workspace.
+func TestRunKeepsTheTreeForTheNextRun(t *testing.T) {
+	needBwrap(t)
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "mount trees are built only as root: run the tests as root (CI does)")
+	}
+	dir := t.TempDir()
+	areas := filepath.Join(dir, "areas")
+	state := filepath.Join(areas, ".sandboxctl")
+	t.Cleanup(func() { _ = bwrap.DetachTrees(state) })
+	trees := bwrap.TreesDir(state)
+	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\"]\n")
+	base := []string{"run", "--config", cfg, "--agent", "kim", "--areas-root", areas, "--"}
+
+	code, _, stderr := sandboxctl(t, "", append(base, "sh", "-c", "echo one > /workspace/f")...)
+	if code != 0 {
+		t.Fatalf("first run: exit %d: %s", code, stderr)
+	}
+	kept := testenv.MountsBelow(t, trees)
+	if kept == 0 {
+		t.Fatalf("no mount below %s after a run: the tree was removed", trees)
+	}
+	gen, err := os.ReadDir(filepath.Join(trees, "cireilclaw-kim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		code, out, stderr := sandboxctl(t, "", append(base, "sh", "-c", "read l < /workspace/f; echo $l")...)
+		if code != 0 || out != "one\n" {
+			t.Fatalf("next run: exit %d %q %s", code, out, stderr)
+		}
+	}
+	if n := testenv.MountsBelow(t, trees); n != kept {
+		t.Errorf("%d mounts below %s after three more runs, %d after the first: a run built a tree again", n, trees, kept)
+	}
+	again, _ := os.ReadDir(filepath.Join(trees, "cireilclaw-kim"))
+	if len(again) != len(gen) || again[0].Name() != gen[0].Name() {
+		t.Errorf("tree generations %v after more runs, %v after the first", again, gen)
+	}
+
+	// A changed configuration is taken by the next run.
+	writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\", \"cat\"]\n")
+	code, out, stderr := sandboxctl(t, "", append(base, "cat", "/workspace/f")...)
+	if code != 0 || out != "one\n" {
+		t.Fatalf("run after a change: exit %d %q %s", code, out, stderr)
+	}
+
+	// A custom mount: the instance is stopped, and the agent's directory
+	// holding the mount point can be removed.
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mnt := writeConfig(t, dir, fmt.Sprintf("mounts = [{source = %q, target = \"a/src\", mode = \"ro\"}]\n[bwrap]\nbinaries = [\"sh\"]\n", src))
+	code, _, stderr = sandboxctl(t, "", "run", "--config", mnt, "--agent", "lou", "--areas-root", areas, "--", "sh", "-c", "test -d /workspace/a/src")
+	if code != 0 {
+		t.Fatalf("run with a custom mount: exit %d: %s", code, stderr)
+	}
+	if n := testenv.MountsBelow(t, filepath.Join(trees, "cireilclaw-lou")); n != 0 {
+		t.Errorf("%d mounts left of an instance with a custom mount", n)
+	}
+	if err := os.RemoveAll(filepath.Join(areas, "lou", "workspace", "a")); err != nil {
+		t.Errorf("removing the agent's directory that held the mount point: %v", err)
+	}
+}

@@ -43,6 +43,9 @@ type Runner struct {
 	// applied is the generation the runtime was last ensured with.
 	applied int64
 	name    string
+	// standalone says that the instance last ensured can be left as it
+	// is: no custom mount, no egress proxy.
+	standalone bool
 }
 
 // NewRunner runs commands from src with rt, a driver for backend. opts say
@@ -90,7 +93,29 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("preparing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
 	}
 	r.applied, r.name = snap.Generation, in.Name
+	r.standalone = in.Network == nil && len(in.Mounts) == 0
 	return r.name, nil
+}
+
+// Leave ends the runner of one command (sandboxctl run). An instance
+// without custom mounts or an egress proxy is left as it is, its mount
+// tree (the standard areas' binds) and cgroup kept for the next command,
+// which verifies them as the controller does and rebuilds only what
+// changed: a command's start then costs a check instead of building and
+// removing a tree. Its processes ended with the command (bubblewrap's own
+// pid namespace). Any other is stopped, as Close does: an egress proxy
+// lives only with this process, an overlay's mount is kept in step with
+// its configuration, and a custom mount's tree would make directories of
+// the agent's workspace mount points, which could not be removed while a
+// kept tree holds them.
+func (r *Runner) Leave(ctx context.Context) error {
+	r.mu.Lock()
+	keep := r.standalone
+	r.mu.Unlock()
+	if keep {
+		return nil
+	}
+	return r.Close(ctx)
 }
 
 // Close stops the instance the runner ensured, so nothing it set up (an
