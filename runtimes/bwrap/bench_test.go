@@ -204,8 +204,8 @@ func BenchmarkLatencyTable(t *testing.B) {
 		overhead*100, ms(med(ours)-med(raw)), verdict, float64(med(raw))/float64(med(direct)))
 	oneShot, minimal := med(modes[3].d), med(modes[4].d)
 	fmt.Fprintf(&b, "\nA one-shot `sandboxctl run -- true` takes %.1f× a minimal bwrap (%s against %s; the goal is 2×): "+
-		"the process's start (package initialisation), reading the configuration, and building and removing the "+
-		"agent's mount tree and cgroup each time.\n", float64(oneShot)/float64(minimal), ms(oneShot), ms(minimal))
+		"the process's start (package initialisation), reading the configuration and the instance's record, and "+
+		"verifying the agent's mount tree and cgroup, kept from the run before.\n", float64(oneShot)/float64(minimal), ms(oneShot), ms(minimal))
 	fmt.Fprintf(&b, "\n%d runs of each, interleaved, after 10 warm-up runs. %s\n", benchRuns, testenv.MachineNote())
 	if out == "" {
 		t.Logf("%s is not set, so the table is not written:\n%s", testenv.BenchOutEnv, b.String())
