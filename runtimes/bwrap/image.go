@@ -408,9 +408,18 @@ func (r *Runtime) removeImageMount(name string) {
 	l := r.treeLock(imagesDir + "/" + name)
 	l.Lock()
 	defer l.Unlock()
-	if detachAll(m) == nil {
-		_ = os.Remove(m)
+	_ = dropImageMount(m)
+}
+
+// dropImageMount detaches the image mount m and removes its directory.
+func dropImageMount(m string) error {
+	if err := detachAll(m); err != nil {
+		return err
 	}
+	if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // removeImageMounts detaches and removes every image mount below the
@@ -425,14 +434,7 @@ func removeImageMounts(dir string) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		m := filepath.Join(dir, imagesDir, e.Name())
-		if err := detachAll(m); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
+		errs = append(errs, dropImageMount(filepath.Join(dir, imagesDir, e.Name())))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -116,11 +116,7 @@ func (s StaleTrees) Remove() error {
 		errs = append(errs, mounttree.Generations{Dir: g}.Remove())
 	}
 	for _, m := range s.Images {
-		if err := detachAll(m); err != nil {
-			errs = append(errs, err)
-		} else if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
+		errs = append(errs, dropImageMount(m))
 	}
 	return errors.Join(errs...)
 }
