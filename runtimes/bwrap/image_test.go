@@ -203,3 +203,30 @@ func TestImageRootMustBeTheMountedRootOfThatContainer(t *testing.T) {
 		t.Errorf("want ReasonUnavailable, got %#v", err)
 	}
 }
+
+// An image mount whose instance is no longer recorded (a controller that
+// died between a command and the instance's removal) goes at the next
+// start, like a tree.
+func TestUnrecordedImageMountsGoAtTheNextStart(t *testing.T) {
+	bundles, _ := imageBundles(t)
+	rt, in, err := imageSandbox(t, bundles, imageContainer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Exec(context.Background(), in.Name, runtimes.ExecRequest{Argv: []string{"sh", "-c", "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	mounts := filepath.Join(bwrap.TreesDir(lastStateDir), ".images")
+	if n := testenv.MountsBelow(t, mounts); n != 1 {
+		t.Fatalf("%d mounts below %s after a command, want the image's", n, mounts)
+	}
+	if err := os.Remove(filepath.Join(lastStateDir, in.Name+".json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bwrap.New(bwrap.Config{StateDir: lastStateDir, Warnings: &bytes.Buffer{}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := testenv.MountsBelow(t, mounts); n != 0 {
+		t.Errorf("%d mounts below %s after a start that records no instance", n, mounts)
+	}
+}
