@@ -191,7 +191,10 @@ func (m *Manager) Ensure(name string, l Limits) error {
 			if err = os.Mkdir(dir, 0o755); errors.Is(err, fs.ErrExist) {
 				err = nil
 			}
-		} else {
+		} else if err = os.Mkdir(dir, 0o755); errors.Is(err, fs.ErrExist) {
+			err = nil
+		} else if errors.Is(err, fs.ErrNotExist) {
+			// The parent is missing too: made again since New.
 			err = os.MkdirAll(dir, 0o755)
 		}
 		if err != nil {
@@ -206,7 +209,14 @@ func (m *Manager) Ensure(name string, l Limits) error {
 	}
 	for file, value := range m.settings(l) {
 		c, base, _ := strings.Cut(file, "/")
-		if err := os.WriteFile(filepath.Join(m.Dir(c, name), base), []byte(value), 0); err != nil {
+		p := filepath.Join(m.Dir(c, name), base)
+		// A value the file holds already is not written again: a write
+		// of cgroup v1's CPU bandwidth takes a millisecond or more, and
+		// a new cgroup holds the "no limit" values already.
+		if cur, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(cur)) == value {
+			continue
+		}
+		if err := os.WriteFile(p, []byte(value), 0); err != nil {
 			return fmt.Errorf("setting %s of %s to %s: %w", base, name, value, err)
 		}
 	}
