@@ -291,7 +291,7 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return p.placed(ctx, &sb, cur)
 	}
 	p.reportWaiting(&sb, cur)
-	if !isSandboxPod(sb.Status.Pod, cur) {
+	if !isSandboxPod(sb.Status.Pod, &sb, cur) {
 		return p.recordPod(ctx, &sb, cur)
 	}
 	if lost != "" {
@@ -306,7 +306,7 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 // into the container's cgroup.
 func (p *placer) recordPod(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.Pod) (ctrl.Result, error) {
 	read := sb.DeepCopy()
-	sb.Status.Pod = podRef(pod)
+	sb.Status.Pod = podRef(sb, pod)
 	if err := p.status.writeStatus(ctx, read, sb, unlessChanged); err != nil {
 		return requeueOnConflict(err)
 	}
@@ -329,23 +329,62 @@ func (p *placer) reportWaiting(sb *v1alpha1.Sandbox, pod *corev1.Pod) {
 // does not run a Sandbox's Pod's container.
 const EventPodNotRunning = "PodNotRunning"
 
-// isSandboxPod says whether ref names pod as it is now.
-func isSandboxPod(ref *v1alpha1.SandboxPod, pod *corev1.Pod) bool {
-	return ref != nil && *ref == *podRef(pod)
+// isSandboxPod says whether ref names sb's Pod pod as it is now.
+func isSandboxPod(ref *v1alpha1.SandboxPod, sb *v1alpha1.Sandbox, pod *corev1.Pod) bool {
+	return ref != nil && *ref == *podRef(sb, pod)
 }
 
-// podRef names pod, and its container once the kubelet runs it.
-func podRef(pod *corev1.Pod) *v1alpha1.SandboxPod {
+// podRef names sb's Pod pod, and its container once the kubelet runs it.
+// For a bwrap Sandbox with an image, whose commands the node runs over
+// that container's file system, only a container of the Sandbox's own
+// image is named: one started from an image someone else set on the Pod
+// (a tenant who may edit Pods, between that edit and this placer setting
+// the image back) is never used.
+func podRef(sb *v1alpha1.Sandbox, pod *corev1.Pod) *v1alpha1.SandboxPod {
 	ref := &v1alpha1.SandboxPod{Name: pod.Name, UID: string(pod.UID)}
+	want := ""
+	if b := bwrapImage(sb); b != nil {
+		want = normalImage(b.Image)
+		for _, c := range pod.Spec.Containers {
+			if c.Name == podContainer && normalImage(c.Image) != want {
+				return ref
+			}
+		}
+	}
 	for _, c := range pod.Status.ContainerStatuses {
 		// An ID of another shape (a runtime that is not a CRI one) would
 		// make the API refuse the whole status write: the Sandbox is then
 		// placed, and waits for a container it can find.
-		if c.Name == podContainer && c.State.Running != nil && containerIDPattern.MatchString(c.ContainerID) {
-			ref.ContainerID = c.ContainerID
+		if c.Name != podContainer || c.State.Running == nil || !containerIDPattern.MatchString(c.ContainerID) {
+			continue
 		}
+		if want != "" && !strings.HasPrefix(c.Image, "sha256:") && normalImage(c.Image) != want {
+			continue
+		}
+		ref.ContainerID = c.ContainerID
 	}
 	return ref
+}
+
+// normalImage is an image reference as the kubelet and containerd spell
+// it: a registry (docker.io for none, with library/ for a one-part name)
+// and a tag (latest for none, unless a digest pins it).
+func normalImage(ref string) string {
+	name, digest, pinned := strings.Cut(ref, "@")
+	first, _, more := strings.Cut(name, "/")
+	switch {
+	case !more:
+		name = "docker.io/library/" + name
+	case !strings.ContainsAny(first, ".:") && first != "localhost":
+		name = "docker.io/" + name
+	}
+	if pinned {
+		return name + "@" + digest
+	}
+	if !strings.Contains(name[strings.LastIndex(name, "/")+1:], ":") {
+		name += ":latest"
+	}
+	return name
 }
 
 // containerIDPattern is status.pod.containerID's schema pattern.
@@ -766,7 +805,7 @@ func (p *placer) placed(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.P
 	}
 	read := sb.DeepCopy()
 	sb.Status.NodeName, sb.Status.PlacedAt = node, &metav1.Time{Time: p.opts.Now()}
-	sb.Status.Pod = podRef(pod)
+	sb.Status.Pod = podRef(sb, pod)
 	applyConditions(&sb.Status.Conditions, placementConditions(f))
 	// Only over the Sandbox as read: a node's controller that wrote first
 	// wins, and this pass is retried.

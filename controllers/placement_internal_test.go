@@ -259,3 +259,52 @@ func TestReplaceWaitCountsFromTheEnd(t *testing.T) {
 		t.Errorf("created an hour ago: wait %s, want none", got)
 	}
 }
+
+func TestNormalImage(t *testing.T) {
+	for in, want := range map[string]string{
+		"python:3":                             "docker.io/library/python:3",
+		"python":                               "docker.io/library/python:latest",
+		"team/tools":                           "docker.io/team/tools:latest",
+		"localhost/sandbox-controller/py:test": "localhost/sandbox-controller/py:test",
+		"registry.example.com:5000/a/b":        "registry.example.com:5000/a/b:latest",
+		"registry.example.com/a/b:1.2":         "registry.example.com/a/b:1.2",
+		"python@sha256:abcd":                   "docker.io/library/python@sha256:abcd",
+	} {
+		if got := normalImage(in); got != want {
+			t.Errorf("normalImage(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The container of a bwrap Sandbox's image is named only while it runs
+// the Sandbox's image: one someone else set on the Pod never is.
+func TestPodRefNamesOnlyAContainerOfTheSandboxsImage(t *testing.T) {
+	const id = "containerd://0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	sb := &v1alpha1.Sandbox{Spec: v1alpha1.SandboxSpec{Bwrap: &v1alpha1.BwrapSpec{Image: "python:3"}}}
+	pod := func(spec, status string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u"},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: podContainer, Image: spec}}},
+			Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: podContainer, Image: status, ContainerID: id,
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
+		}
+	}
+	for _, tc := range []struct {
+		name, spec, status string
+		named              bool
+	}{
+		{"its image", "python:3", "docker.io/library/python:3", true},
+		{"its image, reported by digest", "python:3", "sha256:0123", true},
+		{"another image set on the Pod", "evil:1", "docker.io/library/evil:1", false},
+		{"set back, the other image still running", "python:3", "docker.io/library/evil:1", false},
+	} {
+		got := podRef(sb, pod(tc.spec, tc.status)).ContainerID
+		if (got == id) != tc.named {
+			t.Errorf("%s: container ID %q, named: want %v", tc.name, got, tc.named)
+		}
+	}
+	plain := &v1alpha1.Sandbox{}
+	if podRef(plain, pod("registry.k8s.io/pause:3.10", "registry.k8s.io/pause:3.10")).ContainerID != id {
+		t.Error("a Sandbox without an image: its Pod's container is not named")
+	}
+}
