@@ -191,8 +191,7 @@ func New(cfg Config) (*Runtime, error) {
 			}
 		}
 	}
-	sum := sha256.Sum256([]byte(filepath.Clean(cfg.StateDir)))
-	r.cgroups, r.cgroupErr = cgroup.New("sandbox-controller-bwrap-"+hex.EncodeToString(sum[:6]), cfg.CgroupParent)
+	r.cgroups, r.cgroupErr = cgroup.New(cgroupName(cfg.StateDir), cfg.CgroupParent)
 	r.allowUnlimited = cfg.AllowUnlimited
 	r.bundles = cfg.ContainerBundles
 	if r.bwrap == "" {
@@ -205,6 +204,13 @@ func New(cfg Config) (*Runtime, error) {
 		r.warnings = os.Stderr
 	}
 	return r, nil
+}
+
+// cgroupName is the name of the cgroup below which a driver over stateDir
+// makes its instances'.
+func cgroupName(stateDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return "sandbox-controller-bwrap-" + hex.EncodeToString(sum[:6])
 }
 
 // samePod says whether a and b put an instance in the same cgroup.

@@ -126,3 +126,31 @@ func TestEnsureMakesALostCgroupAgain(t *testing.T) {
 		t.Fatalf("exit %d %q", code, out)
 	}
 }
+
+// RemoveCgroups takes away the cgroups a stopped driver left for the
+// next one to adopt.
+func TestRemoveCgroupsTakesWhatADriverLeft(t *testing.T) {
+	s := limited(t)
+	count := func() int {
+		n := 0
+		for _, c := range []string{"pids", "memory", "cpu", "cpuacct", ""} {
+			_ = filepath.WalkDir(filepath.Join("/sys/fs/cgroup", c), func(p string, d fs.DirEntry, err error) error {
+				if err == nil && d.IsDir() && d.Name() == s.in.Name && strings.Contains(p, "sandbox-controller-bwrap-") {
+					n++
+					return filepath.SkipDir
+				}
+				return nil
+			})
+		}
+		return n
+	}
+	if count() == 0 {
+		t.Fatalf("no cgroup of %s", s.in.Name)
+	}
+	if err := bwrap.RemoveCgroups(filepath.Join(filepath.Dir(s.agentDir), "..", "state")); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Errorf("%d cgroups of %s left", n, s.in.Name)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
 
@@ -148,6 +149,18 @@ func removeTreesDir(dir string) error {
 		return err
 	}
 	return os.Remove(dir)
+}
+
+// RemoveCgroups removes the cgroups a driver over stateDir with the
+// default cgroup parent made for its instances, their processes killed:
+// an administrator retiring a node, or a benchmark that stopped its
+// controller (which keeps them for the next one to adopt).
+func RemoveCgroups(stateDir string) error {
+	m, err := cgroup.New(cgroupName(stateDir), "")
+	if err != nil {
+		return err
+	}
+	return m.RemoveAll()
 }
 
 // claimTrees records stateDir as the owner of its directory of trees and

@@ -471,6 +471,32 @@ func (m *Manager) Remove(name string) error {
 	return errors.Join(errs...)
 }
 
+// RemoveAll removes every instance's cgroup (their processes killed) and
+// the parent, for an administrator retiring a node or a benchmark that
+// stopped its controller: a stopped controller keeps its instances'
+// cgroups for the next one to adopt.
+func (m *Manager) RemoveAll() error {
+	var names []string
+	seen := map[string]bool{}
+	for c := range m.dirs {
+		entries, err := os.ReadDir(m.dirs[c])
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if e.IsDir() && !seen[e.Name()] {
+				seen[e.Name()] = true
+				names = append(names, e.Name())
+			}
+		}
+	}
+	var errs []error
+	for _, n := range names {
+		errs = append(errs, m.Remove(n))
+	}
+	return errors.Join(errs...)
+}
+
 // killAll sends SIGKILL to every process listed in dir.
 func killAll(dir string) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))

@@ -191,8 +191,14 @@ func measure(t *testing.T, bin string, n int) figures {
 		_ = cmd.Wait()
 		// The controller leaves its instances' mount trees for the next
 		// one to adopt; a throw-away run clears them.
-		if err := bwrap.DetachTrees(filepath.Join(dir, "areas", ".runtime", "bwrap")); err != nil {
+		state := filepath.Join(dir, "areas", ".runtime", "bwrap")
+		if err := bwrap.DetachTrees(state); err != nil {
 			t.Errorf("detaching the mount trees: %v", err)
+		}
+		// And their cgroups: thousands left behind exhaust the inotify
+		// watches a kubelet's cAdvisor needs on this machine.
+		if err := bwrap.RemoveCgroups(state); err != nil {
+			t.Errorf("removing the instances' cgroups: %v", err)
 		}
 	}()
 
