@@ -29,7 +29,7 @@ func (d HostDir) open() (int, error) {
 		return -1, err
 	}
 	anchor := d.anchor()
-	afd, err := retryOpenat2(unix.AT_FDCWD, anchor, &unix.OpenHow{
+	afd, err := Openat2(unix.AT_FDCWD, anchor, &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_NO_MAGICLINKS,
 	})
@@ -45,7 +45,7 @@ func (d HostDir) open() (int, error) {
 		// Beneath "/" an absolute link means what it means to the host.
 		resolve = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
 	}
-	fd, err := retryOpenat2(afd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolve})
+	fd, err := Openat2(afd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolve})
 	if err != nil {
 		return -1, d.describe(d.resolveError(err))
 	}
@@ -89,9 +89,9 @@ func refusePseudoFS(fd int) error {
 	return nil
 }
 
-// retryOpenat2 retries EAGAIN (a rename raced with a lookup through "..")
-// and EINTR a bounded number of times.
-func retryOpenat2(dirfd int, path string, how *unix.OpenHow) (int, error) {
+// Openat2 is openat2(2), retrying EAGAIN (a rename raced with a lookup
+// through "..") and EINTR a bounded number of times.
+func Openat2(dirfd int, path string, how *unix.OpenHow) (int, error) {
 	var fd int
 	var err error
 	for range maxRetries {
@@ -125,7 +125,7 @@ func SameDir(fd int, d HostDir) (bool, error) {
 // path: its links are followed, magic links never), for matching paths
 // written through either name.
 func RealPath(path string) (string, error) {
-	fd, err := retryOpenat2(unix.AT_FDCWD, path, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_MAGICLINKS})
+	fd, err := Openat2(unix.AT_FDCWD, path, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_MAGICLINKS})
 	if err != nil {
 		return "", err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -97,13 +98,13 @@ func openImageRoot(bundles, id string) (*os.File, error) {
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 	}
-	bundle, err := openat2(dir, id, &how)
+	bundle, err := areas.Openat2(dir, id, &how)
 	if err != nil {
 		return nil, fmt.Errorf("the bundle of the Pod's container %s is not on this node (%s): %w", short(id), bundles, err)
 	}
 	defer unix.Close(bundle)
 	how.Resolve &^= unix.RESOLVE_NO_XDEV
-	root, err := openat2(bundle, "rootfs", &how)
+	root, err := areas.Openat2(bundle, "rootfs", &how)
 	if err != nil {
 		return nil, fmt.Errorf("opening the root file system of the Pod's container %s: %w", short(id), err)
 	}
@@ -138,25 +139,11 @@ func mountID(fd int) (uint64, error) {
 	return st.Mnt_id, nil
 }
 
-// openat2 retries EAGAIN (a rename raced with the lookup) and EINTR a
-// few times.
-func openat2(dirfd int, p string, how *unix.OpenHow) (int, error) {
-	var fd int
-	var err error
-	for range 8 {
-		fd, err = unix.Openat2(dirfd, p, how)
-		if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	return fd, err
-}
-
 // inImage resolves p (relative) beneath root as the image's own processes
 // would (an absolute link means the image's root), never leaving root's
 // mount, and opens what it names as a path descriptor.
 func inImage(root int, p string) (int, error) {
-	return openat2(root, p, &unix.OpenHow{
+	return areas.Openat2(root, p, &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 	})
@@ -165,7 +152,7 @@ func inImage(root int, p string) (int, error) {
 // realDir opens the directory p (relative) beneath root when every
 // component of it is a directory, no link.
 func realDir(root int, p string) (int, error) {
-	return openat2(root, p, &unix.OpenHow{
+	return areas.Openat2(root, p, &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 	})
