@@ -720,31 +720,31 @@ func bwrapImage(sb *v1alpha1.Sandbox) *v1alpha1.BwrapSpec {
 // is set in place (image is what to set; the kubelet restarts the
 // container with it), any other difference (an image added or taken
 // away, its pull policy, a secret the Pod lacks: a Pod cannot change
-// them) needs a
-// new Pod (replace).
+// them) needs a new Pod (replace). It compares the fields themselves:
+// it runs on every pass of every Sandbox.
 func (p *placer) podDrift(sb *v1alpha1.Sandbox, pod *corev1.Pod) (image string, replace bool) {
-	want := SandboxPod(sb, p.opts, pod.Spec.NodeName, 0)
+	b := bwrapImage(sb)
+	hadHolder := len(pod.Spec.InitContainers) > 0
+	if b == nil || !hadHolder {
+		// An image taken away, or added.
+		return "", hadHolder != (b != nil)
+	}
 	var cur *corev1.Container
 	for i := range pod.Spec.Containers {
 		if pod.Spec.Containers[i].Name == podContainer {
 			cur = &pod.Spec.Containers[i]
 		}
 	}
-	if cur == nil {
-		return "", true
-	}
-	wantMain := want.Spec.Containers[0]
-	hadHolder := len(pod.Spec.InitContainers) > 0
-	if hadHolder != (len(want.Spec.InitContainers) > 0) ||
-		(wantMain.ImagePullPolicy != "" && cur.ImagePullPolicy != wantMain.ImagePullPolicy) ||
-		slices.ContainsFunc(want.Spec.ImagePullSecrets, func(w corev1.LocalObjectReference) bool {
+	if cur == nil ||
+		(b.ImagePullPolicy != "" && cur.ImagePullPolicy != corev1.PullPolicy(b.ImagePullPolicy)) ||
+		slices.ContainsFunc(b.ImagePullSecrets, func(name string) bool {
 			// The ServiceAccount's secrets are added to the Pod's.
-			return !slices.Contains(pod.Spec.ImagePullSecrets, w)
+			return !slices.Contains(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
 		}) {
 		return "", true
 	}
-	if hadHolder && cur.Image != wantMain.Image {
-		return wantMain.Image, false
+	if cur.Image != b.Image {
+		return b.Image, false
 	}
 	return "", false
 }
