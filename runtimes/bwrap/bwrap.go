@@ -294,11 +294,11 @@ func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.Stat
 	if in.Image != "" {
 		// Every command opens the image again; one that cannot be opened
 		// now would take no command.
-		v, err := r.openView(in)
+		root, err := r.mountImage(in)
 		if err != nil {
 			return runtimes.State{}, runtimes.Errorf(runtimes.ReasonUnavailable, "ensuring", in.Name, "%w", err)
 		}
-		v.Close()
+		root.Close()
 	}
 	rec, err := r.load(in.Name)
 	if err != nil {

@@ -161,7 +161,7 @@ func realDir(root int, p string) (int, error) {
 // viewImage opens what a command of an instance allowing binaries sees of
 // the image root: the system directories, the allowlisted commands in
 // the command directories, and the /etc files. The caller closes it.
-func viewImage(root *os.File, binaries []string) (*imageView, error) {
+func viewImage(root *os.File, binaries []string) *imageView {
 	rfd := int(root.Fd())
 	v := &imageView{found: map[string]string{}}
 	for _, d := range systemDirs {
@@ -234,7 +234,7 @@ func viewImage(root *os.File, binaries []string) (*imageView, error) {
 		}
 		v.etc = append(v.etc, imageEntry{dest: f, file: v.hold(fd, f)})
 	}
-	return v, nil
+	return v
 }
 
 func readlinkat(dirfd int, name string) (string, error) {
@@ -288,6 +288,17 @@ func (v *imageView) args(a []string, base int) []string {
 
 // openView opens the image view of in, an instance with an Image.
 func (r *Runtime) openView(in runtimes.Instance) (*imageView, error) {
+	mounted, err := r.mountImage(in)
+	if err != nil {
+		return nil, err
+	}
+	defer mounted.Close()
+	return viewImage(mounted, in.Binaries), nil
+}
+
+// mountImage opens the root file system of in's container and returns
+// it as mounted for the agent (imageMount).
+func (r *Runtime) mountImage(in runtimes.Instance) (*os.File, error) {
 	if in.ImageContainer == "" {
 		return nil, fmt.Errorf("the image %s is the file system of the Sandbox's Pod's container, which does not run yet", in.Image)
 	}
@@ -296,12 +307,7 @@ func (r *Runtime) openView(in runtimes.Instance) (*imageView, error) {
 		return nil, err
 	}
 	defer root.Close()
-	mounted, err := r.imageMount(in.Name, root)
-	if err != nil {
-		return nil, err
-	}
-	defer mounted.Close()
-	return viewImage(mounted, in.Binaries)
+	return r.imageMount(in.Name, root)
 }
 
 // imagesDir, in a driver's directory of trees, holds each instance's
@@ -323,11 +329,7 @@ func (r *Runtime) imageMount(name string, root *os.File) (*os.File, error) {
 	if err := unix.Fstat(int(root.Fd()), &want); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(r.trees, imagesDir)
-	if err := os.MkdirAll(dir, 0o711); err != nil {
-		return nil, fmt.Errorf("preparing the image mounts: %w", err)
-	}
-	m := filepath.Join(dir, name)
+	m := filepath.Join(r.trees, imagesDir, name)
 	l := r.treeLock(imagesDir + "/" + name)
 	l.Lock()
 	defer l.Unlock()
@@ -337,7 +339,14 @@ func (r *Runtime) imageMount(name string, root *os.File) (*os.File, error) {
 	if err := detachAll(m); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(m, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+	err := os.Mkdir(m, 0o755)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The first image mount of this driver's trees.
+		if err = os.Mkdir(filepath.Dir(m), 0o711); err == nil || errors.Is(err, fs.ErrExist) {
+			err = os.Mkdir(m, 0o755)
+		}
+	}
+	if err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("preparing the image mount: %w", err)
 	}
 	src := "/proc/self/fd/" + strconv.Itoa(int(root.Fd()))
