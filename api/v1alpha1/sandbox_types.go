@@ -175,6 +175,7 @@ type BwrapSpec struct {
 	// default ServiceAccount.
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	// +listType=set
 	// +optional
 	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`

@@ -213,6 +213,7 @@ func table(dir string) []entry {
 		sandbox("bwrap table with backend containerd", obj{"backend": "containerd", "containerd": obj{"image": "x"}, "bwrap": obj{"image": "y"}}, refused(v1alpha1.MsgBwrapOnly)),
 		sandbox("bwrap image with a space", obj{"bwrap": obj{"image": "tools:1 --privileged"}}, refused(invalid("spec.bwrap.image", v1alpha1.MsgBwrapImage)...)),
 		sandbox("bwrap image with a newline", obj{"bwrap": obj{"image": "tools:1\nx"}}, refused(invalid("spec.bwrap.image", v1alpha1.MsgBwrapImage)...)),
+		sandbox("bwrap image pull secret that is no Secret's name", obj{"bwrap": obj{"image": "tools:1", "imagePullSecrets": []any{"../other-ns/regcred"}}}, refused("spec.bwrap.imagePullSecrets[0]: Invalid value", "should match")),
 		sandbox("bwrap image pull policy of another name", obj{"bwrap": obj{"image": "tools:1", "imagePullPolicy": "Sometimes"}}, refused("spec.bwrap.imagePullPolicy: Unsupported value")),
 		sandbox("containerd image empty", obj{"backend": "containerd", "containerd": obj{"image": ""}}, refused("spec.containerd.image: Invalid value", "should be at least 1 chars long")),
 
