@@ -40,21 +40,26 @@ func envInt(name string, def int) int {
 }
 
 func claimBenchmark() {
-	n, burst := envInt("SANDBOX_BENCH_N", 30), envInt("SANDBOX_BENCH_BURST", 100)
+	n, burst := max(envInt("SANDBOX_BENCH_N", 30), 2), envInt("SANDBOX_BENCH_BURST", 100)
 	floor := env.APIRoundTrips(n)
 
 	ns := newNamespace()
+	writes := mgr.Writes
 	var cold, hotBound, hotReady []time.Duration
+	// The controller's writes before each cold claim, of its Sandbox.
+	sandboxBefore := make([]int, n)
 	for i := range n {
 		name := fmt.Sprintf("cold-%d", i)
 		Expect(k8s.Create(ctx, newSandbox(ns, name, ns+"-"+name, time.Minute))).To(Succeed())
 		Eventually(sandboxStatus(ns, name), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+		sandboxBefore[i] = writes.Of("sandboxes", ns, name)
 		w := env.WatchClaim(ns, name)
 		start := time.Now()
 		Expect(k8s.Create(ctx, newClaim(ns, name, name))).To(Succeed())
 		cold = append(cold, w.Until(start, v1alpha1.ConditionReady))
 		w.Stop()
 	}
+	hotBefore := writes.Of("sandboxes", ns, "cold-0") + writes.Of("sessionclaims", ns, "cold-0")
 	for i := range n {
 		name := fmt.Sprintf("hot-%d", i)
 		w := env.WatchClaim(ns, name)
@@ -64,6 +69,23 @@ func claimBenchmark() {
 		hotReady = append(hotReady, w.Until(start, v1alpha1.ConditionReady))
 		w.Stop()
 	}
+	// Writes a claim: once every Sandbox counts its claims and the
+	// controller has gone quiet, the writes of each cold claim and of its
+	// Sandbox since the claim (cold-0 left out: the hot claims share it),
+	// and those of the hot claims and of the Sandbox they share.
+	Eventually(sandboxStatus(ns, "cold-0"), timeout).Should(sandboxIs(int32(n+1), metav1.ConditionTrue, v1alpha1.ReasonRunning))
+	for i := 1; i < n; i++ {
+		Eventually(sandboxStatus(ns, fmt.Sprintf("cold-%d", i)), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+	}
+	quiet(writes, ns)
+	coldWrites := 0
+	for i := 1; i < n; i++ {
+		name := fmt.Sprintf("cold-%d", i)
+		coldWrites += writes.Of("sessionclaims", ns, name) + writes.Of("sandboxes", ns, name) - sandboxBefore[i]
+	}
+	hotWrites := writes.Total("sessionclaims", ns, "hot-") + writes.Of("sandboxes", ns, "cold-0") + writes.Of("sessionclaims", ns, "cold-0") - hotBefore
+	perClaim := fmt.Sprintf("API writes a claim (the controller's requests that change the claim or its Sandbox, counted once it is quiet): %.1f on a stopped Sandbox, %.1f on a running one.",
+		float64(coldWrites)/float64(n-1), float64(hotWrites)/float64(n))
 
 	apiBurst := env.APIBurst(burst)
 	coldBurst := claimBurst(burst, true)
@@ -78,10 +100,24 @@ func claimBenchmark() {
 		{What: fmt.Sprintf("burst of %d claims on one running Sandbox → Ready", burst), Ours: sharedBurst,
 			Baseline: fmt.Sprintf("%d concurrent create+read", burst), Base: apiBurst},
 	})
-	table += "\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Conditions observed through a watch. " + testenv.MachineNote() + "\n"
+	table += "\n" + perClaim + "\n\nA burst figure's samples are each claim's time from the burst's start; its p99 is the whole burst. Conditions observed through a watch. " + testenv.MachineNote() + "\n"
 	AddReportEntry("claim benchmark (bwrap)", table)
 	fmt.Fprintln(GinkgoWriter, table)
 	Expect(testenv.WriteBenchTable(testenv.BenchOut(), "bench-claims", table)).To(Succeed())
+}
+
+// quiet waits until the controller has written nothing in namespace ns
+// for half a second.
+func quiet(writes *testharness.Writes, ns string) {
+	total := func() int { return writes.Total("sandboxes", ns, "") + writes.Total("sessionclaims", ns, "") }
+	last := total()
+	Eventually(func() bool {
+		time.Sleep(500 * time.Millisecond)
+		now := total()
+		settled := now == last
+		last = now
+		return settled
+	}, timeout).Should(BeTrue())
 }
 
 // claimBurst creates burst claims at once: each on a Sandbox of its own

@@ -8,6 +8,7 @@ package testharness
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -137,6 +138,8 @@ type Manager struct {
 	// Client is the manager's client, reading through its cache as the
 	// controller's own exec API does.
 	Client client.Client
+	// Writes counts what the manager's client changed, by object.
+	Writes *Writes
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -144,8 +147,9 @@ type Manager struct {
 // StartManager runs the controllers over the given drivers, each wrapped in
 // a Recorder. opts.Runtimes and opts.Host are filled in.
 func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts controllers.Options) *Manager {
-	m := e.newManager(cache.Options{NewInformer: controllers.NewInformerFor(e.Config)})
-	run := &Manager{Runtimes: map[v1alpha1.Backend]*Recorder{}, Client: m.GetClient(), done: make(chan struct{})}
+	writes := &Writes{}
+	m := e.newManager(cache.Options{NewInformer: controllers.NewInformerFor(e.Config)}, writes)
+	run := &Manager{Runtimes: map[v1alpha1.Backend]*Recorder{}, Client: m.GetClient(), Writes: writes, done: make(chan struct{})}
 	opts.Runtimes = map[v1alpha1.Backend]runtimes.Runtime{}
 	for b, d := range drivers {
 		rec := &Recorder{Runtime: d}
@@ -162,9 +166,14 @@ func (e *Env) StartManager(drivers map[v1alpha1.Backend]runtimes.Runtime, opts c
 	return run
 }
 
-// newManager is a manager on the suite's API server with the cache c.
-func (e *Env) newManager(c cache.Options) ctrl.Manager {
-	m, err := ctrl.NewManager(e.Config, ctrl.Options{
+// newManager is a manager on the suite's API server with the cache c,
+// its writes counted in writes (when not nil).
+func (e *Env) newManager(c cache.Options, writes *Writes) ctrl.Manager {
+	cfg := rest.CopyConfig(e.Config)
+	if writes != nil {
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{next: rt, writes: writes} })
+	}
+	m, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  e.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache:   c,

@@ -97,7 +97,7 @@ func (s *Scheduler) Running() bool {
 func (e *Env) StartPlacer(opts controllers.PlacementOptions) *Manager {
 	m := e.newManager(cache.Options{NewInformer: controllers.NewInformerFor(e.Config), ByObject: map[client.Object]cache.ByObject{
 		&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelSandboxPod: "true"})},
-	}})
+	}}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &Manager{Client: m.GetClient(), cancel: cancel, done: make(chan struct{})}
 	Expect(controllers.SetupPlacement(ctx, m, opts)).To(Succeed())
