@@ -29,8 +29,8 @@ type SessionClaimReconciler struct {
 	status statusWriter
 }
 
-// A claim is updated for its finalizer and owner reference, its status only
-// patched; nothing is ever owned by a claim, so no sessionclaims/finalizers.
+// A claim with a worktree is updated for its finalizer and owner
+// reference, every claim's status only patched; nothing is ever owned by a claim, so no sessionclaims/finalizers.
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims/status,verbs=patch
 
@@ -89,7 +89,7 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	read := claim.DeepCopy()
 	f := claimFacts{generation: claim.Generation, sandbox: claim.Spec.SandboxName, namespace: claim.Namespace}
 	pass := r.bind(ctx, claim, sb, found, &f)
-	res, err := r.write(ctx, read, claim, sb, &f, pass)
+	res, err := r.write(ctx, read, claim, &f, pass)
 	if err != nil {
 		return requeueOnConflict(err)
 	}
@@ -102,10 +102,7 @@ type claimPass struct {
 	// complete says the pass got as far as it can for this generation;
 	// with no error, observedGeneration moves to it.
 	complete bool
-	// metadataAfter says the claim's finalizer and owner reference go
-	// after its status.
-	metadataAfter bool
-	res           ctrl.Result
+	res      ctrl.Result
 }
 
 // bind finds what the claim is to its Sandbox and records it in f and in
@@ -137,14 +134,16 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	claim.Status.Endpoint = r.Endpoint
 	if claim.Spec.Worktree == nil {
-		// Without a worktree the status goes first: the Sandbox counts its
-		// claims by name from the moment they exist, so being bound waits
-		// for no other write, and a claim on a running Sandbox is Ready
-		// after this one. Should the metadata then fail, the pass is
-		// retried and only the metadata goes.
+		// Without a worktree the status is the one write: nothing is to
+		// be released when the claim goes (the Sandbox counts its claims
+		// by name and hears of the deletion), and a deleted Sandbox
+		// deletes its claims itself (reconcileDelete), so the claim needs
+		// neither a finalizer nor an owner reference. A claim on a
+		// running Sandbox is Ready after this one write, one on a stopped
+		// Sandbox after the next, and no metadata update stands between.
 		claim.Status.Worktree = nil
 		f.worktree = worktreeNone
-		return claimPass{complete: true, metadataAfter: true}
+		return claimPass{complete: true}
 	}
 	// With a worktree the metadata goes first: the finalizer must be there
 	// before a worktree exists to release. Update answers with the stored
@@ -163,9 +162,9 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 }
 
 // write sends what the pass found: the claim's status, derived once from
-// the facts (claimConditions), then, when the pass left them for after,
-// its finalizer and owner reference. At most two writes on every path.
-func (r *SessionClaimReconciler) write(ctx context.Context, read, claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox, f *claimFacts, pass claimPass) (ctrl.Result, error) {
+// the facts (claimConditions). With the metadata a worktree needs, at most
+// two writes on every path.
+func (r *SessionClaimReconciler) write(ctx context.Context, read, claim *v1alpha1.SessionClaim, f *claimFacts, pass claimPass) (ctrl.Result, error) {
 	f.instance = claim.Status.Instance
 	applyConditions(&claim.Status.Conditions, claimConditions(*f))
 	if pass.err == nil && pass.complete {
@@ -174,20 +173,12 @@ func (r *SessionClaimReconciler) write(ctx context.Context, read, claim *v1alpha
 	if err := r.status.writeStatus(ctx, read, claim, mergeConditions); err != nil {
 		return ctrl.Result{}, errors.Join(pass.err, err)
 	}
-	if pass.err != nil || !pass.metadataAfter {
-		return pass.res, pass.err
-	}
-	// On the object as the status write answered it.
-	changed, err := r.metadata(claim, sb)
-	if err == nil && changed {
-		err = client.IgnoreNotFound(r.Update(ctx, claim))
-	}
-	return pass.res, err
+	return pass.res, pass.err
 }
 
-// metadata sets the claim's finalizer (a worktree is released before the
-// claim goes) and its owner reference (the claim goes with its Sandbox),
-// and says whether either changed.
+// metadata sets the finalizer of a claim with a worktree (its worktree is
+// released before the claim goes) and its owner reference (the claim goes
+// with its Sandbox), and says whether either changed.
 func (r *SessionClaimReconciler) metadata(claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) (bool, error) {
 	changed := controllerutil.AddFinalizer(claim, v1alpha1.Finalizer)
 	if !isOwnedBy(claim, sb) {
@@ -200,7 +191,7 @@ func (r *SessionClaimReconciler) metadata(claim *v1alpha1.SessionClaim, sb *v1al
 }
 
 // release removes the claim's worktree (or keeps it when dirty) and lets
-// the claim go. The Sandbox hears of it through its claim watch and recounts.
+// the claim go; a claim without the finalizer (no worktree) has gone already. The Sandbox hears of it through its claim watch and recounts.
 func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) error {
 	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
 		return nil

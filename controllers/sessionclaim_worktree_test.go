@@ -92,6 +92,9 @@ var _ = Describe("Session worktree health", Ordered, func() {
 	It("reports a locked worktree as WorktreeLocked on the claim and the Sandbox", func() {
 		var c v1alpha1.SessionClaim
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		// A claim with a worktree is released before it goes, and goes with its Sandbox.
+		Expect(c.Finalizers).To(ContainElement(v1alpha1.Finalizer))
+		Expect(c.OwnerReferences).To(ContainElement(HaveField("Name", "gitty")))
 		testharness.HostGit(repo, "worktree", "lock", "--reason", "moved to a laptop", c.Status.Worktree.HostPath)
 		Eventually(claimStatus(ns, "s1"), timeout).Should(
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonWorktreeLocked)))
