@@ -1,11 +1,13 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"time"
 
+	jsonpatch "github.com/evanphx/json-patch/v5"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,22 +117,47 @@ func (w statusWriter) rebase(ctx context.Context, after client.Object, patch map
 }
 
 // statusPatch is the JSON merge patch of the status from before to
-// after; nil when nothing changed.
+// after; nil when nothing changed. Only the status is serialised, not the
+// whole object: it is what a write sends, and the spec and metadata of a
+// Sandbox are most of its bytes.
 func statusPatch(before, after client.Object) (map[string]any, error) {
-	data, err := client.MergeFrom(before).Data(after)
+	fail := func(what string, err error) (map[string]any, error) {
+		return nil, fmt.Errorf("%s the status patch of %T %s/%s: %w", what, after, after.GetNamespace(), after.GetName(), err)
+	}
+	old, err := json.Marshal(statusOf(before))
 	if err != nil {
-		return nil, fmt.Errorf("computing the status patch of %T %s/%s: %w", after, after.GetNamespace(), after.GetName(), err)
+		return fail("computing", err)
 	}
-	var all struct {
-		Status map[string]any `json:"status"`
+	cur, err := json.Marshal(statusOf(after))
+	if err != nil {
+		return fail("computing", err)
 	}
-	if err := json.Unmarshal(data, &all); err != nil {
-		return nil, fmt.Errorf("reading the status patch of %T %s/%s: %w", after, after.GetNamespace(), after.GetName(), err)
-	}
-	if len(all.Status) == 0 {
+	if bytes.Equal(old, cur) {
 		return nil, nil
 	}
-	return all.Status, nil
+	data, err := jsonpatch.CreateMergePatch(old, cur)
+	if err != nil {
+		return fail("computing", err)
+	}
+	var patch map[string]any
+	if err := json.Unmarshal(data, &patch); err != nil {
+		return fail("reading", err)
+	}
+	if len(patch) == 0 {
+		return nil, nil
+	}
+	return patch, nil
+}
+
+// statusOf is the status of a kind whose status this package writes.
+func statusOf(obj client.Object) any {
+	switch o := obj.(type) {
+	case *v1alpha1.Sandbox:
+		return &o.Status
+	case *v1alpha1.SessionClaim:
+		return &o.Status
+	}
+	panic(fmt.Sprintf("no status writer for %T", obj))
 }
 
 // conditionsOf is the conditions list of a kind whose status this package
