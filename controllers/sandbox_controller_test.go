@@ -71,6 +71,9 @@ var _ = Describe("Sandbox refcounting", func() {
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionBound, metav1.ConditionTrue, v1alpha1.ReasonBound)),
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)),
 		))
+		// The claim waited for its Sandbox to start (startingFor) and said
+		// Bound and Ready in one write, not Bound first.
+		Expect(mgr.Writes.Of("sessionclaims", ns, "c1")).To(Equal(1))
 
 		By("1→2: no second Ensure")
 		c2 := newClaim(ns, "c2", "counted")

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -102,7 +104,33 @@ type claimPass struct {
 	// complete says the pass got as far as it can for this generation;
 	// with no error, observedGeneration moves to it.
 	complete bool
-	res      ctrl.Result
+	// hold says the status waits: the claim's Sandbox is starting for it
+	// (startingFor).
+	hold bool
+	res  ctrl.Result
+}
+
+// startGrace is how long a new claim on a stopped Sandbox waits for the
+// Sandbox to start before it says Bound and not Ready.
+const startGrace = 5 * time.Second
+
+// startingFor says how long more a new claim's first status waits, 0 when
+// it goes now. A claim that has never said Bound, on a Sandbox that has
+// not reported yet or is Stopped, waits: the Sandbox counts the claim and
+// starts, and its Ready turning True, or a reason of why not, brings the
+// claim back (sandboxChangesForClaims), which then writes Bound and Ready
+// at once. A claim on a stopped Sandbox is so Ready after one write of its
+// own instead of two, the second queued behind the first. Past startGrace
+// since its creation it writes what it has, so a Sandbox that never
+// reacts leaves no claim without status.
+func startingFor(claim *v1alpha1.SessionClaim, sandboxReady *metav1.Condition, now time.Time) time.Duration {
+	if findCondition(claim.Status.Conditions, v1alpha1.ConditionBound) != nil {
+		return 0
+	}
+	if sandboxReady != nil && (sandboxReady.Status == metav1.ConditionTrue || sandboxReady.Reason != v1alpha1.ReasonStopped) {
+		return 0
+	}
+	return max(claim.CreationTimestamp.Add(startGrace).Sub(now), 0)
 }
 
 // bind finds what the claim is to its Sandbox and records it in f and in
@@ -138,11 +166,12 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 		// be released when the claim goes (the Sandbox counts its claims
 		// by name and hears of the deletion), and a deleted Sandbox
 		// deletes its claims itself (reconcileDelete), so the claim needs
-		// neither a finalizer nor an owner reference. A claim on a
-		// running Sandbox is Ready after this one write, one on a stopped
-		// Sandbox after the next, and no metadata update stands between.
+		// neither a finalizer nor an owner reference.
 		claim.Status.Worktree = nil
 		f.worktree = worktreeNone
+		if wait := startingFor(claim, f.sandboxReady, time.Now()); wait > 0 {
+			return claimPass{complete: true, hold: true, res: ctrl.Result{RequeueAfter: wait}}
+		}
 		return claimPass{complete: true}
 	}
 	// With a worktree the metadata goes first: the finalizer must be there
@@ -165,6 +194,9 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 // the facts (claimConditions). With the metadata a worktree needs, at most
 // two writes on every path.
 func (r *SessionClaimReconciler) write(ctx context.Context, read, claim *v1alpha1.SessionClaim, f *claimFacts, pass claimPass) (ctrl.Result, error) {
+	if pass.hold {
+		return pass.res, nil
+	}
 	f.instance = claim.Status.Instance
 	applyConditions(&claim.Status.Conditions, claimConditions(*f))
 	if pass.err == nil && pass.complete {

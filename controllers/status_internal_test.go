@@ -405,3 +405,35 @@ func TestPlacementConditions(t *testing.T) {
 		t.Errorf("no outcome derived %v, want nothing", got)
 	}
 }
+
+func TestStartingForHoldsOnlyANewClaimOnAStoppedSandbox(t *testing.T) {
+	created := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
+	newClaim := func(conds ...metav1.Condition) *v1alpha1.SessionClaim {
+		c := &v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(created)}}
+		c.Status.Conditions = conds
+		return c
+	}
+	ready := func(status metav1.ConditionStatus, reason string) *metav1.Condition {
+		return &metav1.Condition{Type: v1alpha1.ConditionReady, Status: status, Reason: reason}
+	}
+	bound := metav1.Condition{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound}
+	soon := created.Add(time.Second)
+	for _, tc := range []struct {
+		name    string
+		claim   *v1alpha1.SessionClaim
+		sandbox *metav1.Condition
+		now     time.Time
+		want    time.Duration
+	}{
+		{"a new claim, Sandbox not reported yet", newClaim(), nil, soon, startGrace - time.Second},
+		{"a new claim, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), soon, startGrace - time.Second},
+		{"a new claim, Sandbox running", newClaim(), ready(metav1.ConditionTrue, v1alpha1.ReasonRunning), soon, 0},
+		{"a new claim, Sandbox failed", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec), soon, 0},
+		{"a claim that said Bound, Sandbox stopped", newClaim(bound), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), soon, 0},
+		{"a new claim past the grace, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), created.Add(startGrace), 0},
+	} {
+		if got := startingFor(tc.claim, tc.sandbox, tc.now); got != tc.want {
+			t.Errorf("%s: waits %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
