@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
@@ -158,16 +158,14 @@ install-plugin links it).`
 func claimNames(cf *clusterFlags, toComplete, suffix string) ([]string, cobra.ShellCompDirective) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	loader := cf.kube.ToRawKubeConfigLoader()
+	loader := cf.kube.loader()
 	cfg, err := loader.ClientConfig()
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
-	ns := *cf.kube.Namespace
-	if ns == "" {
-		if ns, _, err = loader.Namespace(); err != nil {
-			return nil, cobra.ShellCompDirectiveError
-		}
+	ns, err := cf.kube.namespace(loader)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError
 	}
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
@@ -191,22 +189,22 @@ func claimNames(cf *clusterFlags, toComplete, suffix string) ([]string, cobra.Sh
 func namespaceNames(cf *clusterFlags, toComplete string) ([]string, cobra.ShellCompDirective) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cfg, err := cf.kube.ToRESTConfig()
+	cfg, err := cf.kube.loader().ClientConfig()
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
-	kube, err := kubernetes.NewForConfig(cfg)
+	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
-	list, err := kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	list, err := dc.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
 	var out []string
 	for _, n := range list.Items {
-		if strings.HasPrefix(n.Name, toComplete) {
-			out = append(out, n.Name)
+		if strings.HasPrefix(n.GetName(), toComplete) {
+			out = append(out, n.GetName())
 		}
 	}
 	return out, cobra.ShellCompDirectiveNoFileComp

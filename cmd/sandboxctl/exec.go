@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
+	"path"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,13 +21,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/util/exec"
-	"k8s.io/utils/ptr"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
@@ -40,7 +42,7 @@ const refusedPrefix = "command refused"
 // them; --server and --insecure-skip-tls-verify are not kubectl's here:
 // they name and trust the exec API.
 type clusterFlags struct {
-	kube                *genericclioptions.ConfigFlags
+	kube                kubeFlags
 	server, caFile      string
 	audience, tokenFile string
 	systemNamespace     string
@@ -48,14 +50,43 @@ type clusterFlags struct {
 	via                 string
 }
 
+// kubeFlags are kubectl's flags, bound with client-go's kubeconfig loader
+// alone: sandboxctl links no typed client and no kubectl library, which
+// would cost every one-shot run their start.
+type kubeFlags struct {
+	rules     clientcmd.ClientConfigLoadingRules
+	overrides clientcmd.ConfigOverrides
+}
+
 func newClusterFlags() *clusterFlags {
-	kube := genericclioptions.NewConfigFlags(false)
-	// --server and --insecure-skip-tls-verify are the exec API's.
-	kube.APIServer, kube.Insecure = nil, nil
-	// No discovery cache: sandboxctl asks for one group, once.
-	kube.CacheDir = nil
-	kube.Timeout = ptr.To("")
-	return &clusterFlags{kube: kube}
+	f := &clusterFlags{}
+	f.kube.rules = *clientcmd.NewDefaultClientConfigLoadingRules()
+	return f
+}
+
+// addFlags registers kubectl's flags but --server and
+// --insecure-skip-tls-verify, which are the exec API's.
+func (k *kubeFlags) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&k.rules.ExplicitPath, clientcmd.RecommendedConfigPathFlag, "", "Path to the kubeconfig file to use for CLI requests.")
+	names := clientcmd.RecommendedConfigOverrideFlags("")
+	names.ClusterOverrideFlags.APIServer.LongName = ""
+	names.ClusterOverrideFlags.InsecureSkipTLSVerify.LongName = ""
+	names.Timeout.Default = ""
+	clientcmd.BindOverrideFlags(&k.overrides, fs, names)
+}
+
+// loader is the kubeconfig as the flags select it.
+func (k *kubeFlags) loader() clientcmd.ClientConfig {
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(&k.rules, &k.overrides)
+}
+
+// namespace is -n, else the kubeconfig context's.
+func (k *kubeFlags) namespace(cc clientcmd.ClientConfig) (string, error) {
+	if ns := k.overrides.Context.Namespace; ns != "" {
+		return ns, nil
+	}
+	ns, _, err := cc.Namespace()
+	return ns, err
 }
 
 // How a client reaches the exec API (--via).
@@ -65,7 +96,7 @@ const (
 )
 
 func (f *clusterFlags) register(fs *pflag.FlagSet) {
-	f.kube.AddFlags(fs)
+	f.kube.addFlags(fs)
 	fs.StringVar(&f.via, "via", "", "how to reach the claim's sandbox: api-server (the aggregated API "+v1alpha1.SubresourceGroup+", with the kubeconfig's own credentials, from anywhere kubectl works) or node (the exec API of the Sandbox's node, the claim's status.endpoint); default api-server when the API server serves that API, else node")
 	fs.StringVar(&f.server, "server", "", "the exec API's address (https://host:port); default the endpoint in the claim's status")
 	fs.StringVar(&f.caFile, "api-ca-file", "", "CA bundle that signed the exec API's serving certificate (default: the cluster's exec API CA, published in ConfigMap "+v1alpha1.ExecCAConfigMap+" of --system-namespace; without one, the kubeconfig's CA)")
@@ -83,23 +114,21 @@ func (f *clusterFlags) register(fs *pflag.FlagSet) {
 // certificate is sent as it is, a service account token is exchanged for
 // one bound to the exec API's audience (exectoken.ForExecAPI).
 func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Config, string, string, error) {
-	if t := *f.kube.Timeout; t != "" {
+	if t := f.kube.overrides.Timeout; t != "" {
 		if _, err := strconv.Atoi(t); err != nil {
 			if _, err := time.ParseDuration(t); err != nil {
 				return nil, "", "", fmt.Errorf("--request-timeout %q: give seconds or a duration such as 30s or 2m", t)
 			}
 		}
 	}
-	cc := f.kube.ToRawKubeConfigLoader()
+	cc := f.kube.loader()
 	cfg, err := cc.ClientConfig()
 	if err != nil {
 		return nil, "", "", fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	ns := *f.kube.Namespace
-	if ns == "" {
-		if ns, _, err = cc.Namespace(); err != nil {
-			return nil, "", "", fmt.Errorf("finding the namespace: %w", err)
-		}
+	ns, err := f.kube.namespace(cc)
+	if err != nil {
+		return nil, "", "", fmt.Errorf("finding the namespace: %w", err)
 	}
 	via := f.via
 	switch {
@@ -162,14 +191,8 @@ func (f *clusterFlags) apiConfig(ctx context.Context, claim string) (*rest.Confi
 // server unreachable, discovery refused) is said on stderr before the
 // node path is taken, so a switch of path is never silent.
 func aggregatedServed(cfg *rest.Config) bool {
-	cfg = rest.CopyConfig(cfg)
-	cfg.Timeout = 10 * time.Second
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return false
-	}
 	gv := v1alpha1.SubresourceGroup + "/" + v1alpha1.SubresourceVersion
-	res, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
+	res, err := groupResources(cfg, gv)
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
 			fmt.Fprintf(os.Stderr, "sandboxctl: asking the API server whether it serves %s: %v; using the node's exec API (--via %s)\n", gv, err, viaNode)
@@ -184,22 +207,57 @@ func aggregatedServed(cfg *rest.Config) bool {
 	return false
 }
 
+// groupResources is the API server's discovery document of one group
+// version (GET /apis/<gv>), read with a deadline. client-go's discovery
+// client would link the typed clients of every API group.
+func groupResources(cfg *rest.Config, gv string) (*metav1.APIResourceList, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = 10 * time.Second
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	base, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	base.Path = path.Join(base.Path, "/apis", gv)
+	resp, err := hc.Get(base.String())
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, apierrors.NewGenericServerResponse(resp.StatusCode, http.MethodGet, schema.GroupResource{Group: v1alpha1.SubresourceGroup}, "", strings.TrimSpace(string(body)), 0, false)
+	}
+	var list metav1.APIResourceList
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, fmt.Errorf("reading the discovery document of %s: %w", gv, err)
+	}
+	return &list, nil
+}
+
 // publishedCA is the exec API's CA the controllers publish, or nil when
 // the cluster has none (its exec APIs were given certificates of their
 // own, and the kubeconfig's CA or --api-ca-file is to be used).
 func publishedCA(ctx context.Context, cfg *rest.Config, namespace string) ([]byte, error) {
-	kube, err := kubernetes.NewForConfig(cfg)
+	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, v1alpha1.ExecCAConfigMap, metav1.GetOptions{})
+	configMaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	cm, err := dc.Resource(configMaps).Namespace(namespace).Get(ctx, v1alpha1.ExecCAConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("reading the exec API's CA (ConfigMap %s/%s; or give --api-ca-file): %w", namespace, v1alpha1.ExecCAConfigMap, err)
 	}
-	ca := cm.Data[v1alpha1.ExecCAConfigMapKey]
+	ca, _, _ := unstructured.NestedString(cm.Object, "data", v1alpha1.ExecCAConfigMapKey)
 	if ca == "" {
 		return nil, fmt.Errorf("the ConfigMap %s/%s has no %s; give --api-ca-file", namespace, v1alpha1.ExecCAConfigMap, v1alpha1.ExecCAConfigMapKey)
 	}

@@ -18,7 +18,10 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 )
@@ -102,13 +105,22 @@ func readToken(path string) (string, error) {
 // request asks the API server for a token of service account ns/name for
 // audience, with cfg's own credentials (the service account's token).
 func request(ctx context.Context, cfg *rest.Config, ns, name, audience string) (string, error) {
-	kube, err := kubernetes.NewForConfig(cfg)
+	// Through the dynamic client: the typed clientset would link every
+	// API group's client into sandboxctl, whose one-shot run starts them all.
+	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return "", fmt.Errorf("requesting an exec API token for service account %s/%s: %w", ns, name, err)
 	}
-	tr, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authnv1.TokenRequest{
-		Spec: authnv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: ptr.To(int64(Lifetime))},
-	}, metav1.CreateOptions{})
+	body, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&authnv1.TokenRequest{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "authentication.k8s.io/v1", Kind: "TokenRequest"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       authnv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: ptr.To(int64(Lifetime))},
+	})
+	if err != nil {
+		return "", fmt.Errorf("requesting an exec API token for service account %s/%s: %w", ns, name, err)
+	}
+	sa := schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}
+	out, err := dc.Resource(sa).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: body}, metav1.CreateOptions{}, "token")
 	if apierrors.IsForbidden(err) {
 		return "", fmt.Errorf("requesting an exec API token (audience %q) for service account %s/%s: %w; "+
 			"grant it create on serviceaccounts/token for its own name (resourceNames: [%s]), or mount a projected service account token with that audience and pass it with --api-token-file",
@@ -117,10 +129,11 @@ func request(ctx context.Context, cfg *rest.Config, ns, name, audience string) (
 	if err != nil {
 		return "", fmt.Errorf("requesting an exec API token (audience %q) for service account %s/%s: %w", audience, ns, name, err)
 	}
-	if tr.Status.Token == "" {
+	token, _, _ := unstructured.NestedString(out.Object, "status", "token")
+	if token == "" {
 		return "", errors.New("requesting an exec API token: the API server answered without a token")
 	}
-	return tr.Status.Token, nil
+	return token, nil
 }
 
 // claims are the parts of a JWT's payload this package reads. The token is
