@@ -2,12 +2,12 @@ package v1alpha1
 
 import (
 	"fmt"
-	"regexp"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/cireilclaw/sandbox-controller/internal/commandname"
+	"github.com/cireilclaw/sandbox-controller/internal/pattern"
 )
 
 // The messages of the admission rules. Each one is also the message of a CEL
@@ -51,8 +51,8 @@ const ShellMetacharacters = commandname.ShellMetacharacters
 const MaxAgentLength = 52
 
 var (
-	agentPattern   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	agentPattern   = pattern.Lazy(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	envNamePattern = pattern.Lazy(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 // InstanceName is the runtime instance name of an agent, as the seed names it.
@@ -108,7 +108,7 @@ func ValidateSandboxSpec(spec *SandboxSpec) field.ErrorList {
 		}
 	}
 	for i, n := range spec.Env.Passthrough {
-		if !envNamePattern.MatchString(string(n)) {
+		if !envNamePattern().MatchString(string(n)) {
 			errs = append(errs, field.Invalid(p.Child("env", "passthrough").Index(i), n, MsgEnvName))
 		}
 	}
@@ -130,15 +130,15 @@ func validateBwrap(spec *SandboxSpec, p *field.Path) field.ErrorList {
 	if spec.BackendOrDefault() != BackendBwrap {
 		errs = append(errs, field.Invalid(p, spec.BackendOrDefault(), MsgBwrapOnly))
 	}
-	if b.Image != "" && !imageRefPattern.MatchString(b.Image) {
+	if b.Image != "" && !imageRefPattern().MatchString(b.Image) {
 		errs = append(errs, field.Invalid(p.Child("image"), b.Image, MsgBwrapImage))
 	}
 	return errs
 }
 
-var imageRefPattern = regexp.MustCompile(`^[^\s\p{C}]+$`)
+var imageRefPattern = pattern.Lazy(`^[^\s\p{C}]+$`)
 
-var worktreeNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+var worktreeNamePattern = pattern.Lazy(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // ValidateWorktree applies the admission rules of spec.worktree.
 func ValidateWorktree(w *WorktreeSpec) field.ErrorList {
@@ -147,7 +147,7 @@ func ValidateWorktree(w *WorktreeSpec) field.ErrorList {
 	if w.Repository == "" || strings.HasPrefix(w.Repository, "/") || len(CheckMountTarget(w.Repository)) > 0 {
 		errs = append(errs, field.Invalid(p.Child("repository"), w.Repository, MsgWorktreeRepository))
 	}
-	if w.Name != "" && (len(w.Name) > 63 || !worktreeNamePattern.MatchString(w.Name)) {
+	if w.Name != "" && (len(w.Name) > 63 || !worktreeNamePattern().MatchString(w.Name)) {
 		errs = append(errs, field.Invalid(p.Child("name"), w.Name, MsgWorktreeName))
 	}
 	if w.Name != "" && CheckWorktreeRef(w.Name) != "" {
@@ -187,7 +187,7 @@ func CheckWorktreeRef(ref string) string {
 
 // CheckAgent returns the rule an agent slug breaks, or "".
 func CheckAgent(agent string) string {
-	if len(agent) == 0 || len(agent) > MaxAgentLength || !agentPattern.MatchString(agent) {
+	if len(agent) == 0 || len(agent) > MaxAgentLength || !agentPattern().MatchString(agent) {
 		return MsgAgentLabel
 	}
 	return ""

@@ -1,13 +1,14 @@
 package v1alpha1
 
 import (
-	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/cireilclaw/sandbox-controller/internal/pattern"
 )
 
 // The messages of the rules on fields Go decodes strictly (durations,
@@ -50,14 +51,14 @@ var (
 	// joiners, byte order marks), surrogates, private-use characters and
 	// line and paragraph separators: what would make a name read
 	// differently from what it is.
-	printablePattern = regexp.MustCompile(`^[^\p{C}\p{Zl}\p{Zp}]*$`)
+	printablePattern = pattern.Lazy(`^[^\p{C}\p{Zl}\p{Zp}]*$`)
 	// binaryPattern is the portable filename character set, with '+' for
 	// names such as g++, and no leading '-' (an option) or '.' (hidden).
-	binaryPattern = regexp.MustCompile(`^[A-Za-z0-9_+][A-Za-z0-9._+-]*$`)
+	binaryPattern = pattern.Lazy(`^[A-Za-z0-9_+][A-Za-z0-9._+-]*$`)
 	// durationPattern is the subset of Go's duration syntax that cannot
 	// overflow within 20 characters: no sign, at most 6 digits before a
 	// unit, no µ.
-	durationPattern = regexp.MustCompile(`^(([0-9]{1,6}(\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h))+$`)
+	durationPattern = pattern.Lazy(`^(([0-9]{1,6}(\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h))+$`)
 )
 
 // maxDurationLength bounds the duration string; with durationPattern it
@@ -68,7 +69,7 @@ const maxDurationLength = 20
 // name and path rules require: valid UTF-8, no control, format,
 // line-separator or private-use characters.
 func CheckPrintable(s string) bool {
-	return utf8.ValidString(s) && printablePattern.MatchString(s)
+	return utf8.ValidString(s) && printablePattern().MatchString(s)
 }
 
 // CheckMountSourceInput returns the rules a mount source breaks beyond its
@@ -91,7 +92,7 @@ func CheckMountSourceInput(src string) []string {
 // CheckBinaryPortable returns MsgBinaryPortable when a binary name leaves
 // the portable filename set, or "".
 func CheckBinaryPortable(name string) string {
-	if !binaryPattern.MatchString(name) {
+	if !binaryPattern().MatchString(name) {
 		return MsgBinaryPortable
 	}
 	return ""
@@ -100,7 +101,7 @@ func CheckBinaryPortable(name string) string {
 // CheckDurationString returns MsgIdleTimeoutFormat when s is not a
 // duration the admission rule admits, or "".
 func CheckDurationString(s string) string {
-	if len(s) > maxDurationLength || !durationPattern.MatchString(s) {
+	if len(s) > maxDurationLength || !durationPattern().MatchString(s) {
 		return MsgIdleTimeoutFormat
 	}
 	return ""

@@ -2,9 +2,10 @@ package v1alpha1
 
 import (
 	"net/netip"
-	"regexp"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/cireilclaw/sandbox-controller/internal/pattern"
 )
 
 // The messages of spec.network's rules; the CEL markers in
@@ -20,7 +21,7 @@ const (
 
 // egressHostPattern is the form of a host name or wildcard in an egress
 // rule: lowercase DNS labels, at least two, optionally after "*.".
-var egressHostPattern = regexp.MustCompile(`^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])+[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+var egressHostPattern = pattern.Lazy(`^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])+[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // CheckEgressHost says whether h is a host an egress rule may name: a
 // name, a wildcard or an IP address without a zone.
@@ -28,7 +29,7 @@ func CheckEgressHost(h string) bool {
 	if a, err := netip.ParseAddr(h); err == nil {
 		return a.Zone() == ""
 	}
-	return len(h) <= 253 && egressHostPattern.MatchString(h)
+	return len(h) <= 253 && egressHostPattern().MatchString(h)
 }
 
 // validateNetwork applies spec.network's rules.

@@ -18,7 +18,6 @@ import (
 	"io/fs"
 	"os"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/backend"
+	"github.com/cireilclaw/sandbox-controller/internal/pattern"
 )
 
 // file is sandbox.toml as written. Every key the file may hold is a toml
@@ -261,7 +261,7 @@ func decodeError(name string, data []byte, err error) error {
 	// Type mismatches carry only a line, inside the message.
 	msg := err.Error()
 	e := &Error{File: name, Message: strings.TrimPrefix(msg, "toml: ")}
-	if m := typeErrorPattern.FindStringSubmatch(msg); m != nil {
+	if m := typeErrorPattern().FindStringSubmatch(msg); m != nil {
 		e.Line, _ = strconv.Atoi(m[1])
 		e.Key = m[2]
 		e.Message = m[3]
@@ -269,7 +269,7 @@ func decodeError(name string, data []byte, err error) error {
 	return e
 }
 
-var typeErrorPattern = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
+var typeErrorPattern = pattern.Lazy(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
 
 // toSpec turns the file into a spec; the errors are values that do not
 // parse (a size that is not a quantity), before any rule is applied.
@@ -361,7 +361,7 @@ func validate(name string, spec *v1alpha1.SandboxSpec, loc *locator) error {
 	return errors.Join(errs...)
 }
 
-var indexPattern = regexp.MustCompile(`\[(\d+)\]`)
+var indexPattern = pattern.Lazy(`\[(\d+)\]`)
 
 func tomlError(name string, fe *field.Error, loc *locator) *Error {
 	path := strings.TrimPrefix(fe.Field, "spec.")
@@ -392,10 +392,10 @@ func tomlError(name string, fe *field.Error, loc *locator) *Error {
 	e := &Error{File: name, Key: path, Message: msg}
 	if loc != nil && topName != "agent" {
 		index := -1
-		if m := indexPattern.FindStringSubmatch(path); m != nil {
+		if m := indexPattern().FindStringSubmatch(path); m != nil {
 			index, _ = strconv.Atoi(m[1])
 		}
-		key := toml.Key(strings.Split(indexPattern.ReplaceAllString(path, ""), "."))
+		key := toml.Key(strings.Split(indexPattern().ReplaceAllString(path, ""), "."))
 		e.Line, e.Column = loc.position(key, index)
 	}
 	return e

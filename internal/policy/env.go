@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/pattern"
 )
 
 // MinimalPath is the PATH every command gets: the system directories only.
@@ -43,7 +43,7 @@ var GitConfig = []string{
 // the workspace" and "PATH is minimal" hold for every command.
 var fixedVars = []string{"HOME", "PATH"}
 
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var envName = pattern.Lazy(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // EnvSources are everything a command's environment is built from.
 type EnvSources struct {
@@ -110,7 +110,7 @@ func BuildEnv(src EnvSources) ([]string, error) {
 	}
 
 	for _, name := range src.Passthrough {
-		if !envName.MatchString(name) {
+		if !envName().MatchString(name) {
 			return nil, fmt.Errorf("building the command environment: passthrough variable %q: not a variable name", name)
 		}
 		if slices.Contains(fixedVars, name) {
@@ -192,7 +192,7 @@ func parseDotEnvLine(text string) (DotEnvVar, error) {
 		return DotEnvVar{}, errors.New("expected NAME=value")
 	}
 	name = strings.TrimSpace(name)
-	if !envName.MatchString(name) {
+	if !envName().MatchString(name) {
 		return DotEnvVar{}, fmt.Errorf("%q is not a variable name: letters, digits and '_', not starting with a digit", name)
 	}
 	if slices.Contains(fixedVars, name) {

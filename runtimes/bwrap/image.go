@@ -7,13 +7,13 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/pattern"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -30,7 +30,7 @@ import (
 
 // containerIDPattern is the shape of a container ID the driver accepts:
 // containerd's, and no path.
-var containerIDPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var containerIDPattern = pattern.Lazy(`^[0-9a-f]{64}$`)
 
 // imageView is what of an image's root file system one command sees, held
 // open: the descriptors bubblewrap binds, in the order Args numbers them.
@@ -86,7 +86,7 @@ func openImageRoot(bundles, id string) (*os.File, error) {
 	if bundles == "" {
 		return nil, errors.New("this node's controller does not run image Sandboxes: it was started without --container-bundles (the node runtime's directory of its containers' bundles)")
 	}
-	if !containerIDPattern.MatchString(id) {
+	if !containerIDPattern().MatchString(id) {
 		return nil, fmt.Errorf("the container ID %q of the Sandbox's Pod is not 64 hexadecimal digits", id)
 	}
 	dir, err := unix.Open(bundles, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

@@ -1,6 +1,7 @@
 package bwrap
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -171,8 +172,13 @@ func claimTrees(stateDir, trees string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(trees, ownerFile), []byte(filepath.Clean(stateDir)+"\n"), 0o644); err != nil {
-		return fmt.Errorf("recording the owner of %s: %w", trees, err)
+	owner, record := filepath.Join(trees, ownerFile), []byte(filepath.Clean(stateDir)+"\n")
+	// Read first: every start of a one-shot run comes here, and the record
+	// is there and the same but the first time.
+	if b, err := os.ReadFile(owner); err != nil || !bytes.Equal(b, record) {
+		if err := os.WriteFile(owner, record, 0o644); err != nil {
+			return fmt.Errorf("recording the owner of %s: %w", trees, err)
+		}
 	}
 	st, err := FindStaleTrees(stateDir)
 	if err != nil {

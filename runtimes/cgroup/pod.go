@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/pattern"
 )
 
 // A Sandbox on a cluster has a Pod, and the kubelet accounts for what runs
@@ -29,7 +30,7 @@ var ErrPodNotFound = errors.New("the Pod's cgroup is not on this node")
 
 // uidPattern is a Pod UID as the API server makes it; nothing else is
 // looked for, so a UID never becomes more than a file name.
-var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+var uidPattern = pattern.Lazy(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
 // podSearchDepth bounds the search: the kubelet's pod cgroups sit at
 // <cgroup-root>/kubepods[/<qos>]/pod<uid> (cgroupfs driver) or
@@ -95,13 +96,13 @@ func (p *Pods) Find(uid, containerID string) (string, error) {
 }
 
 // containerIDPattern is a container ID as the kubelet reports it.
-var containerIDPattern = regexp.MustCompile(`^[a-z0-9.-]+://([0-9a-f]{64})$`)
+var containerIDPattern = pattern.Lazy(`^[a-z0-9.-]+://([0-9a-f]{64})$`)
 
 // container returns the cgroup of the container with id below the Pod's
 // cgroup pod (v1): <id> under the kubelet's cgroupfs driver, a scope named
 // after the runtime and the id under its systemd driver.
 func (p *Pods) container(pod, containerID string) (string, error) {
-	m := containerIDPattern.FindStringSubmatch(containerID)
+	m := containerIDPattern().FindStringSubmatch(containerID)
 	if m == nil {
 		return "", fmt.Errorf("%w: the Pod's container has no ID yet (%q)", ErrPodNotFound, containerID)
 	}
@@ -130,7 +131,7 @@ func (p *Pods) inEveryHierarchy(path string) bool {
 // each hierarchy. On v1 the memory hierarchy is searched, and the path must
 // be in the others too, as the kubelet makes it in each. p.mu is held.
 func (p *Pods) pod(uid string, v2 bool) (string, error) {
-	if !uidPattern.MatchString(uid) {
+	if !uidPattern().MatchString(uid) {
 		return "", fmt.Errorf("%q is not a Pod UID", uid)
 	}
 	base := p.Root
