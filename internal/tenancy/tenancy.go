@@ -15,7 +15,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
@@ -78,25 +81,71 @@ func Bind(root, agent, namespace string) error {
 	if namespace == "" || strings.ContainsAny(namespace, "/\n\x00") {
 		return fmt.Errorf("binding the areas of agent %q: namespace %q is not a namespace name", agent, namespace)
 	}
-	dir, err := recordDir(root)
-	if err != nil {
-		return err
-	}
-	path := filepath.Join(dir, agent)
-	owner, err := read(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		if err := record(dir, path, agent, namespace); err != nil {
+	owner, ok := remembered(root, agent)
+	if !ok {
+		dir, err := recordDir(root)
+		if err != nil {
 			return err
 		}
-		owner, err = read(path)
-	}
-	if err != nil {
-		return err
+		path := filepath.Join(dir, agent)
+		owner, err = read(root, agent, path)
+		if errors.Is(err, fs.ErrNotExist) {
+			if err := record(dir, path, agent, namespace); err != nil {
+				return err
+			}
+			owner, err = read(root, agent, path)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if owner != namespace {
 		return &ConflictError{Agent: agent, Namespace: namespace, Owner: owner}
 	}
 	return nil
+}
+
+// Every reconcile of a Sandbox and of its claims, and every exec and file
+// request, asks Bind; a record, once written, changes only when an
+// administrator removes it to hand the areas over. So this process
+// remembers each record it read with the file's identity, and a record
+// whose file is still that one (same device, inode, size and change time,
+// one lstat) is not read again; any other is.
+
+// recordKey names one record: the areas root and the agent.
+type recordKey struct{ root, agent string }
+
+// recordSeen is a record as read, and its file's identity then.
+type recordSeen struct {
+	namespace string
+	dev, ino  uint64
+	size      int64
+	ctime     unix.Timespec
+}
+
+var (
+	seenMu sync.Mutex
+	seen   = map[recordKey]recordSeen{}
+)
+
+// remembered returns the namespace of the record of agent under root when
+// this process read it and its file has not changed since.
+func remembered(root, agent string) (string, bool) {
+	seenMu.Lock()
+	r, ok := seen[recordKey{root, agent}]
+	seenMu.Unlock()
+	if !ok {
+		return "", false
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(root, RecordDir, agent), &st); err != nil || !sameFile(r, &st) {
+		return "", false
+	}
+	return r.namespace, true
+}
+
+func sameFile(r recordSeen, st *unix.Stat_t) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && uint64(st.Dev) == r.dev && st.Ino == r.ino && st.Size == r.size && st.Ctim == r.ctime
 }
 
 // record writes namespace to path unless path exists. The record is
@@ -143,8 +192,9 @@ func recordDir(root string) (string, error) {
 	return dir, nil
 }
 
-// read returns the namespace a record holds, never following a link.
-func read(path string) (string, error) {
+// read returns the namespace a record holds, never following a link, and
+// remembers it with the identity of the file it was read from.
+func read(root, agent, path string) (string, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -153,6 +203,10 @@ func read(path string) (string, error) {
 		return "", fmt.Errorf("reading the namespace record %s: %w", path, err)
 	}
 	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return "", fmt.Errorf("reading the namespace record %s: %w", path, err)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxRecord+1))
 	if err != nil {
 		return "", fmt.Errorf("reading the namespace record %s: %w", path, err)
@@ -160,6 +214,11 @@ func read(path string) (string, error) {
 	ns := strings.TrimSuffix(string(b), "\n")
 	if len(b) > maxRecord || ns == "" || strings.ContainsAny(ns, "/\n\x00") {
 		return "", fmt.Errorf("the namespace record %s is damaged; an administrator must repair it (it holds the namespace the agent's areas belong to)", path)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFREG {
+		seenMu.Lock()
+		seen[recordKey{root, agent}] = recordSeen{namespace: ns, dev: uint64(st.Dev), ino: st.Ino, size: st.Size, ctime: st.Ctim}
+		seenMu.Unlock()
 	}
 	return ns, nil
 }

@@ -171,3 +171,56 @@ func TestBindRace(t *testing.T) {
 		}
 	}
 }
+
+// Bind remembers the records it read, but never past a change of the
+// record: an administrator's handover (the record removed) and a record
+// rewritten in place are both seen at the next Bind.
+func TestBindSeesTheRecordChange(t *testing.T) {
+	root := t.TempDir()
+	if err := Bind(root, "alice", "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	record := filepath.Join(root, RecordDir, "alice")
+	if err := os.Remove(record); err != nil {
+		t.Fatal(err)
+	}
+	if err := Bind(root, "alice", "team-b"); err != nil {
+		t.Fatalf("after the record was removed (a handover): %v", err)
+	}
+	if err := Bind(root, "alice", "team-a"); err == nil {
+		t.Fatal("team-a still binds after the areas went to team-b")
+	}
+	// In place, same length: only the change time tells.
+	if err := os.WriteFile(record, []byte("team-c\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var conflict *ConflictError
+	if err := Bind(root, "alice", "team-b"); !errors.As(err, &conflict) || conflict.Owner != "team-c" {
+		t.Fatalf("after the record was rewritten: got %v, want a conflict naming team-c", err)
+	}
+	if err := Bind(root, "alice", "team-c"); err != nil {
+		t.Fatalf("the namespace the record names now: %v", err)
+	}
+}
+
+// A record this process read is not read again while its file is the same:
+// a Bind then costs one lstat, not the directory checks, an open and a read.
+func TestBindReadsAKnownRecordOnce(t *testing.T) {
+	root := t.TempDir()
+	bind := func() {
+		if err := Bind(root, "alice", "team-a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bind()
+	known := testing.AllocsPerRun(100, bind)
+	unknown := testing.AllocsPerRun(100, func() {
+		seenMu.Lock()
+		delete(seen, recordKey{root, "alice"})
+		seenMu.Unlock()
+		bind()
+	})
+	if known*2 > unknown {
+		t.Errorf("a Bind of a known record allocates %v, one that reads it %v: the known record is read again", known, unknown)
+	}
+}
