@@ -216,7 +216,7 @@ func measure(t *testing.T, bin string, n int) figures {
 		// A CPU profile of the first minute of the run (or all of it).
 		profiled = make(chan string, 1)
 		go func() {
-			profiled <- cpuProfile(pprofAddr, filepath.Join(dir, fmt.Sprintf("cpu-%d.pprof", n)), time.Minute)
+			profiled <- cpuProfile(pprofAddr, profilePath(t, bin, n), time.Minute)
 		}()
 	}
 
@@ -324,6 +324,17 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 	}
 	// USER_HZ is 100 on Linux.
 	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// profilePath is where the CPU profile of a run of n Sandboxes by the
+// controller binary bin is kept: the repository's bin/, which outlives the
+// test's scratch directory.
+func profilePath(t *testing.T, bin string, n int) string {
+	dir, err := filepath.Abs(filepath.Join("..", "..", "..", "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, fmt.Sprintf("scale-cpu-%d-%s.pprof", n, filepath.Base(filepath.Dir(bin))))
 }
 
 // cpuProfile saves a CPU profile of d from the pprof endpoint at addr to
