@@ -457,11 +457,30 @@ func (r *SandboxReconciler) network(ctx context.Context, s *sandboxScope, starte
 	return nil
 }
 
+// claimsGrace is how long a deleted Sandbox leaves its claims to be
+// deleted by whoever deletes it before it deletes them itself.
+const claimsGrace = 2 * time.Second
+
 // reconcileDelete releases the claims first (their own finalizers clean up
 // after them), then deletes the instance, and never the host areas.
 func (r *SandboxReconciler) reconcileDelete(ctx context.Context, s *sandboxScope) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.sb, v1alpha1.Finalizer) {
 		return ctrl.Result{}, nil
+	}
+	live := 0
+	for i := range s.claims {
+		if s.claims[i].DeletionTimestamp.IsZero() {
+			live++
+		}
+	}
+	// The claims' own deleters go first: kubectl delete -f of a file
+	// holding the Sandbox and its claims deletes the claims a moment after
+	// the Sandbox, and a claim without a worktree has no finalizer to hold
+	// it meanwhile, so kubectl would find it gone and fail. What is left
+	// after claimsGrace the controller deletes.
+	if wait := time.Until(s.sb.DeletionTimestamp.Add(claimsGrace)); live > 0 && wait > 0 {
+		s.facts.fail(v1alpha1.ReasonDeleting, fmt.Sprintf("deleting: the %d claim(s) not deleted with the Sandbox are deleted %s after it", live, claimsGrace))
+		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	for i := range s.claims {
 		c := &s.claims[i]

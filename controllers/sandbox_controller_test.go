@@ -198,6 +198,32 @@ var _ = Describe("Sandbox deletion", func() {
 	})
 })
 
+var _ = Describe("Sandbox and claims deleted together", func() {
+	It("leaves the claims to whoever deletes them with the Sandbox, as kubectl delete -f does, then deletes the rest", func() {
+		ns := newNamespace()
+		Expect(k8s.Create(ctx, newSandbox(ns, "pair", "pair", time.Minute))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "mine", "pair"))).To(Succeed())
+		Expect(k8s.Create(ctx, newClaim(ns, "left", "pair"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "pair"), timeout).Should(sandboxIs(2, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+
+		var sb v1alpha1.Sandbox
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pair"}, &sb)).To(Succeed())
+		Expect(k8s.Delete(ctx, &sb)).To(Succeed())
+		// kubectl deletes the next object of the file a moment later; the
+		// claim has no finalizer, so only the controller waiting keeps it.
+		time.Sleep(300 * time.Millisecond)
+		mine := &v1alpha1.SessionClaim{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "mine"}, mine)).To(Succeed())
+		Expect(k8s.Delete(ctx, mine)).To(Succeed())
+
+		// The claim nobody deleted goes with the Sandbox all the same.
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pair"}, &v1alpha1.Sandbox{}))
+		}, timeout).Should(BeTrue())
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "left"}, &v1alpha1.SessionClaim{}))).To(BeTrue())
+	})
+})
+
 var _ = Describe("Name conflicts", func() {
 	// conditionWith matches a condition of the given type, status and
 	// reason whose message contains want.

@@ -145,7 +145,7 @@ func remembered(root, agent string) (string, bool) {
 }
 
 func sameFile(r recordSeen, st *unix.Stat_t) bool {
-	return st.Mode&unix.S_IFMT == unix.S_IFREG && uint64(st.Dev) == r.dev && st.Ino == r.ino && st.Size == r.size && st.Ctim == r.ctime
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Dev == r.dev && st.Ino == r.ino && st.Size == r.size && st.Ctim == r.ctime
 }
 
 // record writes namespace to path unless path exists. The record is
@@ -217,7 +217,7 @@ func read(root, agent, path string) (string, error) {
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFREG {
 		seenMu.Lock()
-		seen[recordKey{root, agent}] = recordSeen{namespace: ns, dev: uint64(st.Dev), ino: st.Ino, size: st.Size, ctime: st.Ctim}
+		seen[recordKey{root, agent}] = recordSeen{namespace: ns, dev: st.Dev, ino: st.Ino, size: st.Size, ctime: st.Ctim}
 		seenMu.Unlock()
 	}
 	return ns, nil
