@@ -360,10 +360,20 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(k8s.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "node-writes"},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "node-writes"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: nodeSA}}})).To(Succeed())
-		cfg := rest.CopyConfig(env.Config)
-		cfg.Impersonate = rest.ImpersonationConfig{UserName: nodeSA}
-		node, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-		Expect(err).NotTo(HaveOccurred())
+		// A node controller's token is bound to its Pod: the API server
+		// names the Pod's node in the user's extra.
+		asNode := func(extra map[string][]string) client.Client {
+			cfg := rest.CopyConfig(env.Config)
+			cfg.Impersonate = rest.ImpersonationConfig{UserName: nodeSA, Extra: extra}
+			c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+			Expect(err).NotTo(HaveOccurred())
+			return c
+		}
+		const nodeNameExtra = "authentication.kubernetes.io/node-name"
+		nodeA := asNode(map[string][]string{nodeNameExtra: {"node-a"}})
+		nodeB := asNode(map[string][]string{nodeNameExtra: {"node-b"}})
+		unbound := asNode(nil)
+		var err error
 
 		placed := sandbox(ns, "placed-elsewhere", "", nil, v1alpha1.Devices{})
 		pinned := sandbox(ns, "pinned-here", "", nil, v1alpha1.Devices{})
@@ -395,39 +405,59 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		podA := &v1alpha1.SandboxPod{Name: "placed-elsewhere-sandbox", UID: "0b3c8a40-1c57-4e55-9f1e-3a6a3c6d2f10"}
 		Expect(writeAs(k8s, placed, true, func() { placed.Status.NodeName, placed.Status.Pod = "node-b", podA })).To(Succeed())
 
-		// A node's controller pointing the Sandbox at another Pod's cgroup
-		// (another Sandbox's, on its own node) is refused.
-		err = writeAs(node, placed, true, func() {
+		// Another node's controller writes nothing of it: not its
+		// conditions or claim count, not its finalizer; nor does a token
+		// bound to no Pod.
+		const notItsNode = "a node's controller writes only the Sandboxes of the node its token names"
+		for _, c := range []client.Client{nodeA, unbound} {
+			err = writeAs(c, placed, true, func() { placed.Status.Claims = 3 })
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(notItsNode))
+			err = writeAs(c, placed, false, func() { controllerutil.AddFinalizer(placed, "example.test/kept") })
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(notItsNode))
+		}
+		Expect(err.Error()).To(ContainSubstring("none, the token is bound to no Pod"))
+		// Nor one of no node yet.
+		unplaced := sandbox(ns, "unplaced", "", nil, v1alpha1.Devices{})
+		Expect(k8s.Create(ctx, unplaced)).To(Succeed())
+		err = writeAs(nodeA, unplaced, true, func() { unplaced.Status.Claims = 1 })
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("this Sandbox is on no node yet"))
+
+		// Its own node's controller pointing the Sandbox at another Pod's
+		// cgroup (another Sandbox's, on its own node) is refused.
+		err = writeAs(nodeB, placed, true, func() {
 			placed.Status.Pod = &v1alpha1.SandboxPod{Name: "other-sandbox", UID: "7d2e41f8-5f0a-4c1e-8d55-0c7b9f3a1e22"}
 		})
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.pod"))
-		err = writeAs(node, placed, true, func() {
+		err = writeAs(nodeB, placed, true, func() {
 			placed.Status.Pod = &v1alpha1.SandboxPod{Name: podA.Name, UID: podA.UID, ContainerID: "containerd://" + strings.Repeat("e", 64)}
 		})
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.pod"))
-		err = writeAs(node, placed, true, func() { placed.Status.Pod = nil })
+		err = writeAs(nodeB, placed, true, func() { placed.Status.Pod = nil })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.pod"))
 
-		err = writeAs(node, placed, true, func() { placed.Status.NodeName = "node-a" })
+		err = writeAs(nodeB, placed, true, func() { placed.Status.NodeName = "node-a" })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.nodeName"))
 		// Clearing it would have the placer write it back, and the two
 		// take turns while the Sandbox's own node stops looking at it.
-		err = writeAs(node, placed, true, func() { placed.Status.NodeName = "" })
+		err = writeAs(nodeB, placed, true, func() { placed.Status.NodeName = "" })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change status.nodeName"))
 
 		// Its own writes pass: the status of a Sandbox pinned to it,
 		// conditions, its finalizer.
-		Expect(writeAs(node, pinned, true, func() { pinned.Status.NodeName = "node-a" })).To(Succeed())
-		Expect(writeAs(node, placed, true, func() { placed.Status.Claims = 1 })).To(Succeed())
-		Expect(writeAs(node, placed, false, func() { controllerutil.AddFinalizer(placed, "example.test/kept") })).To(Succeed())
+		Expect(writeAs(nodeA, pinned, true, func() { pinned.Status.NodeName = "node-a" })).To(Succeed())
+		Expect(writeAs(nodeB, placed, true, func() { placed.Status.Claims = 1 })).To(Succeed())
+		Expect(writeAs(nodeB, placed, false, func() { controllerutil.AddFinalizer(placed, "example.test/kept") })).To(Succeed())
 
 		// Pinning a Sandbox to itself through the spec is refused too.
-		err = writeAs(node, placed, false, func() { placed.Spec.NodeName = "node-a" })
+		err = writeAs(nodeB, placed, false, func() { placed.Spec.NodeName = "node-a" })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("a node's controller may not change a Sandbox's spec"))
 		Expect(writeAs(k8s, placed, false, func() { controllerutil.RemoveFinalizer(placed, "example.test/kept") })).To(Succeed())
