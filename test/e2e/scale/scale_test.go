@@ -256,6 +256,9 @@ func measure(t *testing.T, bin string, n int) figures {
 	if f.readyHeap, err = heapInUse(metrics); err != nil {
 		t.Fatal(err)
 	}
+	if profiled != nil {
+		f.profile += "; " + saveProfile(fmt.Sprintf("http://%s/debug/pprof/heap", pprofAddr), strings.Replace(profilePath(t, bin, n), "cpu", "heap", 1), "heap profile at all Ready")
+	}
 	var sb v1alpha1.Sandbox
 	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "agent-00000"}, &sb); err != nil {
 		t.Fatal(err)
@@ -340,9 +343,15 @@ func profilePath(t *testing.T, bin string, n int) string {
 // cpuProfile saves a CPU profile of d from the pprof endpoint at addr to
 // file, and says where (or why not).
 func cpuProfile(addr, file string, d time.Duration) string {
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
+	return saveProfile(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), file, "CPU profile of the first "+d.String())
+}
+
+// saveProfile saves the profile at url to file, and says where (or why
+// not).
+func saveProfile(url, file, what string) string {
+	resp, err := http.Get(url)
 	if err != nil {
-		return "no CPU profile: " + err.Error()
+		return "no " + what + ": " + err.Error()
 	}
 	defer resp.Body.Close()
 	out, err := os.Create(file)
@@ -351,9 +360,9 @@ func cpuProfile(addr, file string, d time.Duration) string {
 		err = errors.Join(err, out.Close())
 	}
 	if err != nil {
-		return "no CPU profile: " + err.Error()
+		return "no " + what + ": " + err.Error()
 	}
-	return "CPU profile of the first " + d.String() + ": go tool pprof -top " + file
+	return what + ": go tool pprof -top " + file
 }
 
 func ratio(a, b time.Duration) float64 {
