@@ -122,7 +122,8 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	adminCfg = cfg
 	as := rest.CopyConfig(cfg)
-	as.Impersonate = rest.ImpersonationConfig{UserName: controllerSA}
+	// node-a's controller: its token is bound to its Pod on node-a.
+	as.Impersonate = rest.ImpersonationConfig{UserName: controllerSA, Extra: map[string][]string{servingcert.NodeNameExtra: {"node-a"}}}
 	controller, err = client.New(as, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 
@@ -393,6 +394,14 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 
 		alice := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "alice"}}
 		claim := &v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "alice-session-1"}}
+		// Placed on node-a, as the aggregated API's placer does: a node's
+		// controller writes only the Sandboxes of its own node.
+		for _, sb := range []*v1alpha1.Sandbox{alice, bob} {
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb)).To(Succeed())
+			read := sb.DeepCopy()
+			sb.Status.NodeName = "node-a"
+			Expect(k8s.Status().Patch(ctx, sb, client.MergeFrom(read))).To(Succeed())
+		}
 		for _, obj := range []client.Object{alice, bob, claim} {
 			Expect(asController(obj, true)).To(Succeed(), "adding the finalizer of %s", obj.GetName())
 		}
@@ -403,10 +412,10 @@ var _ = Describe("make deploy and make undeploy", Ordered, func() {
 		// Placement is the aggregated API's: make deploy's admission policy
 		// refuses a node's controller pointing status.nodeName at a node.
 		read := alice.DeepCopy()
-		alice.Status.NodeName = "node-a"
+		alice.Status.NodeName = "node-b"
 		err = controller.Status().Patch(ctx, alice, client.MergeFromWithOptions(read, client.MergeFromWithOptimisticLock{}))
 		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "a node's controller placed a Sandbox: %v", err)
-		alice.Status.NodeName = ""
+		alice.Status.NodeName = "node-a"
 
 		err = controller.Create(ctx, &v1alpha1.Sandbox{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mallory"},

@@ -34,6 +34,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
@@ -369,9 +370,8 @@ var _ = Describe("SandboxClass", Ordered, func() {
 			Expect(err).NotTo(HaveOccurred())
 			return c
 		}
-		const nodeNameExtra = "authentication.kubernetes.io/node-name"
-		nodeA := asNode(map[string][]string{nodeNameExtra: {"node-a"}})
-		nodeB := asNode(map[string][]string{nodeNameExtra: {"node-b"}})
+		nodeA := asNode(map[string][]string{servingcert.NodeNameExtra: {"node-a"}})
+		nodeB := asNode(map[string][]string{servingcert.NodeNameExtra: {"node-b"}})
 		unbound := asNode(nil)
 		var err error
 
