@@ -32,7 +32,8 @@ type SessionClaimReconciler struct {
 }
 
 // A claim with a worktree is updated for its finalizer and owner
-// reference, every claim's status only patched; nothing is ever owned by a claim, so no sessionclaims/finalizers.
+// reference; every claim's status is only patched. Nothing is ever owned
+// by a claim, so no sessionclaims/finalizers.
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=sandbox.cireilclaw.dev,resources=sessionclaims/status,verbs=patch
 
@@ -223,7 +224,8 @@ func (r *SessionClaimReconciler) metadata(claim *v1alpha1.SessionClaim, sb *v1al
 }
 
 // release removes the claim's worktree (or keeps it when dirty) and lets
-// the claim go; a claim without the finalizer (no worktree) has gone already. The Sandbox hears of it through its claim watch and recounts.
+// the claim go; a claim without the finalizer (no worktree) has gone
+// already. The Sandbox hears of it through its claim watch and recounts.
 func (r *SessionClaimReconciler) release(ctx context.Context, claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) error {
 	if !controllerutil.ContainsFinalizer(claim, v1alpha1.Finalizer) {
 		return nil
