@@ -87,9 +87,14 @@ func TestScale(t *testing.T) {
 	}
 	// The API server's own logs are not what this measures.
 	logf.SetLogger(logr.Discard())
-	bins := []struct{ label, path string }{{"this build", os.Getenv("SCALE_CONTROLLER_BIN")}}
+	type build struct{ label, path, profile string }
+	bins := []build{{"this build", os.Getenv("SCALE_CONTROLLER_BIN"), "this-build"}}
 	if b := os.Getenv("SCALE_BASELINE_BIN"); b != "" {
-		bins = append(bins, struct{ label, path string }{os.Getenv("SCALE_BASELINE_LABEL"), b})
+		label := os.Getenv("SCALE_BASELINE_LABEL")
+		if label == "" {
+			label = "baseline"
+		}
+		bins = append(bins, build{label, b, "baseline"})
 	}
 	if bins[0].path == "" {
 		t.Fatal("SCALE_CONTROLLER_BIN must name the controller binary to measure (make bench-scale builds bin/sandbox-controller)")
@@ -97,7 +102,7 @@ func TestScale(t *testing.T) {
 	var all []figures
 	for _, n := range counts {
 		for _, b := range bins {
-			f := measure(t, b.path, n)
+			f := measure(t, b.path, b.profile, n)
 			f.label = b.label
 			t.Logf("%s: %d claims Ready in %s (%.2f× the API server's %s to create them); controller CPU %s (%.1f ms a Sandbox); RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s%s",
 				f.label, n, f.allReady.Round(time.Second), ratio(f.allReady, f.floor), f.floor.Round(100*time.Millisecond), f.cpu.Round(100*time.Millisecond),
@@ -112,7 +117,7 @@ func TestScale(t *testing.T) {
 
 // measure starts a fresh API server and the controller binary against it,
 // creates n Sandboxes with a claim each and waits until every claim is Ready.
-func measure(t *testing.T, bin string, n int) figures {
+func measure(t *testing.T, bin, profile string, n int) figures {
 	crds, err := filepath.Abs("../../../config/crd/bases")
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +221,7 @@ func measure(t *testing.T, bin string, n int) figures {
 		// A CPU profile of the first minute of the run (or all of it).
 		profiled = make(chan string, 1)
 		go func() {
-			profiled <- cpuProfile(pprofAddr, profilePath(t, bin, n), time.Minute)
+			profiled <- cpuProfile(pprofAddr, profilePath(t, "cpu", profile, n), time.Minute)
 		}()
 	}
 
@@ -257,7 +262,7 @@ func measure(t *testing.T, bin string, n int) figures {
 		t.Fatal(err)
 	}
 	if profiled != nil {
-		f.profile += "; " + saveProfile(fmt.Sprintf("http://%s/debug/pprof/heap", pprofAddr), strings.Replace(profilePath(t, bin, n), "cpu", "heap", 1), "heap profile at all Ready")
+		f.profile += "; " + saveProfile(fmt.Sprintf("http://%s/debug/pprof/heap", pprofAddr), profilePath(t, "heap", profile, n), "heap profile at all Ready")
 	}
 	var sb v1alpha1.Sandbox
 	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "agent-00000"}, &sb); err != nil {
@@ -329,15 +334,15 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
-// profilePath is where the CPU profile of a run of n Sandboxes by the
-// controller binary bin is kept: the repository's bin/, which outlives the
-// test's scratch directory.
-func profilePath(t *testing.T, bin string, n int) string {
+// profilePath is where the profile of kind (cpu, heap) of a run of n
+// Sandboxes by one build (this-build, baseline) is kept: the repository's
+// bin/, which outlives the test's scratch directory.
+func profilePath(t *testing.T, kind, build string, n int) string {
 	dir, err := filepath.Abs(filepath.Join("..", "..", "..", "bin"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Join(dir, fmt.Sprintf("scale-cpu-%d-%s.pprof", n, filepath.Base(filepath.Dir(bin))))
+	return filepath.Join(dir, fmt.Sprintf("scale-%s-%d-%s.pprof", kind, n, build))
 }
 
 // cpuProfile saves a CPU profile of d from the pprof endpoint at addr to
