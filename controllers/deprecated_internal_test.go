@@ -39,3 +39,24 @@ func TestDeprecatedLimitsAreNamedOncePerGeneration(t *testing.T) {
 		}
 	}
 }
+
+// An instance's start and stop are Normal events only when asked for:
+// each is an API write, and the Ready condition says the same.
+func TestRoutineEventsOnlyWhenAsked(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		rec := record.NewFakeRecorder(10)
+		r := &SandboxReconciler{Recorder: rec, Options: Options{RoutineEvents: on}}
+		r.routineEvent(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "s"}}, v1alpha1.ReasonRunning, "started instance %s", "i")
+		close(rec.Events)
+		var got []string
+		for e := range rec.Events {
+			got = append(got, e)
+		}
+		if want := map[bool]int{false: 0, true: 1}[on]; len(got) != want {
+			t.Errorf("RoutineEvents %v: events %q, want %d", on, got, want)
+		}
+		if on && len(got) == 1 && got[0] != "Normal "+v1alpha1.ReasonRunning+" started instance i" {
+			t.Errorf("RoutineEvents: event %q", got[0])
+		}
+	}
+}

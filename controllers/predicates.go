@@ -5,6 +5,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -49,10 +50,14 @@ var claimChangesForSandbox = predicate.Funcs{
 		return o.Generation != n.Generation ||
 			o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
 			gitDirOf(o) != gitDirOf(n) ||
-			!equality.Semantic.DeepEqual(
-				meta.FindStatusCondition(o.Status.Conditions, v1alpha1.ConditionGitHealthy),
-				meta.FindStatusCondition(n.Status.Conditions, v1alpha1.ConditionGitHealthy))
+			!sameCondition(o.Status.Conditions, n.Status.Conditions, v1alpha1.ConditionGitHealthy)
 	},
+}
+
+// sameCondition says whether two lists hold the same condition of a type
+// (or both none).
+func sameCondition(a, b []metav1.Condition, typ string) bool {
+	return equality.Semantic.DeepEqual(meta.FindStatusCondition(a, typ), meta.FindStatusCondition(b, typ))
 }
 
 // gitDirOf is what of a claim's worktree its Sandbox binds

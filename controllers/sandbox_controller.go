@@ -10,7 +10,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -76,11 +75,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Sandbox{}).
-		Watches(&v1alpha1.SessionClaim{}, handler.EnqueueRequestsFromMapFunc(
-			func(_ context.Context, o client.Object) []reconcile.Request {
-				c := o.(*v1alpha1.SessionClaim)
-				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.SandboxName}}}
-			}), builder.WithPredicates(claimChangesForSandbox)).
+		Watches(&v1alpha1.SessionClaim{}, &claimsOfSandbox{reader: mgr.GetClient()}, builder.WithPredicates(claimChangesForSandbox)).
 		// A Sandbox that loses the agent name to another one must hear when
 		// that one goes.
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.sameAgent)).
@@ -398,7 +393,7 @@ func (r *SandboxReconciler) stopIdle(ctx context.Context, s *sandboxScope, why s
 	}
 	s.state.Running = false
 	log.FromContext(ctx).Info("stopped idle instance", "instance", s.instance.Name, "why", why)
-	r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonStopped, "stopped instance %s after %s", s.instance.Name, why)
+	r.routineEvent(s.sb, v1alpha1.ReasonStopped, "stopped instance %s after %s", s.instance.Name, why)
 	s.sb.Status.IdleSince = nil
 	s.facts.run = runStoppedIdle
 	return nil
@@ -423,6 +418,14 @@ func (r *SandboxReconciler) restartIfRequired(ctx context.Context, s *sandboxSco
 	return nil
 }
 
+// routineEvent records a Normal event of an instance's start or stop, when
+// Options.RoutineEvents asks for them.
+func (r *SandboxReconciler) routineEvent(sb *v1alpha1.Sandbox, reason, format string, args ...any) {
+	if r.RoutineEvents {
+		r.Recorder.Eventf(sb, "Normal", reason, format, args...)
+	}
+}
+
 // ensure starts the instance unless it already runs with this configuration,
 // so a restarted controller adopts a running instance instead of recreating it.
 func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
@@ -440,7 +443,7 @@ func (r *SandboxReconciler) ensure(ctx context.Context, s *sandboxScope) error {
 	}
 	if !s.state.Running {
 		log.FromContext(ctx).Info("started instance", "instance", s.instance.Name, "claims", s.live)
-		r.Recorder.Eventf(s.sb, "Normal", v1alpha1.ReasonRunning, "started instance %s for %d claim(s)", s.instance.Name, s.live)
+		r.routineEvent(s.sb, v1alpha1.ReasonRunning, "started instance %s for %d claim(s)", s.instance.Name, s.live)
 	}
 	s.state = st
 	return r.network(ctx, s, true)

@@ -74,6 +74,13 @@ type Options struct {
 	// drivers' own cgroup parents, wherever the Sandbox has a Pod.
 	PodCgroups    PodCgroupFinder
 	PodCgroupRoot string
+	// RoutineEvents records a Normal event each time an instance starts
+	// or stops idle. Off, the Sandbox's Ready condition (reason Running
+	// or Stopped, and its lastTransitionTime) is all that says so: each
+	// event is an API write of its own, a fifth of the controller's
+	// writes when every Sandbox starts once. Warnings are recorded
+	// either way.
+	RoutineEvents bool
 }
 
 // PodCgroupFinder finds the cgroup an instance of a Pod runs below on this

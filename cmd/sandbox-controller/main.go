@@ -42,6 +42,7 @@ type flags struct {
 	sandboxWorkers, claimWorkers            int
 	metricsAddr, probeAddr, pprofAddr       string
 	leaderElect                             bool
+	routineEvents                           bool
 	local                                   bool
 	localAssets, localCRDs, localKubeconfig string
 	api                                     execapi.Config
@@ -116,6 +117,7 @@ func main() {
 	flag.StringVar(&f.pprofAddr, "pprof-bind-address", "0", "address Go's profiler (net/http/pprof: /debug/pprof/profile, /heap, ...) binds to, for measuring the controller (make bench-scale PPROF=1); keep it on loopback, it serves anyone who reaches it; 0 (the default) disables it")
 	flag.StringVar(&f.metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "address the metrics endpoint binds to (loopback by default: the controller runs on the node's network, and its metrics name tenants' objects); 0 disables it")
 	flag.StringVar(&f.probeAddr, "health-probe-bind-address", "127.0.0.1:8081", "address the health and readiness probes bind to (loopback by default, where the node's kubelet probes a host-network pod); 0 disables them")
+	flag.BoolVar(&f.routineEvents, "routine-events", false, "also record a Normal event each time an instance starts or stops idle (the Sandbox's Ready condition says so either way; each event is one more API write, a fifth of the controller's at a thousand Sandboxes); Warning events are always recorded")
 	flag.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader so only one replica reconciles at a time")
 	flag.BoolVar(&f.local, "local-control-plane", false, "start a throw-away local kube-apiserver and etcd with the CRDs installed and run against it (for trying the controller; data is lost on exit)")
 	flag.StringVar(&f.localAssets, "local-assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with the kube-apiserver and etcd binaries for --local-control-plane (default $KUBEBUILDER_ASSETS)")
@@ -304,6 +306,7 @@ Ctrl-C stops the controller and the control plane.
 		Endpoint:       f.apiAdvertise,
 		SandboxWorkers: f.sandboxWorkers,
 		ClaimWorkers:   f.claimWorkers,
+		RoutineEvents:  f.routineEvents,
 	}); err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -63,6 +65,10 @@ type figures struct {
 	cpu                      time.Duration
 	managedFieldsBytesServer int
 	profile                  string
+	// writes are the API server's write requests from idle to all Ready,
+	// by verb and resource, less the test's own creates: the
+	// controller's.
+	writes map[string]float64
 }
 
 func TestScale(t *testing.T) {
@@ -104,6 +110,7 @@ func TestScale(t *testing.T) {
 		for _, b := range bins {
 			f := measure(t, b.path, b.profile, n)
 			f.label = b.label
+			t.Logf("%s: controller writes a Sandbox %s", b.label, writesLine(f))
 			t.Logf("%s: %d claims Ready in %s (%.2f× the API server's %s to create them); controller CPU %s (%.1f ms a Sandbox); RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s%s",
 				f.label, n, f.allReady.Round(time.Second), ratio(f.allReady, f.floor), f.floor.Round(100*time.Millisecond), f.cpu.Round(100*time.Millisecond),
 				perSandbox(f.cpu, n), mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap), f.profile)
@@ -216,6 +223,7 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 	}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
 	f.idleRSS = procStatus(t, cmd.Process.Pid, "VmRSS")
 	idleCPU := cpuTime(t, cmd.Process.Pid)
+	idleWrites := apiWrites(t, cfg)
 	var profiled chan string
 	if pprofAddr != "0" {
 		// A CPU profile of the first minute of the run (or all of it).
@@ -251,6 +259,12 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 		t.Fatalf("the controller ran %d of the floor's Sandboxes: the measurement counts them", len(floors))
 	}
 	f.cpu = cpuTime(t, cmd.Process.Pid) - idleCPU
+	f.writes = apiWrites(t, cfg)
+	for k, v := range idleWrites {
+		f.writes[k] -= v
+	}
+	f.writes["POST sandboxes"] -= float64(n)
+	f.writes["POST sessionclaims"] -= float64(n)
 	if profiled != nil {
 		f.profile = "; " + <-profiled
 	}
@@ -315,6 +329,76 @@ func createAll(t *testing.T, c client.Client, ns string, n int) time.Duration {
 		t.Fatal(createErr)
 	}
 	return time.Since(start)
+}
+
+// apiWrites reads the API server's count of write requests
+// (apiserver_request_total), summed by verb and resource (with its
+// subresource after a slash).
+func apiWrites(t *testing.T, cfg *rest.Config) map[string]float64 {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Get(strings.TrimSuffix(cfg.Host, "/") + "/metrics")
+	if err != nil {
+		t.Fatalf("reading the API server's metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	label := func(labels, name string) string {
+		_, v, ok := strings.Cut(labels, name+`="`)
+		if !ok {
+			return ""
+		}
+		v, _, _ = strings.Cut(v, `"`)
+		return v
+	}
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "apiserver_request_total{")
+		if !ok {
+			continue
+		}
+		labels, value, _ := strings.Cut(rest, "} ")
+		verb := label(labels, "verb")
+		switch verb {
+		case "POST", "PUT", "PATCH", "DELETE":
+		default:
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		key := verb + " " + label(labels, "resource")
+		if sub := label(labels, "subresource"); sub != "" {
+			key += "/" + sub
+		}
+		out[key] += v
+	}
+	if resp.StatusCode != http.StatusOK || len(out) == 0 {
+		t.Fatalf("the API server's metrics answered %s with no write counts", resp.Status)
+	}
+	return out
+}
+
+// writesLine says what the controller wrote, a Sandbox.
+func writesLine(f figures) string {
+	keys := make([]string, 0, len(f.writes))
+	total := 0.0
+	for k, v := range f.writes {
+		if v >= 0.5 {
+			keys = append(keys, k)
+			total += v
+		}
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %.2f", k, f.writes[k]/float64(f.n))
+	}
+	return fmt.Sprintf("%.2f (%s)", total/float64(f.n), strings.Join(parts, ", "))
 }
 
 // cpuTime is the user and system time process pid used so far.
@@ -452,6 +536,10 @@ caches synced, before the first Sandbox.
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f× | %s | %.1f ms | %s | %s | %s | %s | %s | %s | %s |\n", f.label, f.n, f.floor.Round(100*time.Millisecond),
 			f.allReady.Round(100*time.Millisecond), ratio(f.allReady, f.floor), f.cpu.Round(100*time.Millisecond), perSandbox(f.cpu, f.n),
 			mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
+	}
+	b.WriteString("\nThe controller's API writes a Sandbox and its claim, from idle to all Ready (the API server's request counts, less the test's two creates):\n\n")
+	for _, f := range all {
+		fmt.Fprintf(&b, "- %s, %d: %s\n", f.label, f.n, writesLine(f))
 	}
 	if len(all) > 0 {
 		fmt.Fprintf(&b, "\nManaged fields of one Sandbox on the server (what the cache no longer keeps): %d bytes.\n", all[0].managedFieldsBytesServer)
