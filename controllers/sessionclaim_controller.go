@@ -115,6 +115,16 @@ type claimPass struct {
 // Sandbox to start before it says Bound and not Ready.
 const startGrace = 5 * time.Second
 
+// unreportedGrace is how long a new claim waits on a Sandbox its
+// controller has not reported yet (no Ready condition at all). That
+// controller has a backlog: a thousand Sandboxes created at once are
+// reported over seconds, and a claim that said Bound and not Ready at 5 s
+// wrote its status twice (1.8 claim writes a claim at 1,000), adding to
+// the API server's load just when it was the limit. A Sandbox no
+// controller ever reports still leaves no claim without a status for
+// long.
+const unreportedGrace = 30 * time.Second
+
 // startingFor says how long more a new claim's first status waits, 0 when
 // it goes now. A claim that has never said Bound, on a Sandbox that has
 // not reported yet or is Stopped, waits: the Sandbox counts the claim and
@@ -122,16 +132,21 @@ const startGrace = 5 * time.Second
 // claim back (sandboxChangesForClaims), which then writes Bound and Ready
 // at once. A claim on a stopped Sandbox is so Ready after one write of its
 // own instead of two, the second queued behind the first. Past startGrace
-// since its creation it writes what it has, so a Sandbox that never
-// reacts leaves no claim without status.
+// (unreportedGrace for a Sandbox not reported yet) since its creation it
+// writes what it has, so a Sandbox that never reacts leaves no claim
+// without status.
 func startingFor(claim *v1alpha1.SessionClaim, sandboxReady *metav1.Condition, now time.Time) time.Duration {
 	if findCondition(claim.Status.Conditions, v1alpha1.ConditionBound) != nil {
 		return 0
 	}
-	if sandboxReady != nil && (sandboxReady.Status == metav1.ConditionTrue || sandboxReady.Reason != v1alpha1.ReasonStopped) {
-		return 0
+	grace := unreportedGrace
+	if sandboxReady != nil {
+		if sandboxReady.Status == metav1.ConditionTrue || sandboxReady.Reason != v1alpha1.ReasonStopped {
+			return 0
+		}
+		grace = startGrace
 	}
-	return max(claim.CreationTimestamp.Add(startGrace).Sub(now), 0)
+	return max(claim.CreationTimestamp.Add(grace).Sub(now), 0)
 }
 
 // bind finds what the claim is to its Sandbox and records it in f and in

@@ -425,7 +425,9 @@ func TestStartingForHoldsOnlyANewClaimOnAStoppedSandbox(t *testing.T) {
 		now     time.Time
 		want    time.Duration
 	}{
-		{"a new claim, Sandbox not reported yet", newClaim(), nil, soon, startGrace - time.Second},
+		{"a new claim, Sandbox not reported yet", newClaim(), nil, soon, unreportedGrace - time.Second},
+		{"a new claim past the stopped grace, Sandbox not reported yet", newClaim(), nil, created.Add(startGrace), unreportedGrace - startGrace},
+		{"a new claim past the grace, Sandbox not reported yet", newClaim(), nil, created.Add(unreportedGrace), 0},
 		{"a new claim, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), soon, startGrace - time.Second},
 		{"a new claim, Sandbox running", newClaim(), ready(metav1.ConditionTrue, v1alpha1.ReasonRunning), soon, 0},
 		{"a new claim, Sandbox failed", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec), soon, 0},
