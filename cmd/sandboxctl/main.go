@@ -47,6 +47,10 @@ type sandboxFlags struct {
 	// allowUnlimited runs commands without resource limits where no
 	// cgroup can be made, loudly.
 	allowUnlimited bool
+	// oneShot says this process runs one command and ends with it (run):
+	// on cgroup v1 its starting thread joins the command's cgroups for
+	// the fork (bwrap.Config.JoinCgroupToStart).
+	oneShot bool
 }
 
 func (f *sandboxFlags) register(fs *pflag.FlagSet) {
@@ -92,7 +96,7 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sand
 	if err != nil {
 		return nil, err
 	}
-	rt, err := bwrap.New(bwrap.Config{StateDir: state, Warnings: warnings, AllowUnlimited: f.allowUnlimited})
+	rt, err := bwrap.New(bwrap.Config{StateDir: state, Warnings: warnings, AllowUnlimited: f.allowUnlimited, JoinCgroupToStart: f.oneShot})
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +152,7 @@ func runCommand(cmd *cobra.Command, f *sandboxFlags, argv []string, stdin io.Rea
 	if f.agent == "" || len(argv) == 0 {
 		return usageError(cmd, "--agent and a command after -- are required")
 	}
+	f.oneShot = true
 	r, err := f.staticRunner(stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)

@@ -80,6 +80,13 @@ type Config struct {
 	// with an Image sees the root file system of its Pod's container.
 	// Empty: instances with an Image are refused.
 	ContainerBundles string
+	// JoinCgroupToStart is for a process whose one job is the command it
+	// starts (sandboxctl run): on cgroup v1 the thread starting a command
+	// joins the instance's cgroups for the fork and leaves at once
+	// (cgroup.Manager.JoinToStart), 5 to 15 ms faster a start. Never for
+	// the controller: for that instant it is one of the instance's
+	// processes.
+	JoinCgroupToStart bool
 }
 
 // Host is where the driver finds things on the host.
@@ -144,6 +151,9 @@ type Runtime struct {
 	cgroups        *cgroup.Manager
 	cgroupErr      error
 	allowUnlimited bool
+	// joinToStart: commands start on a goroutine of their own
+	// (Config.JoinCgroupToStart).
+	joinToStart bool
 	// bundles is Config.ContainerBundles.
 	bundles string
 	// podCgroups are the managers of the Pods' cgroups instances run in
@@ -192,6 +202,10 @@ func New(cfg Config) (*Runtime, error) {
 		}
 	}
 	r.cgroups, r.cgroupErr = cgroup.New(cgroupName(cfg.StateDir), cfg.CgroupParent)
+	if r.cgroups != nil {
+		r.cgroups.JoinToStart = cfg.JoinCgroupToStart
+	}
+	r.joinToStart = cfg.JoinCgroupToStart
 	r.allowUnlimited = cfg.AllowUnlimited
 	r.bundles = cfg.ContainerBundles
 	if r.bwrap == "" {

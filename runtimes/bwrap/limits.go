@@ -77,11 +77,15 @@ func (r *Runtime) hasCgroup(in runtimes.Instance) bool {
 // startIn starts cmd inside the instance's cgroup and, when it has one,
 // its network namespace.
 func (r *Runtime) startIn(in runtimes.Instance, cmd *exec.Cmd) error {
-	if in.Network == nil {
-		return r.startInCgroup(in, cmd)
+	if in.Network != nil {
+		// On a goroutine of its own, as a joining start needs.
+		ns := egress.Namespace{Path: in.Network.Namespace}
+		return ns.Do(func() error { return r.startInCgroup(in, cmd) })
 	}
-	ns := egress.Namespace{Path: in.Network.Namespace}
-	return ns.Do(func() error { return r.startInCgroup(in, cmd) })
+	if r.joinToStart {
+		return cgroup.StartOnOwnThread(func() error { return r.startInCgroup(in, cmd) })
+	}
+	return r.startInCgroup(in, cmd)
 }
 
 // startInCgroup starts cmd inside the instance's cgroup, or plainly when

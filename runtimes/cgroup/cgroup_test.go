@@ -125,3 +125,115 @@ func TestStartOfAMissingCommandFails(t *testing.T) {
 		}
 	}
 }
+
+// newJoiningManager is newManager starting commands by joining (cgroup v1
+// only: v2 clones straight into the cgroup and never joins).
+func newJoiningManager(t *testing.T) *Manager {
+	t.Helper()
+	m := newManager(t)
+	if m.V2 {
+		t.Skip("JoinToStart is cgroup v1's start; this host runs v2, whose start is tested above")
+	}
+	m.JoinToStart = true
+	return m
+}
+
+// threadsCgroups reads the cgroups of every thread of this process.
+func threadsCgroups(t *testing.T) map[string]string {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "cgroup"))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		out[task.Name()] = string(b)
+	}
+	return out
+}
+
+// A joining start puts the command in the instance's cgroups from its
+// first instruction, as the ptrace start does.
+func TestJoinedStartPutsTheCommandInFromItsStart(t *testing.T) {
+	m := newJoiningManager(t)
+	var out bytes.Buffer
+	cmd := exec.Command("cat", "/proc/self/cgroup")
+	cmd.Stdout = &out
+	if err := StartOnOwnThread(func() error { return m.Start("inst", cmd) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for c, dir := range m.dirs {
+		want := strings.TrimPrefix(filepath.Join(dir, "inst"), filepath.Join(Mount, c))
+		if !strings.Contains(out.String(), want+"\n") {
+			t.Errorf("the command's first read of its cgroups does not name %s:\n%s", want, out.String())
+		}
+	}
+}
+
+// The thread that joined for a start leaves again: after many starts no
+// thread of this process is in the instance's cgroups, and the process
+// is not listed there once the starts are done.
+func TestJoinedStartLeavesNoThreadInside(t *testing.T) {
+	m := newJoiningManager(t)
+	before := threadsCgroups(t)
+	var own string
+	for _, cg := range before {
+		own = cg
+		break
+	}
+	for range 100 {
+		cmd := exec.Command("true")
+		if err := StartOnOwnThread(func() error { return m.Start("inst", cmd) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for tid, cg := range threadsCgroups(t) {
+		if cg != own {
+			t.Errorf("thread %s is in\n%s\nafter the starts, not in this process's own\n%s", tid, cg, own)
+		}
+	}
+	self := strconv.Itoa(os.Getpid())
+	for _, f := range procsFiles(m) {
+		b, _ := os.ReadFile(f)
+		for _, p := range strings.Fields(string(b)) {
+			if p == self {
+				t.Errorf("%s lists this process after the starts", f)
+			}
+		}
+	}
+}
+
+// A joining start forks inside the instance's cgroups, so the pids limit
+// holds for the start itself, and says so. The joining thread counts for
+// that moment: with a limit of 2, one command runs and a second is
+// refused.
+func TestJoinedStartAtThePidsLimitSaysSo(t *testing.T) {
+	m := newJoiningManager(t)
+	if err := m.Ensure("inst", Limits{Pids: 2, MemoryBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	first := exec.Command("sleep", "30")
+	if err := StartOnOwnThread(func() error { return m.Start("inst", first) }); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = first.Process.Kill(); _ = first.Wait() }()
+	second := exec.Command("true")
+	err := StartOnOwnThread(func() error { return m.Start("inst", second) })
+	if err == nil {
+		_ = second.Wait()
+		t.Fatal("a second command started in an instance whose pids limit is 2, with one running and the starting thread inside")
+	}
+	if !strings.Contains(err.Error(), "pids limit") {
+		t.Errorf("the refusal does not name the pids limit: %v", err)
+	}
+}
