@@ -165,11 +165,12 @@ func BenchmarkExecTrue(b *testing.B) {
 func BenchmarkLatencyTable(t *testing.B) {
 	out := testenv.BenchOut()
 	m := newLatencyModes(t)
-	modes := []struct {
+	type mode struct {
 		name string
 		run  func(testing.TB)
 		d    []time.Duration
-	}{
+	}
+	modes := []mode{
 		{name: "policy + bwrap backend (`Runtime.Exec`)", run: m.ours},
 		{name: "bwrap invoked directly, same flags", run: m.rawBwrap},
 		{name: "direct fork/exec of `true`", run: m.direct},
@@ -191,11 +192,7 @@ func BenchmarkLatencyTable(t *testing.B) {
 	// A one-shot run as a user's shell starts one: alone, the kernel's
 	// state gone quiet since the last (back to back, a cgroup move of
 	// the run before leaves the next one's fast).
-	spaced := []struct {
-		name string
-		run  func(testing.TB)
-		d    []time.Duration
-	}{
+	spaced := []mode{
 		{name: "`sandboxctl run -- true`, one-shot, 50 ms after the last run", run: m.sandboxctlRun},
 		{name: "minimal bwrap, 50 ms after the last run", run: m.minimalBwrap},
 	}

@@ -49,10 +49,17 @@ func procsFiles(m *Manager) []string {
 
 func TestStartedCommandIsInTheInstanceCgroupFromItsStart(t *testing.T) {
 	m := newManager(t)
+	startsInside(t, m, func(cmd *exec.Cmd) error { return m.Start("inst", cmd) })
+}
+
+// startsInside checks that a command start starts reads the instance's
+// cgroups as its first act.
+func startsInside(t *testing.T, m *Manager, start func(*exec.Cmd) error) {
+	t.Helper()
 	var out bytes.Buffer
 	cmd := exec.Command("cat", "/proc/self/cgroup")
 	cmd.Stdout = &out
-	if err := m.Start("inst", cmd); err != nil {
+	if err := start(cmd); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
@@ -160,21 +167,9 @@ func threadsCgroups(t *testing.T) map[string]string {
 // first instruction, as the ptrace start does.
 func TestJoinedStartPutsTheCommandInFromItsStart(t *testing.T) {
 	m := newJoiningManager(t)
-	var out bytes.Buffer
-	cmd := exec.Command("cat", "/proc/self/cgroup")
-	cmd.Stdout = &out
-	if err := StartOnOwnThread(func() error { return m.Start("inst", cmd) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	for c, dir := range m.dirs {
-		want := strings.TrimPrefix(filepath.Join(dir, "inst"), filepath.Join(Mount, c))
-		if !strings.Contains(out.String(), want+"\n") {
-			t.Errorf("the command's first read of its cgroups does not name %s:\n%s", want, out.String())
-		}
-	}
+	startsInside(t, m, func(cmd *exec.Cmd) error {
+		return StartOnOwnThread(func() error { return m.Start("inst", cmd) })
+	})
 }
 
 // The thread that joined for a start leaves again: after many starts no
