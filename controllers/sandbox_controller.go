@@ -142,7 +142,12 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	}
 	r.reportUndecodable(ctx, sb)
 	if !controllerutil.ContainsFinalizer(sb, v1alpha1.Finalizer) && sb.DeletionTimestamp.IsZero() {
-		return requeueOnConflict(patchFinalizer(ctx, r.Client, sb, true))
+		// The pass goes on with the object as the patch stored it: a new
+		// Sandbox with a claim starts in this pass, not in one more trip
+		// through the queue behind every other new Sandbox.
+		if err := patchFinalizer(ctx, r.Client, sb, true); err != nil {
+			return requeueOnConflict(err)
+		}
 	}
 
 	read := sb.DeepCopy()
