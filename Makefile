@@ -27,7 +27,7 @@ run: build install-plugin ## Run the controller on a throw-away local control pl
 	@echo "kubectl for this control plane: $(ENVTEST_DIR)/kubectl (or any kubectl on PATH)"
 	$(BIN)/sandbox-controller --local-control-plane --local-assets "$(ENVTEST_DIR)" \
 		--areas-root "$(AREAS_ROOT)" --metrics-bind-address 0 --health-probe-bind-address 0 \
-		--log-format console --log-level debug
+		--log-format console --log-level debug --routine-events
 
 .PHONY: install-plugin
 install-plugin: ## Build bin/sandboxctl and link it as bin/kubectl-sandbox and bin/kubectl_complete-sandbox (put bin/ on PATH for `kubectl sandbox` and its completion).
