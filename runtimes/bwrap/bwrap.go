@@ -220,6 +220,10 @@ func New(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
+// CgroupName is the name of the cgroup a driver over stateDir makes, with
+// the default parent, below its own cgroup to hold its instances' cgroups.
+func CgroupName(stateDir string) string { return cgroupName(stateDir) }
+
 // cgroupName is the name of the cgroup below which a driver over stateDir
 // makes its instances'.
 func cgroupName(stateDir string) string {

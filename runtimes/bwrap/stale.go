@@ -111,8 +111,13 @@ func FindStaleTrees(stateDir string) (StaleTrees, error) {
 // cannot remove and reports every failure.
 func (s StaleTrees) Remove() error {
 	var errs []error
-	for dir := range s.Abandoned {
+	for dir, owner := range s.Abandoned {
 		errs = append(errs, removeTreesDir(dir))
+		// And the cgroups its driver made below the same cgroup as this
+		// one, where nothing runs any more: left, they pile up with every
+		// throw-away state directory, and each is a watch for a node's
+		// cAdvisor.
+		errs = append(errs, cgroup.RemoveUnused(cgroupName(owner)))
 	}
 	for _, g := range s.Unrecorded {
 		errs = append(errs, mounttree.Generations{Dir: g}.Remove())

@@ -622,3 +622,52 @@ func rmdirRetry(dir string) error {
 	}
 	return fmt.Errorf("removing cgroup %s: %w", dir, err)
 }
+
+// RemoveUnused removes the parent named name below this process's own
+// cgroups (as New would make it) and the instance cgroups in it, where no
+// process is left: the cgroups of a driver whose state directory is gone.
+// It creates nothing, kills nothing, and leaves a cgroup that still holds
+// a process (rmdir refuses it).
+func RemoveUnused(name string) error {
+	own, err := ownCgroups()
+	if err != nil {
+		return err
+	}
+	var parents []string
+	if _, err := os.Stat(filepath.Join(Mount, "cgroup.controllers")); err == nil {
+		parents = []string{filepath.Join(Mount, own[""], name)}
+	} else {
+		for _, c := range v1Controllers {
+			parents = append(parents, filepath.Join(Mount, c, own[c], name))
+		}
+	}
+	var errs []error
+	for _, p := range parents {
+		entries, err := os.ReadDir(p)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				errs = append(errs, rmdirUnused(filepath.Join(p, e.Name())))
+			}
+		}
+		errs = append(errs, rmdirUnused(p))
+	}
+	return errors.Join(errs...)
+}
+
+// rmdirUnused removes an empty cgroup; one that is gone, still holds a
+// process or a child, or is not this user's to remove is not an error.
+func rmdirUnused(dir string) error {
+	err := unix.Rmdir(dir)
+	if err == nil || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOTEMPTY) ||
+		errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		return nil
+	}
+	return fmt.Errorf("removing the unused cgroup %s: %w", dir, err)
+}

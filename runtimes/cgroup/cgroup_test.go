@@ -12,7 +12,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -230,5 +232,62 @@ func TestJoinedStartAtThePidsLimitSaysSo(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "pids limit") {
 		t.Errorf("the refusal does not name the pids limit: %v", err)
+	}
+}
+
+// The cgroups of a gone state directory are removed where nothing runs,
+// and never a cgroup that still holds a process, whose process lives on.
+func TestRemoveUnusedKeepsWhatRuns(t *testing.T) {
+	name := "sandbox-controller-cgroup-test-unused-" + strconv.Itoa(os.Getpid())
+	m, err := New(name, "")
+	if err != nil {
+		testenv.Missing(t, "a cgroup the controller can make", err.Error())
+	}
+	for _, inst := range []string{"idle", "busy"} {
+		if err := m.Ensure(inst, Limits{Pids: 64}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy := exec.Command("sleep", "30")
+	if err := m.Start("busy", busy); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Remove("busy"); _ = m.RemoveAll() })
+	if err := RemoveUnused(name); err != nil {
+		t.Fatal(err)
+	}
+	for c := range m.dirs {
+		if _, err := os.Stat(m.Dir(c, "idle")); !os.IsNotExist(err) {
+			t.Errorf("the idle instance's %s cgroup is still there: %v", c, err)
+		}
+		if _, err := os.Stat(m.Dir(c, "busy")); err != nil {
+			t.Errorf("the busy instance's %s cgroup was removed: %v", c, err)
+		}
+	}
+	if err := busy.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the busy instance's process is gone: %v", err)
+	}
+	_ = busy.Process.Kill()
+	_ = busy.Wait()
+	// The kernel lets an emptied cgroup go a moment after its last
+	// process: a loaded machine needs a few tries.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if err := RemoveUnused(name); err != nil {
+			t.Fatal(err)
+		}
+		gone := true
+		for _, dir := range m.dirs {
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				gone = false
+			}
+		}
+		if gone {
+			break
+		}
+	}
+	for _, dir := range m.dirs {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s is still there once nothing runs in it: %v", dir, err)
+		}
 	}
 }
