@@ -293,7 +293,7 @@ func (m *Manager) Start(name string, cmd *exec.Cmd) error {
 			cmd.SysProcAttr = &syscall.SysProcAttr{}
 		}
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
-		return cmd.Start()
+		return atPidsLimit(cmd.Start(), name)
 	}
 	if m.JoinToStart {
 		return m.startJoined(name, cmd)
@@ -328,10 +328,7 @@ func (m *Manager) startJoined(name string, cmd *exec.Cmd) error {
 		}
 		joined = append(joined, c)
 	}
-	err = cmd.Start()
-	if errors.Is(err, syscall.EAGAIN) {
-		err = fmt.Errorf("%w (the pids limit of %s is reached)", err, name)
-	}
+	err = atPidsLimit(cmd.Start(), name)
 	if lerr := leave(); lerr != nil {
 		if err == nil {
 			// This thread ends with its goroutine, and a command that
@@ -340,6 +337,15 @@ func (m *Manager) startJoined(name string, cmd *exec.Cmd) error {
 			_ = cmd.Wait()
 		}
 		return errors.Join(err, lerr)
+	}
+	return err
+}
+
+// atPidsLimit names the pids limit of instance name in a start refused
+// by it (a fork inside the cgroup fails with EAGAIN).
+func atPidsLimit(err error, name string) error {
+	if errors.Is(err, syscall.EAGAIN) {
+		return fmt.Errorf("%w (the pids limit of %s is reached)", err, name)
 	}
 	return err
 }
