@@ -69,11 +69,11 @@ type Manager struct {
 	// ms). For that instant the process is one of the instance's: a Stop
 	// at the same moment kills it, the instance's OOM killer may choose
 	// it, and the thread counts against the pids limit (the limit's last
-	// pid cannot be started this way). That is for a process whose one job is the command (a
-	// one-shot sandboxctl run), never for the controller. The caller runs
-	// Start on a goroutine that ends after it (StartOnOwnThread): a thread
-	// that cannot leave the instance's cgroups stays locked to it and ends
-	// with it.
+	// pid cannot be started this way). That is for a process whose one
+	// job is the command (a one-shot sandboxctl run), never for the
+	// controller. The caller runs Start on a goroutine that ends after it
+	// (StartOnOwnThread): a thread that cannot leave the instance's
+	// cgroups stays locked to it and ends with it.
 	JoinToStart bool
 }
 
