@@ -81,15 +81,15 @@ type Manager struct {
 // (each hierarchy's, on v1), or below parent when it is not empty (a path
 // from the root of the hierarchy, as --cgroup-parent gives it).
 func New(name, parent string) (*Manager, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(Mount, &st); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, Mount, err)
+	v2, err := unified()
+	if err != nil {
+		return nil, err
 	}
 	own, err := ownCgroups()
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{V2: st.Type == unix.CGROUP2_SUPER_MAGIC, dirs: map[string]string{}}
+	m := &Manager{V2: v2, dirs: map[string]string{}}
 	if m.V2 {
 		return m, m.newV2(name, parent, own[""])
 	}
@@ -108,6 +108,16 @@ func New(name, parent string) (*Manager, error) {
 		m.dirs[c] = dir
 	}
 	return m, nil
+}
+
+// unified says whether the host runs the unified hierarchy (cgroup v2)
+// at Mount.
+func unified() (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(Mount, &st); err != nil {
+		return false, fmt.Errorf("%w: %s: %w", ErrUnavailable, Mount, err)
+	}
+	return st.Type == unix.CGROUP2_SUPER_MAGIC, nil
 }
 
 func (m *Manager) newV2(name, parent, own string) error {
@@ -635,12 +645,17 @@ func rmdirRetry(dir string) error {
 // It creates nothing, kills nothing, and leaves a cgroup that still holds
 // a process (rmdir refuses it).
 func RemoveUnused(name string) error {
+	v2, err := unified()
+	if errors.Is(err, ErrUnavailable) {
+		// No cgroups on this host: none to remove.
+		return nil
+	}
 	own, err := ownCgroups()
-	if err != nil {
-		return err
+	if errors.Is(err, ErrUnavailable) {
+		return nil
 	}
 	var parents []string
-	if _, err := os.Stat(filepath.Join(Mount, "cgroup.controllers")); err == nil {
+	if v2 {
 		parents = []string{filepath.Join(Mount, own[""], name)}
 	} else {
 		for _, c := range v1Controllers {
