@@ -43,6 +43,9 @@ type SandboxReconciler struct {
 	// egress hears the proxies of Sandboxes with an allowlist; nil
 	// without Networks.
 	egress *egressWatch
+	// notices tell the claims of a Sandbox it started that it is Ready,
+	// beside the status write that says so (readyNotices); nil: none.
+	notices *readyNotices
 }
 
 // The controller's own rights, least privilege: it writes a Sandbox only to
@@ -140,6 +143,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	if !onNode(sb, r.NodeName) {
 		return ctrl.Result{}, nil
 	}
+	cached := sb.ResourceVersion
 	r.reportUndecodable(ctx, sb)
 	if !controllerutil.ContainsFinalizer(sb, v1alpha1.Finalizer) && sb.DeletionTimestamp.IsZero() {
 		// The pass goes on with the object as the patch stored it: a new
@@ -163,7 +167,9 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		if retErr == nil {
 			sb.Status.ObservedGeneration = sb.Generation
 		}
+		r.notices.announce([2]string{cached, read.ResourceVersion}, read, sb, s.claims)
 		if err := r.status.writeStatus(ctx, read, sb, mergeConditions); err != nil {
+			r.notices.withdraw(sb)
 			retErr = errors.Join(retErr, err)
 		}
 	}()

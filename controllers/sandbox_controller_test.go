@@ -166,6 +166,29 @@ var _ = Describe("SessionClaim binding", func() {
 	})
 })
 
+var _ = Describe("A cold claim's Ready", func() {
+	It("is written beside its Sandbox's status, not after it comes back", func() {
+		ns := newNamespace()
+		Expect(k8s.Create(ctx, newSandbox(ns, "cold", ns+"-cold", time.Minute))).To(Succeed())
+		Eventually(sandboxStatus(ns, "cold"), timeout).Should(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped))
+
+		// The Sandbox's status write stands on its way; the claim's Ready
+		// must not wait for it (without notices it would wait its
+		// startGrace and then say Bound and not Ready).
+		release := mgr.Writes.Hold("sandboxes", ns, "cold")
+		defer release()
+		Expect(k8s.Create(ctx, newClaim(ns, "first", "cold"))).To(Succeed())
+		Eventually(claimStatus(ns, "first"), 3*time.Second).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+		Expect(sandboxStatus(ns, "cold")()).To(sandboxIs(0, metav1.ConditionFalse, v1alpha1.ReasonStopped), "the Sandbox's write was held")
+
+		release()
+		Eventually(sandboxStatus(ns, "cold"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Consistently(claimStatus(ns, "first"), time.Second).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+	})
+})
+
 var _ = Describe("Sandbox deletion", func() {
 	It("deletes the claims, then the instance, and keeps the host areas and their files", func() {
 		ns := newNamespace()

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
@@ -29,6 +30,11 @@ type SessionClaimReconciler struct {
 	Recorder record.EventRecorder
 	// status is the one writer of the claim's status.
 	status statusWriter
+	// notices tell a Sandbox's Ready before its status write is back
+	// (readyNotices); nil: only the cache tells.
+	notices *readyNotices
+	// own are this process's recent status writes (ownWrites).
+	own ownWrites
 }
 
 // A claim with a worktree is updated for its finalizer and owner
@@ -41,10 +47,13 @@ type SessionClaimReconciler struct {
 // claim created before its Sandbox binds as soon as the Sandbox appears.
 func (r *SessionClaimReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	retries := newRetryLimiter()
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.SessionClaim{}).
-		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf), builder.WithPredicates(sandboxChangesForClaims)).
-		Named("sessionclaim").
+		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf), builder.WithPredicates(sandboxChangesForClaims))
+	if r.notices != nil {
+		b = b.WatchesRawSource(source.Channel(r.notices.claims, &handler.EnqueueRequestForObject{}))
+	}
+	return b.Named("sessionclaim").
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers(r.ClaimWorkers, 16),
 			ReconciliationTimeout:   reconcileTimeout(r.ReconcileTimeout),
@@ -70,6 +79,9 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	claim := &v1alpha1.SessionClaim{}
 	if err := r.Get(ctx, req.NamespacedName, claim); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.own.stale(claim) {
+		return ctrl.Result{RequeueAfter: staleRetry}, nil
 	}
 	sb := &v1alpha1.Sandbox{}
 	err := r.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Spec.SandboxName}, sb)
@@ -175,6 +187,11 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 	}
 
 	f.binding, f.sandboxReady = bindingBound, sandboxReadyCondition(sb)
+	if claim.Spec.Worktree == nil {
+		// The Sandbox's pass may have started it for this claim and not
+		// yet seen its status write back: its notice says so.
+		f.sandboxReady = r.notices.readyOf(sb)
+	}
 	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	claim.Status.Endpoint = r.Endpoint
 	if claim.Spec.Worktree == nil {
@@ -221,6 +238,7 @@ func (r *SessionClaimReconciler) write(ctx context.Context, read, claim *v1alpha
 	if err := r.status.writeStatus(ctx, read, claim, mergeConditions); err != nil {
 		return ctrl.Result{}, errors.Join(pass.err, err)
 	}
+	r.own.wrote(read, claim)
 	return pass.res, pass.err
 }
 

@@ -300,6 +300,68 @@ func TestExecRefusals(t *testing.T) {
 	}
 }
 
+// A claim's Ready is written beside its Sandbox's, so a client that saw
+// the claim Ready may ask before the Sandbox's Ready is in the server's
+// cache: the request waits for it. A Sandbox that stopped being Ready
+// after the claim became Ready is refused at once.
+func TestExecWaitsForASandboxReadyBesideItsClaim(t *testing.T) {
+	f := newFixture(t, Config{})
+	ctx := context.Background()
+	claimReady := time.Now().Truncate(time.Second)
+	mk := func(name string, sandboxReady metav1.Time) {
+		sb := &v1alpha1.Sandbox{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       v1alpha1.SandboxSpec{Agent: "ada", Binaries: []v1alpha1.BinaryName{"echo"}},
+		}
+		cl := &v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-claim"}, Spec: v1alpha1.SessionClaimSpec{SandboxName: name}}
+		for _, o := range []client.Object{sb, cl} {
+			if err := f.client.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sb.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonStopped, Message: "stopped", LastTransitionTime: sandboxReady}}
+		cl.Status.Conditions = []metav1.Condition{
+			{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound, Message: "bound", LastTransitionTime: metav1.NewTime(claimReady)},
+			{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonSandboxReady, Message: "running", LastTransitionTime: metav1.NewTime(claimReady)},
+		}
+		for _, o := range []client.Object{sb, cl} {
+			if err := f.client.Status().Update(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mk("starting", metav1.NewTime(claimReady.Add(-time.Minute)))
+	mk("stopped-since", metav1.NewTime(claimReady.Add(time.Second)))
+
+	done := make(chan execResult, 1)
+	go func() { done <- f.exec(ctx, "alice-token", "starting-claim", nil, "echo", "hello") }()
+	select {
+	case res := <-done:
+		t.Fatalf("the request did not wait for the Sandbox's Ready: %+v", res)
+	case <-time.After(200 * time.Millisecond):
+	}
+	var sb v1alpha1.Sandbox
+	if err := f.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "starting"}, &sb); err != nil {
+		t.Fatal(err)
+	}
+	sb.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonRunning, Message: "running", LastTransitionTime: metav1.Now()}}
+	if err := f.client.Status().Update(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-done; res.err != nil || res.stdout != "hello\n" {
+		t.Fatalf("once the Sandbox is Ready the command runs: got stdout %q err %v", res.stdout, res.err)
+	}
+
+	start := time.Now()
+	res := f.exec(ctx, "alice-token", "stopped-since-claim", nil, "echo", "hello")
+	if res.err == nil || !strings.Contains(res.err.Error(), "is not Ready") {
+		t.Fatalf("a Sandbox that stopped after its claim was Ready: want a refusal, got %v", res.err)
+	}
+	if waited := time.Since(start); waited >= sandboxCatchUp {
+		t.Errorf("the refusal waited %v for a Sandbox that stopped after its claim", waited)
+	}
+}
+
 func TestExecCancelKillsTheCommand(t *testing.T) {
 	f := newFixture(t, Config{})
 	ctx, cancel := context.WithCancel(context.Background())

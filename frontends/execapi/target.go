@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -53,6 +55,9 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 			return nil, notReady("Sandbox %s/%s of SessionClaim %s is gone", ns, claim.Spec.SandboxName, name)
 		}
 		return nil, &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("reading Sandbox %s/%s: %v", ns, claim.Spec.SandboxName, err)}
+	}
+	if ready {
+		s.awaitSandboxReady(ctx, &claim, &sb)
 	}
 	if s.opts.ForwardOnly || sb.Node() != s.opts.NodeName {
 		// A Sandbox that is not Ready elsewhere (its node lost, say) is
@@ -104,6 +109,41 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 		return nil, &apiError{code: http.StatusConflict, msg: err.Error()}
 	}
 	return &target{claim: &claim, sandbox: &sb, instance: in, runtime: rt}, nil
+}
+
+// sandboxCatchUp bounds how long a request waits for this process's cache
+// to show a claim's Sandbox as Ready as the claim says it is.
+const sandboxCatchUp = time.Second
+
+// awaitSandboxReady waits, up to sandboxCatchUp, for the cache to show sb
+// Ready when the claim says Ready and sb's last change of readiness is not
+// newer than the claim's: the controller writes a claim's Ready beside
+// its Sandbox's, not after it, so a client that saw the claim Ready may
+// ask before the Sandbox's write is in this cache. sb is then the cached
+// Sandbox as it last read it.
+func (s *Server) awaitSandboxReady(ctx context.Context, claim *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) {
+	cr := meta.FindStatusCondition(claim.Status.Conditions, v1alpha1.ConditionReady)
+	if cr == nil || cr.Status != metav1.ConditionTrue {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, sandboxCatchUp)
+	defer cancel()
+	for {
+		sr := meta.FindStatusCondition(sb.Status.Conditions, v1alpha1.ConditionReady)
+		if sr != nil && (sr.Status == metav1.ConditionTrue || sr.LastTransitionTime.After(cr.LastTransitionTime.Time)) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+		var again v1alpha1.Sandbox
+		if err := s.opts.Reader.Get(ctx, client.ObjectKeyFromObject(sb), &again); err != nil || again.UID != sb.UID {
+			return
+		}
+		*sb = again
+	}
 }
 
 // checkOwner refuses a claim whose Sandbox does not own its agent. The

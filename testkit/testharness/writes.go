@@ -13,6 +13,45 @@ import (
 type Writes struct {
 	mu    sync.Mutex
 	count map[string]int
+	held  map[string]chan struct{}
+}
+
+// Hold makes the manager's writes of one object wait until release is
+// called: a test stands a write on its way to the API server for as long
+// as it likes.
+func (w *Writes) Hold(resource, namespace, name string) (release func()) {
+	key := resource + "/" + namespace + "/" + name
+	ch := make(chan struct{})
+	w.mu.Lock()
+	if w.held == nil {
+		w.held = map[string]chan struct{}{}
+	}
+	w.held[key] = ch
+	w.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			delete(w.held, key)
+			w.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+// heldFor is the channel a write of the request's object waits on, nil
+// when it goes at once.
+func (w *Writes) heldFor(r *http.Request) chan struct{} {
+	if r.Method == http.MethodGet {
+		return nil
+	}
+	key, ok := objectOf(r.URL.Path)
+	if !ok {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.held[key]
 }
 
 // Of is how many writes named the object so far.
@@ -75,6 +114,13 @@ type countingTransport struct {
 }
 
 func (t countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if ch := t.writes.heldFor(r); ch != nil {
+		select {
+		case <-ch:
+		case <-r.Context().Done():
+			return nil, r.Context().Err()
+		}
+	}
 	t.writes.record(r)
 	return t.next.RoundTrip(r)
 }
