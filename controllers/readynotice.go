@@ -128,8 +128,21 @@ func (n readyNotice) holds(version string) bool {
 // own write and brings the claim back before its cache has that write.
 type ownWrites struct {
 	mu   sync.Mutex
-	from map[types.UID]string
+	from map[types.UID]ownWrite
+	// sweepAt is the size at which records older than ownWriteAge go: a
+	// claim deleted right after a write is never read again to drop its
+	// record.
+	sweepAt int
 }
+
+type ownWrite struct {
+	version string
+	at      time.Time
+}
+
+// ownWriteAge is how long a record is kept at most: a cache is never
+// that far behind.
+const ownWriteAge = time.Minute
 
 // staleRetry is when a pass that found its cache behind its own write
 // looks again; the watch event of that write usually comes first.
@@ -141,7 +154,7 @@ func (w *ownWrites) stale(o client.Object) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	from, ok := w.from[o.GetUID()]
-	if ok && from == o.GetResourceVersion() {
+	if ok && from.version == o.GetResourceVersion() {
 		return true
 	}
 	delete(w.from, o.GetUID())
@@ -157,7 +170,16 @@ func (w *ownWrites) wrote(read, after client.Object) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.from == nil {
-		w.from = map[types.UID]string{}
+		w.from = map[types.UID]ownWrite{}
 	}
-	w.from[after.GetUID()] = read.GetResourceVersion()
+	now := time.Now()
+	if len(w.from) >= max(w.sweepAt, 1024) {
+		for uid, r := range w.from {
+			if now.Sub(r.at) > ownWriteAge {
+				delete(w.from, uid)
+			}
+		}
+		w.sweepAt = 2 * len(w.from)
+	}
+	w.from[after.GetUID()] = ownWrite{version: read.GetResourceVersion(), at: now}
 }

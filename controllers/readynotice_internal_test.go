@@ -1,9 +1,11 @@
 package controllers
 
 import (
+	"fmt"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
@@ -114,5 +116,20 @@ func TestOwnWritesTellAStaleCache(t *testing.T) {
 	}
 	if w.stale(claim("3")) {
 		t.Error("once the cache had the write, the record stayed")
+	}
+
+	// Claims deleted right after a write are never read again: their
+	// records go once old, when the map has grown.
+	for i := range 1024 {
+		w.wrote(&v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{UID: types.UID(fmt.Sprint("gone-", i)), ResourceVersion: "1"}},
+			&v1alpha1.SessionClaim{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "2", UID: types.UID(fmt.Sprint("gone-", i))}})
+	}
+	for uid, r := range w.from {
+		r.at = r.at.Add(-2 * ownWriteAge)
+		w.from[uid] = r
+	}
+	w.wrote(claim("5"), claim("6"))
+	if len(w.from) != 1 {
+		t.Errorf("after a sweep %d records are left, want the newest only", len(w.from))
 	}
 }
