@@ -186,12 +186,13 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 		return claimPass{complete: true}
 	}
 
-	f.binding, f.sandboxReady = bindingBound, sandboxReadyCondition(sb)
+	readyOf := sandboxReadyCondition
 	if claim.Spec.Worktree == nil {
 		// The Sandbox's pass may have started it for this claim and not
 		// yet seen its status write back: its notice says so.
-		f.sandboxReady = r.notices.readyOf(sb)
+		readyOf = r.notices.readyOf
 	}
+	f.binding, f.sandboxReady = bindingBound, readyOf(sb)
 	claim.Status.Instance = v1alpha1.InstanceName(sb.Spec.Agent)
 	claim.Status.Endpoint = r.Endpoint
 	if claim.Spec.Worktree == nil {
