@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -46,9 +46,14 @@ func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
 	if got := testenv.MountsBelow(t, trees); got < n {
 		t.Fatalf("%d mounts below %s after %d instances, want at least %d", got, trees, n, n)
 	}
-	cgroups := ownCgroupDir(t, bwrap.CgroupName(state))
-	if entries, err := os.ReadDir(cgroups); err != nil || len(entries) == 0 {
-		t.Fatalf("the instances' cgroups are not in %s: %v", cgroups, err)
+	cgroups, err := cgroup.ParentDirs(bwrap.CgroupName(state))
+	if err != nil || len(cgroups) == 0 {
+		t.Fatalf("where the driver's cgroups are: %v %v", cgroups, err)
+	}
+	for _, dir := range cgroups {
+		if entries, err := os.ReadDir(dir); err != nil || len(entries) == 0 {
+			t.Fatalf("the instances' cgroups are not in %s: %v", dir, err)
+		}
 	}
 	// The clone is deleted, its controller never to come back.
 	if err := os.RemoveAll(clone); err != nil {
@@ -66,8 +71,10 @@ func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
 		t.Fatalf("the abandoned trees' directory %s is still there: %v", trees, err)
 	}
 	// Their cgroups, empty, go with them.
-	if _, err := os.Lstat(cgroups); !os.IsNotExist(err) {
-		t.Fatalf("the abandoned state directory's cgroup %s is still there: %v", cgroups, err)
+	for _, dir := range cgroups {
+		if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+			t.Fatalf("the abandoned state directory's cgroup %s is still there: %v", dir, err)
+		}
 	}
 	spec := v1alpha1.SandboxSpec{Agent: "after", Binaries: []v1alpha1.BinaryName{"true"}}
 	in, err := instance.Standalone(&spec, instance.Host{AreasRoot: filepath.Join(dir, "next", "areas")})
@@ -85,33 +92,4 @@ func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
 	if err != nil || st.Code != 0 {
 		t.Fatalf("a command after the sweep: %+v %v", st, err)
 	}
-}
-
-// ownCgroupDir is where the cgroup name is below this process's own pids
-// cgroup (cgroup v1) or its one cgroup (v2).
-func ownCgroupDir(t *testing.T, name string) string {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v2 := ""
-	for _, line := range strings.Split(string(b), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == "pids" {
-				return filepath.Join("/sys/fs/cgroup/pids", parts[2], name)
-			}
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			v2 = filepath.Join("/sys/fs/cgroup", parts[2], name)
-		}
-	}
-	if v2 == "" {
-		t.Fatal("this process is in no pids cgroup")
-	}
-	return v2
 }

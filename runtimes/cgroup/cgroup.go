@@ -645,22 +645,9 @@ func rmdirRetry(dir string) error {
 // It creates nothing, kills nothing, and leaves a cgroup that still holds
 // a process (rmdir refuses it).
 func RemoveUnused(name string) error {
-	v2, err := unified()
-	if errors.Is(err, ErrUnavailable) {
-		// No cgroups on this host: none to remove.
-		return nil
-	}
-	own, err := ownCgroups()
-	if errors.Is(err, ErrUnavailable) {
-		return nil
-	}
-	var parents []string
-	if v2 {
-		parents = []string{filepath.Join(Mount, own[""], name)}
-	} else {
-		for _, c := range v1Controllers {
-			parents = append(parents, filepath.Join(Mount, c, own[c], name))
-		}
+	parents, err := ParentDirs(name)
+	if err != nil {
+		return err
 	}
 	var errs []error
 	for _, p := range parents {
@@ -680,6 +667,31 @@ func RemoveUnused(name string) error {
 		errs = append(errs, rmdirUnused(p))
 	}
 	return errors.Join(errs...)
+}
+
+// ParentDirs are the directories New(name, "") makes, or would make,
+// below this process's own cgroups: one a hierarchy on v1, one on v2;
+// none on a host without cgroups.
+func ParentDirs(name string) ([]string, error) {
+	v2, err := unified()
+	if errors.Is(err, ErrUnavailable) {
+		return nil, nil
+	}
+	own, err := ownCgroups()
+	if errors.Is(err, ErrUnavailable) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading this process's cgroups: %w", err)
+	}
+	if v2 {
+		return []string{filepath.Join(Mount, own[""], name)}, nil
+	}
+	var dirs []string
+	for _, c := range v1Controllers {
+		dirs = append(dirs, filepath.Join(Mount, c, own[c], name))
+	}
+	return dirs, nil
 }
 
 // rmdirUnused removes an empty cgroup; one that is gone, still holds a
