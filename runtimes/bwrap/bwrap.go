@@ -826,8 +826,11 @@ func defaultTrees(stateDir string) string {
 // removed: an administrator retiring a node, or a test cleaning up. The
 // controller itself never calls it: a restarted controller adopts running
 // instances with their trees. Running commands keep their own copies.
+// The cgroups that driver made go too where nothing runs any more (as for
+// an abandoned state directory, StaleTrees.Remove): a cgroup with a
+// running command stays, and a driver that starts again makes them anew.
 func DetachTrees(stateDir string) error {
-	return removeTreesDir(defaultTrees(stateDir))
+	return errors.Join(removeTreesDir(defaultTrees(stateDir)), cgroup.RemoveUnused(cgroupName(stateDir)))
 }
 
 func (r *Runtime) treeLock(name string) *sync.Mutex {

@@ -93,3 +93,43 @@ func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
 		t.Fatalf("a command after the sweep: %+v %v", st, err)
 	}
 }
+
+// DetachTrees, a test's or an administrator's cleanup of a state
+// directory, takes the cgroups its driver made where nothing runs:
+// otherwise every throw-away state directory leaves its cgroups on the
+// host.
+func TestDetachTreesTakesTheIdleCgroups(t *testing.T) {
+	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "mount trees are built only as root: run the tests as root (CI does)")
+	}
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	rt, err := bwrap.New(bwrap.Config{StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := v1alpha1.SandboxSpec{Agent: "detached", Binaries: []v1alpha1.BinaryName{"true"}}
+	in, err := instance.Standalone(&spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Ensure(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+	cgroups, err := cgroup.ParentDirs(bwrap.CgroupName(state))
+	if err != nil || len(cgroups) == 0 {
+		t.Fatalf("where the driver's cgroups are: %v %v", cgroups, err)
+	}
+	if _, err := os.Stat(cgroups[0]); err != nil {
+		t.Fatalf("the instance's cgroup parent is not there: %v", err)
+	}
+	if err := bwrap.DetachTrees(state); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range cgroups {
+		if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+			t.Errorf("the detached state directory's cgroup %s is still there: %v", dir, err)
+		}
+	}
+}
