@@ -20,10 +20,7 @@ import (
 // host, whatever its own state directory: 1,000 abandoned trees, and
 // their mounts, are gone after it, and a command runs as before.
 func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
-	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "root", "mount trees are built only as root: run the tests as root (CI does)")
-	}
+	needTrees(t)
 	dir := t.TempDir()
 	clone := filepath.Join(dir, "clone")
 	state := filepath.Join(clone, "state")
@@ -99,10 +96,7 @@ func TestAbandonedTreesGoAtTheNextStart(t *testing.T) {
 // otherwise every throw-away state directory leaves its cgroups on the
 // host.
 func TestDetachTreesTakesTheIdleCgroups(t *testing.T) {
-	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "root", "mount trees are built only as root: run the tests as root (CI does)")
-	}
+	needTrees(t)
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
 	rt, err := bwrap.New(bwrap.Config{StateDir: state})
@@ -131,5 +125,15 @@ func TestDetachTreesTakesTheIdleCgroups(t *testing.T) {
 		if _, err := os.Lstat(dir); !os.IsNotExist(err) {
 			t.Errorf("the detached state directory's cgroup %s is still there: %v", dir, err)
 		}
+	}
+}
+
+// needTrees fails (in CI) or skips a test that builds mount trees where
+// they cannot be built.
+func needTrees(t *testing.T) {
+	t.Helper()
+	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "mount trees are built only as root: run the tests as root (CI does)")
 	}
 }
