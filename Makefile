@@ -17,8 +17,12 @@ all: build
 ##@ Develop
 
 .PHONY: build
-build: manifests generate ## Build bin/sandbox-controller.
+build: manifests generate starter ## Build bin/sandbox-controller (and bin/sandbox-holder, its cgroup v1 starter, beside it).
 	go build -o $(BIN)/sandbox-controller ./cmd/sandbox-controller
+
+.PHONY: starter
+starter: ## Build bin/sandbox-holder: static, the starter the bwrap backend of the controller and sandboxctl beside it start commands through on cgroup v1.
+	CGO_ENABLED=0 go build -o $(BIN)/sandbox-holder ./cmd/sandbox-holder
 
 .PHONY: run
 run: build install-plugin ## Run the controller on a throw-away local control plane with the bwrap backend.
@@ -30,7 +34,7 @@ run: build install-plugin ## Run the controller on a throw-away local control pl
 		--log-format console --log-level debug --routine-events
 
 .PHONY: install-plugin
-install-plugin: ## Build bin/sandboxctl and link it as bin/kubectl-sandbox and bin/kubectl_complete-sandbox (put bin/ on PATH for `kubectl sandbox` and its completion).
+install-plugin: starter ## Build bin/sandboxctl and link it as bin/kubectl-sandbox and bin/kubectl_complete-sandbox (put bin/ on PATH for `kubectl sandbox` and its completion).
 	go build -o $(BIN)/sandboxctl ./cmd/sandboxctl
 	ln -sf sandboxctl $(BIN)/kubectl-sandbox
 	ln -sf sandboxctl $(BIN)/kubectl_complete-sandbox

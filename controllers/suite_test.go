@@ -63,7 +63,9 @@ func (m *managerRun) stop() { m.Stop() }
 // startManager runs the controllers with a real bwrap driver over the
 // suite's state directory, so a second start sees what the first left.
 func startManager() *managerRun {
-	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "state")})
+	// Commands start as the controller starts them: through the starter
+	// beside its binary.
+	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "state"), Starter: testenv.Starter(GinkgoT())})
 	Expect(err).NotTo(HaveOccurred())
 	m := env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{
 		HealthInterval: time.Second,

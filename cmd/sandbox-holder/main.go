@@ -9,17 +9,26 @@
 //	                             controller's image, into an emptyDir)
 //	sandbox-holder               sleep until SIGTERM or SIGINT, reaping any
 //	                             child handed to it (the container's PID 1)
+//	sandbox-holder start-in-cgroups ...
+//	                             the starter of a command on cgroup v1: move
+//	                             into the instance's cgroups, take the
+//	                             command's ids and become it (run by the
+//	                             controller beside which it lies; see
+//	                             runtimes/cgroup's starter)
 //
 // It is static and small, so that it runs in any image of the node's
 // architecture, one with no libc or shell included.
 package main
 
 import (
+	"errors"
 	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 )
 
 // Name is the file name install writes.
@@ -32,10 +41,17 @@ func main() {
 			os.Stderr.WriteString("sandbox-holder: " + err.Error() + "\n")
 			os.Exit(1)
 		}
+	case len(os.Args) >= 2 && os.Args[1] == cgroup.StarterVerb:
+		// The controller reads a failure from the starter's pipe; the
+		// command's stderr hears only of a starter run wrongly.
+		if err := cgroup.RunStarter(os.Args[2:]); errors.Is(err, cgroup.ErrStarterUsage) {
+			os.Stderr.WriteString("sandbox-holder: " + err.Error() + "\n")
+		}
+		os.Exit(127)
 	case len(os.Args) == 1:
 		hold(nil)
 	default:
-		os.Stderr.WriteString("usage: sandbox-holder [install DIR]\n")
+		os.Stderr.WriteString("usage: sandbox-holder [install DIR | " + cgroup.StarterVerb + " ...]\n")
 		os.Exit(2)
 	}
 }

@@ -40,7 +40,8 @@ func newLatencyModes(tb testing.TB) latencyModes {
 	tb.Helper()
 	testenv.Binary(tb, "bwrap", "install bubblewrap (hack/install-deps.sh)")
 	dir := tb.TempDir()
-	rt, err := New(Config{StateDir: filepath.Join(dir, "state")})
+	// As the controller runs it: commands start through the starter.
+	rt, err := New(Config{StateDir: filepath.Join(dir, "state"), Starter: testenv.Starter(tb)})
 	if err != nil {
 		tb.Fatal(err)
 	}

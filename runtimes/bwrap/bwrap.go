@@ -87,6 +87,14 @@ type Config struct {
 	// the controller: for that instant it is one of the instance's
 	// processes.
 	JoinCgroupToStart bool
+	// Starter is the cgroup v1 starter (cmd/sandbox-holder) commands
+	// start through (cgroup.Manager.Starter): 5 to 15 ms faster a start
+	// than stopping the command and moving it in, without this process
+	// ever joining an instance's cgroups. Empty: the sandbox-holder beside
+	// this executable, when it is there and only root may change it;
+	// otherwise commands are stopped at their start and moved in. Unused
+	// on cgroup v2 and with JoinCgroupToStart.
+	Starter string
 }
 
 // Host is where the driver finds things on the host.
@@ -154,6 +162,8 @@ type Runtime struct {
 	// joinToStart: commands start on a goroutine of their own
 	// (Config.JoinCgroupToStart).
 	joinToStart bool
+	// starter is the cgroup v1 starter (Config.Starter); "" for none.
+	starter string
 	// bundles is Config.ContainerBundles.
 	bundles string
 	// podCgroups are the managers of the Pods' cgroups instances run in
@@ -202,8 +212,16 @@ func New(cfg Config) (*Runtime, error) {
 		}
 	}
 	r.cgroups, r.cgroupErr = cgroup.New(cgroupName(cfg.StateDir), cfg.CgroupParent)
+	if !cfg.JoinCgroupToStart {
+		starter, err := findStarter(cfg.Starter, warningsOr(cfg.Warnings))
+		if err != nil {
+			return nil, err
+		}
+		r.starter = starter
+	}
 	if r.cgroups != nil {
 		r.cgroups.JoinToStart = cfg.JoinCgroupToStart
+		r.cgroups.Starter = r.starter
 	}
 	r.joinToStart = cfg.JoinCgroupToStart
 	r.allowUnlimited = cfg.AllowUnlimited

@@ -41,6 +41,8 @@ func newSandbox(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, 
 		LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
 		Warnings:  warnings,
 		Host:      host,
+		// As the controller starts commands: through the starter.
+		Starter: testenv.Starter(t),
 	})
 	if err != nil {
 		t.Fatal(err)

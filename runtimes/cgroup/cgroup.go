@@ -4,8 +4,9 @@
 // parent the controller owns, with its CPU, memory and pids limits, and
 // starts commands inside it with no moment outside: on cgroup v2 the
 // child is cloned straight into the cgroup (CLONE_INTO_CGROUP); on cgroup
-// v1 the child is stopped at its first instruction (it asks to be
-// traced), moved in, and let go.
+// v1 the child is a small starter that moves itself in and becomes the
+// command (Manager.Starter), or, without one, the child is stopped at its
+// first instruction (it asks to be traced), moved in, and let go.
 //
 // It never writes outside the cgroups below its parent, and never moves a
 // process other than a command it starts: the controller itself never
@@ -75,6 +76,12 @@ type Manager struct {
 	// (StartOnOwnThread): a thread that cannot leave the instance's
 	// cgroups stays locked to it and ends with it.
 	JoinToStart bool
+	// Starter is the path of the starter (cmd/sandbox-holder, see
+	// starter.go) commands start through on cgroup v1: forked outside,
+	// it moves itself into the instance's cgroups and becomes the
+	// command, sparing the 5 to 15 ms of moving a stopped child by its
+	// pid. Empty: the stopped child is moved.
+	Starter string
 }
 
 // New prepares the parent named name: below this process's own cgroup
@@ -307,6 +314,9 @@ func (m *Manager) Start(name string, cmd *exec.Cmd) error {
 	}
 	if m.JoinToStart {
 		return m.startJoined(name, cmd)
+	}
+	if m.Starter != "" {
+		return m.startVia(name, cmd)
 	}
 	return m.startV1(name, cmd)
 }

@@ -80,7 +80,13 @@ func startsInside(t *testing.T, m *Manager, start func(*exec.Cmd) error) {
 // be a candidate of the instance's OOM killer, and be killed with the
 // instance's processes when the instance goes.
 func TestControllerNeverJoinsTheInstanceCgroup(t *testing.T) {
-	m := newManager(t)
+	neverListed(t, newManager(t), 300)
+}
+
+// neverListed starts `true` starts times while watching the instance's
+// cgroup.procs files for this process.
+func neverListed(t *testing.T, m *Manager, starts int) {
+	t.Helper()
 	self := strconv.Itoa(os.Getpid())
 	files := procsFiles(m)
 	ctx, stop := context.WithCancel(context.Background())
@@ -100,7 +106,6 @@ func TestControllerNeverJoinsTheInstanceCgroup(t *testing.T) {
 			}
 		}
 	}()
-	const starts = 300
 	for range starts {
 		cmd := exec.Command("true")
 		if err := m.Start("inst", cmd); err != nil {

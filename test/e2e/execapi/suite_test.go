@@ -67,7 +67,9 @@ var _ = BeforeSuite(func() {
 	env = startEnv()
 	kube = kubernetes.NewForConfigOrDie(env.Config)
 
-	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "bwrap")})
+	// Commands start as the controller starts them: through the starter
+	// beside its binary.
+	drv, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "bwrap"), Starter: testenv.Starter(GinkgoT())})
 	Expect(err).NotTo(HaveOccurred())
 	// The manager's claims publish the host node's exec API, which serves
 	// the aggregated API too when this machine has an address the API
