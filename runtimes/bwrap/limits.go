@@ -157,14 +157,18 @@ func findStarter(configured string, warnings io.Writer) (string, error) {
 		}
 		return configured, nil
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return "", nil
-	}
-	p, err := cgroup.StarterBeside(exe)
+	p, err := starterBeside()
 	if err != nil {
 		fmt.Fprintf(warnings, "sandbox: not using the cgroup starter beside this binary (commands start 5 to 15 ms slower on cgroup v1): %v\n", err)
-		return "", nil
 	}
 	return p, nil
+}
+
+// starterBeside is cgroup.StarterBeside for this executable.
+func starterBeside() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return cgroup.StarterBeside(exe)
 }

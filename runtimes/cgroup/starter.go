@@ -53,7 +53,7 @@ const StarterName = "sandbox-holder"
 // StarterBeside finds the starter beside the executable exe (the
 // controller's own, normally): it is run as root, so it must be a
 // regular file that only root (or this process's user) may change.
-// Missing, it returns "" and no error.
+// Missing, it returns "" and no error; unfit, "" and why.
 func StarterBeside(exe string) (string, error) {
 	p := filepath.Join(filepath.Dir(exe), StarterName)
 	fi, err := os.Lstat(p)
@@ -63,7 +63,10 @@ func StarterBeside(exe string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return p, CheckStarter(p, fi)
+	if err := CheckStarter(p, fi); err != nil {
+		return "", err
+	}
+	return p, nil
 }
 
 // CheckStarter refuses a starter another user could have written: this

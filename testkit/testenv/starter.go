@@ -31,8 +31,11 @@ func Starter(t TB) string {
 func buildStarter() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	mod := strings.TrimSpace(string(out))
-	if err != nil || mod == "" || mod == os.DevNull {
-		return "", fmt.Errorf("finding the module: go env GOMOD: %q %v", mod, err)
+	if err != nil {
+		return "", fmt.Errorf("finding the module: go env GOMOD: %w", err)
+	}
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("finding the module: go env GOMOD says %q: run the tests inside the repository", mod)
 	}
 	dir := filepath.Join(filepath.Dir(mod), "bin", "test")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -47,7 +50,7 @@ func buildStarter() (string, error) {
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp)
-		return "", fmt.Errorf("go build ./cmd/sandbox-holder: %v: %s", err, b)
+		return "", fmt.Errorf("go build ./cmd/sandbox-holder: %w: %s", err, b)
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		os.Remove(tmp)
