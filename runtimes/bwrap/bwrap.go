@@ -179,6 +179,13 @@ func New(cfg Config) (*Runtime, error) {
 	if !filepath.IsAbs(cfg.StateDir) {
 		return nil, fmt.Errorf("bwrap state directory %q must be an absolute path", cfg.StateDir)
 	}
+	var starter string
+	if !cfg.JoinCgroupToStart {
+		var err error
+		if starter, err = findStarter(cfg.Starter, warningsOr(cfg.Warnings)); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating bwrap state directory: %w", err)
 	}
@@ -211,14 +218,8 @@ func New(cfg Config) (*Runtime, error) {
 			}
 		}
 	}
+	r.starter = starter
 	r.cgroups, r.cgroupErr = cgroup.New(cgroupName(cfg.StateDir), cfg.CgroupParent)
-	if !cfg.JoinCgroupToStart {
-		starter, err := findStarter(cfg.Starter, warningsOr(cfg.Warnings))
-		if err != nil {
-			return nil, err
-		}
-		r.starter = starter
-	}
 	if r.cgroups != nil {
 		r.cgroups.JoinToStart = cfg.JoinCgroupToStart
 		r.cgroups.Starter = r.starter
