@@ -147,7 +147,7 @@ type Runtime struct {
 	trees string
 
 	mu      sync.Mutex
-	running map[string]map[*exec.Cmd]struct{}
+	running map[string]map[*command]struct{}
 	// treeLocks serialises building an instance's tree.
 	treeLocks map[string]*sync.Mutex
 	// closures caches the Nix store requisites of a resolved command. Store
@@ -195,7 +195,7 @@ func New(cfg Config) (*Runtime, error) {
 		lookupEnv: cfg.LookupEnv,
 		warnings:  cfg.Warnings,
 		host:      cfg.Host.withDefaults(),
-		running:   map[string]map[*exec.Cmd]struct{}{},
+		running:   map[string]map[*command]struct{}{},
 		treeLocks: map[string]*sync.Mutex{},
 		closures:  map[string][]string{},
 	}
@@ -476,6 +476,8 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	}
 
 	var cmd *exec.Cmd
+	var sinit *sandboxInit
+	var infoW *os.File
 	var extra []*os.File
 	defer func() {
 		for _, f := range extra {
@@ -510,6 +512,13 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 			cmd.ExtraFiles = append(cmd.ExtraFiles, view.files...)
 		}
 		cmd.ExtraFiles = append(cmd.ExtraFiles, extra...)
+		// bubblewrap names its sandbox's init on this pipe, so that a
+		// kill reaches it (sandboxinit.go).
+		if sinit, infoW, err = newSandboxInit(); err != nil {
+			return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonUnavailable, op, name, "%w", err)
+		}
+		cmd.Args = slices.Insert(cmd.Args, 1, "--info-fd", strconv.Itoa(3+len(cmd.ExtraFiles)))
+		cmd.ExtraFiles = append(cmd.ExtraFiles, infoW)
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	// bwrap's --die-with-parent ends the sandbox if we die; its own process
@@ -521,15 +530,28 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	if id := rec.Instance.Identity; !disabled && id.UID != 0 && uint32(os.Geteuid()) != id.UID {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
 	}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	tracked := &command{cmd: cmd, init: sinit}
+	cmd.Cancel = func() error { return tracked.kill(initWait) }
 	// A process that outlives the command and keeps its output open must
 	// not hold the caller: once the command has exited, its output gets
 	// OutputDrain to arrive and is then closed.
 	cmd.WaitDelay = OutputDrain
 
-	r.track(name, cmd)
-	defer r.untrack(name, cmd)
-	if err = r.startIn(rec.Instance, cmd); err == nil {
+	r.track(name, tracked)
+	defer r.untrack(name, tracked)
+	err = r.startIn(rec.Instance, cmd)
+	if sinit != nil {
+		// The command holds its own end now: the pipe ends when
+		// bubblewrap has written to it, or is gone.
+		infoW.Close()
+		if err == nil {
+			sinit.watch(cmd.Process.Pid)
+		} else {
+			sinit.abandon()
+		}
+		defer sinit.close()
+	}
+	if err == nil {
 		err = cmd.Wait()
 	}
 	var exitErr *exec.ExitError
@@ -630,29 +652,32 @@ func (r *Runtime) prepare(in runtimes.Instance, req runtimes.ExecRequest, disabl
 	return c, nil
 }
 
-func (r *Runtime) track(name string, cmd *exec.Cmd) {
+func (r *Runtime) track(name string, c *command) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	set := r.running[name]
 	if set == nil {
-		set = map[*exec.Cmd]struct{}{}
+		set = map[*command]struct{}{}
 		r.running[name] = set
 	}
-	set[cmd] = struct{}{}
+	set[c] = struct{}{}
 }
 
-func (r *Runtime) untrack(name string, cmd *exec.Cmd) {
+func (r *Runtime) untrack(name string, c *command) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.running[name], cmd)
+	delete(r.running[name], c)
 }
 
+// killAll kills the instance's running commands, each with its sandbox's
+// init if bubblewrap has named it (a stop also kills what is left in the
+// instance's cgroup).
 func (r *Runtime) killAll(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for cmd := range r.running[name] {
-		if cmd.Process != nil {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	for c := range r.running[name] {
+		if c.cmd.Process != nil {
+			_ = c.kill(0)
 		}
 	}
 }
