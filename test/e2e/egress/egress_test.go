@@ -46,7 +46,9 @@ var _ = BeforeSuite(func() {
 	world, err = egresstest.New()
 	Expect(err).NotTo(HaveOccurred())
 	env = testharness.Start()
-	drv, err = bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "state")})
+	// Commands start as the controller starts them: through the starter,
+	// forked inside the Sandbox's network namespace.
+	drv, err = bwrap.New(bwrap.Config{StateDir: filepath.Join(env.Dir, "state"), Starter: testenv.Starter(GinkgoT())})
 	Expect(err).NotTo(HaveOccurred())
 	networks = &egress.Networks{Dir: filepath.Join(env.Dir, "state", "netns"), Resolver: world.Resolver()}
 	mgr = env.StartManager(map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: drv}, controllers.Options{Networks: networks})
