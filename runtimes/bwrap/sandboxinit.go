@@ -26,8 +26,9 @@ import (
 
 // initWait bounds how long a kill waits for bubblewrap to tell its init:
 // it does within milliseconds of its start, or closes the pipe on its way
-// out.
-const initWait = 2 * time.Second
+// out. Generous, for a machine so loaded that a start takes seconds: a
+// kill that gave up would leave the init running.
+const initWait = 10 * time.Second
 
 // sandboxInit learns and kills one command's sandbox init.
 type sandboxInit struct {
