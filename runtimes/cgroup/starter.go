@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -193,26 +194,29 @@ func RunStarter(args []string) error {
 		if err1 != nil || err2 != nil {
 			return fail(fmt.Errorf("ids %q and %q are not numbers", args[2], args[3]))
 		}
-		var groups []int
+		var groups []uint32
 		if args[4] != "" {
 			for _, s := range strings.Split(args[4], ",") {
 				g, err := strconv.ParseUint(s, 10, 32)
 				if err != nil {
 					return fail(fmt.Errorf("group %q is not a number", s))
 				}
-				groups = append(groups, int(g))
+				groups = append(groups, uint32(g))
 			}
 		}
 		// Groups first, then the group, then the user: after that no
-		// privilege is left to change the others.
-		if err := syscall.Setgroups(groups); err != nil {
+		// privilege is left to change the others. On this thread only:
+		// it is the one that becomes the command (the exec ends the
+		// others, which run nothing but Go's runtime), and changing every
+		// thread's ids stops each of them three times.
+		if err := threadSetgroups(groups); err != nil {
 			return fail(fmt.Errorf("setting the supplementary groups: %w", err))
 		}
-		if err := syscall.Setresgid(int(gid), int(gid), int(gid)); err != nil {
-			return fail(fmt.Errorf("taking gid %d: %w", gid, err))
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
+			return fail(fmt.Errorf("taking gid %d: %w", gid, e))
 		}
-		if err := syscall.Setresuid(int(uid), int(uid), int(uid)); err != nil {
-			return fail(fmt.Errorf("taking uid %d: %w", uid, err))
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+			return fail(fmt.Errorf("taking uid %d: %w", uid, e))
 		}
 	}
 	if _, err := unix.FcntlInt(uintptr(errFD), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
@@ -220,4 +224,16 @@ func RunStarter(args []string) error {
 	}
 	err = syscall.Exec(args[6], args[7:], os.Environ())
 	return fail(fmt.Errorf("exec %s: %w", args[6], err))
+}
+
+// threadSetgroups sets the calling thread's supplementary groups.
+func threadSetgroups(groups []uint32) error {
+	var p unsafe.Pointer
+	if len(groups) > 0 {
+		p = unsafe.Pointer(&groups[0])
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(p), 0); e != 0 {
+		return e
+	}
+	return nil
 }
