@@ -88,20 +88,41 @@ func (s *sandboxInit) abandon() {
 	close(s.done)
 }
 
-// kill kills the init, waiting up to wait for bubblewrap's report.
-func (s *sandboxInit) kill(wait time.Duration) {
+// kill kills the init, waiting up to wait for bubblewrap's report while
+// process outer, which makes it, runs.
+func (s *sandboxInit) kill(outer int, wait time.Duration) {
 	if wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-s.done:
-		case <-t.C:
-		}
-		t.Stop()
+		s.await(outer, wait)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pidfd >= 0 {
 		_ = unix.PidfdSendSignal(s.pidfd, unix.SIGKILL, nil, 0)
+	}
+}
+
+// await waits up to wait for bubblewrap's report, and no longer than
+// process outer lives: a start that failed (the starter could not become
+// bubblewrap) reports nothing, and its process is gone.
+func (s *sandboxInit) await(outer int, wait time.Duration) {
+	fd, err := unix.PidfdOpen(outer, 0)
+	if err != nil {
+		return // gone and reaped
+	}
+	defer unix.Close(fd)
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return
+		case <-tick.C:
+		}
+		// A pidfd polls readable once its process has exited.
+		if n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0); n > 0 {
+			return
+		}
 	}
 }
 
@@ -150,7 +171,7 @@ type command struct {
 // (waiting up to wait for bubblewrap to name it), then the process group.
 func (c *command) kill(wait time.Duration) error {
 	if c.init != nil {
-		c.init.kill(wait)
+		c.init.kill(c.cmd.Process.Pid, wait)
 	}
 	return syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
@@ -52,4 +53,57 @@ func sleeping(marker string) []string {
 		}
 	}
 	return out
+}
+
+// A start that fails (here the starter cannot exec bubblewrap) is not
+// held by a cancel that lands meanwhile: the kill waits for bubblewrap to
+// name its init only while the process that would name it lives.
+func TestACancelDoesNotHoldAFailedStart(t *testing.T) {
+	real := testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	dir := testenv.SharedDir(t)
+	// A bubblewrap only root may run: the starter, as the agent, cannot.
+	private := filepath.Join(dir, "bwrap-root-only")
+	b, err := os.ReadFile(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(private, b, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := bwrap.New(bwrap.Config{
+		StateDir: filepath.Join(dir, "state"),
+		Bwrap:    private,
+		Starter:  testenv.Starter(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bwrap.DetachTrees(filepath.Join(dir, "state")); err != nil {
+			t.Error(err)
+		}
+	})
+	in, err := instance.Standalone(&v1alpha1.SandboxSpec{Agent: "bea", Binaries: []v1alpha1.BinaryName{"sleep"}}, instance.Host{AreasRoot: filepath.Join(dir, "areas"), Home: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Ensure(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Delete(context.Background(), in.Name) })
+	var slowest time.Duration
+	for range 60 {
+		ctx, cancel := context.WithCancel(context.Background())
+		after := time.Duration(rand.IntN(3000)) * time.Microsecond
+		go func() { time.Sleep(after); cancel() }()
+		t0 := time.Now()
+		if _, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"sleep", "1"}}); err == nil {
+			t.Fatal("a command ran without its bubblewrap")
+		}
+		slowest = max(slowest, time.Since(t0))
+		cancel()
+	}
+	if slowest > 3*time.Second {
+		t.Errorf("the slowest failed start took %v: a cancel held it", slowest)
+	}
 }
