@@ -119,8 +119,16 @@ func (s *sandboxInit) await(outer int, wait time.Duration) {
 			return
 		case <-tick.C:
 		}
-		// A pidfd polls readable once its process has exited.
+		// A pidfd polls readable once its process has exited. What it
+		// wrote before is read within moments; a failed start wrote
+		// nothing, and waits those moments only.
 		if n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0); n > 0 {
+			t := time.NewTimer(100 * time.Millisecond)
+			defer t.Stop()
+			select {
+			case <-s.done:
+			case <-t.C:
+			}
 			return
 		}
 	}
