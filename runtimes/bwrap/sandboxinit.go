@@ -5,13 +5,13 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/procstat"
 )
 
 // A command's sandbox has two bubblewrap processes: the one this process
@@ -72,7 +72,7 @@ func (s *sandboxInit) watch(outer int) {
 		}
 		// Opened first, checked after: if the process at that pid now is
 		// outer's child, it is the init the descriptor holds.
-		if parentOf(info.ChildPid) != outer {
+		if st, err := procstat.Read(info.ChildPid); err != nil || st.PPid != outer {
 			unix.Close(fd)
 			return
 		}
@@ -145,27 +145,6 @@ func (s *sandboxInit) close() {
 		unix.Close(s.pidfd)
 		s.pidfd = -1
 	}
-}
-
-// parentOf is the parent of process pid, from /proc; 0 when unknown.
-func parentOf(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	// pid (comm) state ppid ...: comm may hold anything but ends at the
-	// last parenthesis.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
 }
 
 // command is a running command as the driver tracks it.

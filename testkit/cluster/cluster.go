@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/procstat"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -222,11 +223,11 @@ func childNamed(name string) (int, error) {
 		if err != nil {
 			continue
 		}
-		st, err := readStat(pid)
+		st, err := procstat.Read(pid)
 		if err != nil {
 			continue
 		}
-		if st.comm == name && st.ppid == self {
+		if st.Comm == name && st.PPid == self {
 			return pid, nil
 		}
 	}
@@ -239,36 +240,6 @@ func procStrings(pid int, file string) ([]string, error) {
 		return nil, fmt.Errorf("reading the %s of pid %d: %w", file, pid, err)
 	}
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil
-}
-
-type procStat struct {
-	comm        string
-	ppid        int
-	utime, stim uint64
-}
-
-// readStat parses /proc/<pid>/stat; comm may hold spaces and parentheses,
-// so the fields are counted from the last ')'.
-func readStat(pid int) (procStat, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return procStat{}, err
-	}
-	s := string(b)
-	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || closing < open {
-		return procStat{}, fmt.Errorf("unexpected /proc/%d/stat: %q", pid, s)
-	}
-	f := strings.Fields(s[closing+1:])
-	// f[0] is field 3 (state); ppid is field 4, utime 14, stime 15.
-	if len(f) < 13 {
-		return procStat{}, fmt.Errorf("unexpected /proc/%d/stat: %q", pid, s)
-	}
-	st := procStat{comm: s[open+1 : closing]}
-	st.ppid, _ = strconv.Atoi(f[1])
-	st.utime, _ = strconv.ParseUint(f[11], 10, 64)
-	st.stim, _ = strconv.ParseUint(f[12], 10, 64)
-	return st, nil
 }
 
 // MaxRun bounds one run of a child process (kube-apiserver started again,
@@ -414,11 +385,11 @@ func (c *Controller) CPUTicks() (uint64, error) {
 	if cmd == nil {
 		return 0, errors.New("the controller is not running")
 	}
-	st, err := readStat(cmd.Process.Pid)
+	st, err := procstat.Read(cmd.Process.Pid)
 	if err != nil {
 		return 0, fmt.Errorf("reading the controller's CPU time: %w", err)
 	}
-	return st.utime + st.stim, nil
+	return st.UTime + st.STime, nil
 }
 
 // Reconciles reads controller_runtime_reconcile_total from the running
