@@ -3,11 +3,11 @@ package testenv
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 var starter struct {
@@ -29,7 +29,9 @@ func Starter(t TB) string {
 }
 
 func buildStarter() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	env, cancel := Command(time.Minute, "go", "env", "GOMOD")
+	defer cancel()
+	out, err := env.Output()
 	mod := strings.TrimSpace(string(out))
 	if err != nil {
 		return "", fmt.Errorf("finding the module: go env GOMOD: %w", err)
@@ -45,7 +47,8 @@ func buildStarter() (string, error) {
 	// at the same time, and a rename is whole.
 	final := filepath.Join(dir, "sandbox-holder")
 	tmp := final + "." + strconv.Itoa(os.Getpid())
-	cmd := exec.Command("go", "build", "-o", tmp, "./cmd/sandbox-holder")
+	cmd, cancelBuild := Command(10*time.Minute, "go", "build", "-o", tmp, "./cmd/sandbox-holder")
+	defer cancelBuild()
 	cmd.Dir = filepath.Dir(mod)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
