@@ -157,6 +157,20 @@ func (n *Namespace) Do(fn func() error) error {
 	return <-ch
 }
 
+// Enter moves the calling thread, which its caller has locked and never
+// unlocks, into the namespace for good.
+func (n *Namespace) Enter() error {
+	target, err := unix.Open(n.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening network namespace %s: %w", n.Path, err)
+	}
+	defer unix.Close(target)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("entering network namespace %s: %w", n.Path, err)
+	}
+	return nil
+}
+
 // Remove lets the namespace go once no process is in it, and removes its
 // file.
 func (n *Namespace) Remove() error {

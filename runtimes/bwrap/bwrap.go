@@ -164,6 +164,12 @@ type Runtime struct {
 	joinToStart bool
 	// starter is the cgroup v1 starter (Config.Starter); "" for none.
 	starter string
+	// starts makes the namespaces commands start in (execns.go); nil
+	// without mount trees.
+	starts *startNamespaces
+	// noStartNamespace warns, once, that commands start in the host's
+	// mount namespace.
+	noStartNamespace sync.Once
 	// bundles is Config.ContainerBundles.
 	bundles string
 	// podCgroups are the managers of the Pods' cgroups instances run in
@@ -204,9 +210,12 @@ func New(cfg Config) (*Runtime, error) {
 		if r.trees == "" {
 			r.trees = defaultTrees(cfg.StateDir)
 		}
-		if err := mounttree.MakePrivate(filepath.Dir(r.trees)); err != nil {
+		// Unbindable: a command's start namespace, a clone of the host's
+		// mounts, leaves every tree out (execns.go).
+		if err := mounttree.MakeUnbindable(filepath.Dir(r.trees)); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}
+		r.starts = newStartNamespaces(filepath.Dir(r.trees))
 		if err := os.MkdirAll(r.trees, 0o711); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}
@@ -539,8 +548,13 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 
 	r.track(name, tracked)
 	defer r.untrack(name, tracked)
-	err = r.startIn(rec.Instance, cmd)
 	if sinit != nil {
+		defer sinit.close()
+	}
+	err = r.run(rec.Instance, startMounts(r.trees, rec.Instance.Name, c), cmd, func(err error) {
+		if sinit == nil {
+			return
+		}
 		// The command holds its own end now: the pipe ends when
 		// bubblewrap has written to it, or is gone.
 		infoW.Close()
@@ -549,11 +563,7 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		} else {
 			sinit.abandon()
 		}
-		defer sinit.close()
-	}
-	if err == nil {
-		err = cmd.Wait()
-	}
+	})
 	var exitErr *exec.ExitError
 	switch {
 	case err == nil:
@@ -569,6 +579,23 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	default:
 		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonUnavailable, op, name, "starting %s: %w", cmd.Path, err)
 	}
+}
+
+// startMounts are the mounts of the driver's trees (below trees) a
+// command c of instance name binds: its areas, and its image's mount.
+// None when the areas are bound from their sources.
+func startMounts(trees, name string, c Command) []string {
+	if len(c.Areas) == 0 {
+		return nil
+	}
+	mounts := make([]string, 0, len(c.Areas)+1)
+	for _, a := range c.Areas {
+		mounts = append(mounts, a.Source)
+	}
+	if c.Image != nil {
+		mounts = append(mounts, filepath.Join(trees, imagesDir, name))
+	}
+	return mounts
 }
 
 func (r *Runtime) getenv(k string) string {

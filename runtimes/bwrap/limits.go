@@ -77,6 +77,45 @@ func (r *Runtime) hasCgroup(in runtimes.Instance) bool {
 	return m.Exists(in.Name)
 }
 
+// run starts cmd inside the instance's cgroup and, when it has one, its
+// network namespace, and waits for it; started is called once, with the
+// start's error, as soon as the start is over. A command whose mounts
+// (the instance's tree areas and image mount) are known starts in a start
+// namespace holding them (execns.go) where one can be made.
+func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, started func(error)) error {
+	called := false
+	startAndWait := func(start func() error) error {
+		called = true
+		err := start()
+		started(err)
+		if err != nil {
+			return err
+		}
+		return cmd.Wait()
+	}
+	if r.starts != nil && len(mounts) > 0 {
+		var pre func() error
+		if in.Network != nil {
+			ns := egress.Namespace{Path: in.Network.Namespace}
+			pre = ns.Enter
+		}
+		err := r.starts.run(mounts, pre, func() error {
+			return startAndWait(func() error { return r.startInCgroup(in, cmd) })
+		})
+		if !called && !errors.Is(err, errNoStartNamespace) {
+			// The network namespace could not be entered.
+			started(err)
+		}
+		if called || !errors.Is(err, errNoStartNamespace) {
+			return err
+		}
+		r.noStartNamespace.Do(func() {
+			fmt.Fprintf(r.warnings, "sandbox: commands start in the host's mount namespace, where every start copies every instance's mount tree: %v\n", err)
+		})
+	}
+	return startAndWait(func() error { return r.startIn(in, cmd) })
+}
+
 // startIn starts cmd inside the instance's cgroup and, when it has one,
 // its network namespace.
 func (r *Runtime) startIn(in runtimes.Instance, cmd *exec.Cmd) error {

@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cireilclaw/sandbox-controller/internal/osthread"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -183,9 +183,7 @@ func inMountNamespace(pid uint32, fn func() error) error {
 }
 
 func inNamespace(ns *os.File, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() { errc <- offMainThread(ns, fn) }()
-	return <-errc
+	return offMainThread(ns, fn)
 }
 
 // RunInNamespace runs fn in the mount namespace ns (an open namespace
@@ -231,25 +229,10 @@ func IsMountNamespace(f *os.File) error {
 // exec per bind and a hook in every binary's main. Keeping the work off
 // the main thread needs nothing undone.
 
-// offMainThread is the whole body of a goroutine. It runs fn in the
-// mount namespace ns on a locked thread that is not the main one and
-// that ends with the goroutine.
+// offMainThread runs fn in the mount namespace ns on a locked thread that
+// is not the main one and that ends after fn (osthread.Disposable).
 func offMainThread(ns *os.File, fn func() error) error {
-	runtime.LockOSThread()
-	if !onMainThread() {
-		// Never unlocked: this thread ends with the goroutine.
-		return joinAndRun(ns, fn)
-	}
-	// While this goroutine holds the main thread and waits, the runtime
-	// cannot schedule another goroutine on it: the one below runs on a
-	// thread that can end.
-	defer runtime.UnlockOSThread()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		errc <- joinAndRun(ns, fn)
-	}()
-	return <-errc
+	return osthread.Disposable(func() error { return joinAndRun(ns, fn) })
 }
 
 // joinAndRun must be called on a locked thread that ends with its

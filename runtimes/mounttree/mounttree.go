@@ -472,6 +472,19 @@ func MakePrivate(dir string) error {
 	return nil
 }
 
+// MakeUnbindable is MakePrivate, and makes dir's mount unbindable: a
+// recursive clone or bind of the mounts above it (open_tree with
+// AT_RECURSIVE, MS_BIND|MS_REC) leaves it and everything below it out.
+func MakeUnbindable(dir string) error {
+	if err := MakePrivate(dir); err != nil {
+		return err
+	}
+	if err := unix.Mount("", dir, "", unix.MS_UNBINDABLE, ""); err != nil {
+		return fmt.Errorf("making %s unbindable: %w", dir, err)
+	}
+	return nil
+}
+
 // Blocker is a component an agent left on the way to a custom mount's
 // destination (a symbolic link, a file) and Repair moved aside.
 type Blocker struct {
