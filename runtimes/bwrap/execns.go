@@ -71,7 +71,7 @@ var errNoStartNamespace = errors.New("no start namespace")
 func (s *startNamespaces) run(areas []string, pre, fn func() error) error {
 	s.once.Do(func() { s.seed, s.err = makeSeed() })
 	if s.seed < 0 {
-		return fmt.Errorf("%w: %v", errNoStartNamespace, s.err)
+		return fmt.Errorf("%w: %w", errNoStartNamespace, s.err)
 	}
 	for _, a := range areas {
 		if !strings.HasPrefix(a, s.top+"/") {
@@ -85,7 +85,7 @@ func (s *startNamespaces) run(areas []string, pre, fn func() error) error {
 			}
 		}
 		if err := s.enter(outermost(areas)); err != nil {
-			return fmt.Errorf("%w: %v", errNoStartNamespace, err)
+			return fmt.Errorf("%w: %w", errNoStartNamespace, err)
 		}
 		return fn()
 	})
