@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/cireilclaw/sandbox-controller/internal/startns"
 )
 
 // Identity is a host user and group that host git runs as.
@@ -116,6 +118,10 @@ func jailArgs(mount string) []string {
 	return args
 }
 
+// jails makes the mount namespaces host git's jails start in: the
+// host's mounts less the sandboxes' mount trees (internal/startns).
+var jails = startns.New("")
+
 // hostGit runs git for the controller on the repository: inside a
 // bubblewrap jail (jailArgs), as the agent's identity (never root), with
 // the repository's means of running code switched off (gitConfig, gitEnv),
@@ -149,7 +155,12 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	cmd.WaitDelay = 2 * time.Second
 	out, errb := &boundedBuffer{max: maxGitStdout}, &boundedBuffer{max: maxGitStderr}
 	cmd.Stdout, cmd.Stderr = out, errb
-	err = cmd.Run()
+	// Started where the host's mount trees are not: bubblewrap copies the
+	// namespace it starts in, and reads its mount table for every bind.
+	err = jails.Run(nil, nil, cmd.Run)
+	if errors.Is(err, startns.ErrUnavailable) {
+		err = cmd.Run()
+	}
 	if err == nil && out.truncated {
 		err = errors.New("output too long")
 	}

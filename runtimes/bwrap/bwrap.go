@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
+	"github.com/cireilclaw/sandbox-controller/internal/startns"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
@@ -164,9 +165,9 @@ type Runtime struct {
 	joinToStart bool
 	// starter is the cgroup v1 starter (Config.Starter); "" for none.
 	starter string
-	// starts makes the namespaces commands start in (execns.go); nil
-	// without mount trees.
-	starts *startNamespaces
+	// starts makes the namespaces commands start in (internal/startns);
+	// nil without mount trees.
+	starts *startns.Namespaces
 	// noStartNamespace warns, once, that commands start in the host's
 	// mount namespace.
 	noStartNamespace sync.Once
@@ -211,11 +212,11 @@ func New(cfg Config) (*Runtime, error) {
 			r.trees = defaultTrees(cfg.StateDir)
 		}
 		// Unbindable: a command's start namespace, a clone of the host's
-		// mounts, leaves every tree out (execns.go).
+		// mounts, leaves every tree out (internal/startns).
 		if err := mounttree.MakeUnbindable(filepath.Dir(r.trees)); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}
-		r.starts = newStartNamespaces(filepath.Dir(r.trees))
+		r.starts = startns.New(filepath.Dir(r.trees))
 		if err := os.MkdirAll(r.trees, 0o711); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 
 	"github.com/cireilclaw/sandbox-controller/internal/egress"
+	"github.com/cireilclaw/sandbox-controller/internal/startns"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 )
@@ -81,7 +82,7 @@ func (r *Runtime) hasCgroup(in runtimes.Instance) bool {
 // network namespace, and waits for it; started is called once, with the
 // start's error, as soon as the start is over. A command whose mounts
 // (the instance's tree areas and image mount) are known starts in a start
-// namespace holding them (execns.go) where one can be made.
+// namespace holding them (internal/startns) where one can be made.
 func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, started func(error)) error {
 	called := false
 	startAndWait := func(start func() error) error {
@@ -99,14 +100,14 @@ func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, star
 			ns := egress.Namespace{Path: in.Network.Namespace}
 			pre = ns.Enter
 		}
-		err := r.starts.run(mounts, pre, func() error {
+		err := r.starts.Run(mounts, pre, func() error {
 			return startAndWait(func() error { return r.startInCgroup(in, cmd) })
 		})
-		if !called && !errors.Is(err, errNoStartNamespace) {
+		if !called && !errors.Is(err, startns.ErrUnavailable) {
 			// The network namespace could not be entered.
 			started(err)
 		}
-		if called || !errors.Is(err, errNoStartNamespace) {
+		if called || !errors.Is(err, startns.ErrUnavailable) {
 			return err
 		}
 		r.noStartNamespace.Do(func() {

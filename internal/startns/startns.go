@@ -1,4 +1,7 @@
-package bwrap
+// Package startns makes the mount namespaces commands start in: the
+// host's mounts of that moment less the mount trees, and the tree mounts
+// the command needs.
+package startns
 
 import (
 	"errors"
@@ -14,8 +17,6 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/osthread"
 )
 
-// A command's start namespace.
-//
 // bubblewrap starts by copying the mount namespace it is started in, and
 // reads the whole mount table again for every read-only bind it makes (a
 // policy makes about twenty). Started in the host's namespace, it copies
@@ -32,8 +33,10 @@ import (
 // start, so the command sees the host's mounts of that moment, as before.
 //
 // A namespace can only be made by copying the caller's, so the copy is
-// taken from a seed: a namespace made once by the driver holding one empty
-// tmpfs. The clone of the host's mounts is then put in as its root.
+// taken from a seed: a namespace made once by the process, holding one
+// empty tmpfs. The clone of the host's mounts is then put in as its root.
+// The controller's host git jail (internal/worktree) starts the same way,
+// with no tree mount.
 //
 // Everything happens on a thread that has left the process's shared file
 // system state (CLONE_FS): the command is forked from it, and it ends
@@ -41,41 +44,56 @@ import (
 // the thread that started it (--die-with-parent), so the thread lives as
 // long as the command.
 
-// startNamespaces makes start namespaces from its seed.
-type startNamespaces struct {
-	// top is the directory holding the driver's mount trees (unbindable
-	// on the host): in a start namespace, a tmpfs holding the instance's
-	// tree alone.
+// Namespaces makes start namespaces.
+type Namespaces struct {
+	// top is the directory holding the mount trees (unbindable on the
+	// host): in a start namespace, a tmpfs holding the command's tree
+	// mounts alone. Empty: the command needs no tree mount.
 	top string
-
-	once sync.Once
-	// seed is a descriptor of the seed namespace, -1 when none could be
-	// made (err says why: commands then start in the host's namespace).
-	seed int
-	err  error
 }
 
-func newStartNamespaces(top string) *startNamespaces {
-	return &startNamespaces{top: filepath.Clean(top), seed: -1}
-}
-
-// errNoStartNamespace marks a start namespace that could not be made: the
-// command was not started and may start the old way.
-var errNoStartNamespace = errors.New("no start namespace")
-
-// run calls fn on a thread of its own in a new start namespace holding
-// the tree mounts areas (paths below top, each a mount), and returns what
-// fn returns; before, still in the host's mount namespace, the thread
-// calls pre unless it is nil. The thread ends after fn. An error wrapping
-// errNoStartNamespace means fn was not called.
-func (s *startNamespaces) run(areas []string, pre, fn func() error) error {
-	s.once.Do(func() { s.seed, s.err = makeSeed() })
-	if s.seed < 0 {
-		return fmt.Errorf("%w: %w", errNoStartNamespace, s.err)
+// New returns the maker of start namespaces whose tree mounts are below
+// top (an unbindable mount on the host, mounttree.MakeUnbindable), or
+// none when top is empty.
+func New(top string) *Namespaces {
+	if top != "" {
+		top = filepath.Clean(top)
 	}
-	for _, a := range areas {
-		if !strings.HasPrefix(a, s.top+"/") {
-			return fmt.Errorf("%w: %s is not below %s", errNoStartNamespace, a, s.top)
+	return &Namespaces{top: top}
+}
+
+// The seed is made once for the process: a namespace can only be made by
+// copying the caller's, and the copy of one holding a single empty tmpfs
+// costs nothing, where the host's may hold thousands of mounts.
+var (
+	seedOnce sync.Once
+	// seed is a descriptor of the seed namespace, -1 when none could be
+	// made (seedErr says why: commands then start in the host's
+	// namespace).
+	seed    = -1
+	seedErr error
+)
+
+// ErrUnavailable marks a start namespace that could not be made: the
+// command was not started and may start in the host's namespace.
+var ErrUnavailable = errors.New("no start namespace")
+
+// Run calls fn on a thread of its own in a new start namespace holding
+// the tree mounts (paths below top, each a mount), and returns what fn
+// returns; before, still in the host's mount namespace, the thread calls
+// pre unless it is nil. fn starts its command and waits for it there: the
+// thread ends after fn, and a command that dies with its parent thread
+// (bubblewrap's --die-with-parent) would die with it. An error wrapping
+// ErrUnavailable means fn was not called; pre's own error is returned as
+// it is.
+func (s *Namespaces) Run(mounts []string, pre, fn func() error) error {
+	seedOnce.Do(func() { seed, seedErr = makeSeed() })
+	if seed < 0 {
+		return fmt.Errorf("%w: %w", ErrUnavailable, seedErr)
+	}
+	for _, m := range mounts {
+		if s.top == "" || !strings.HasPrefix(m, s.top+"/") {
+			return fmt.Errorf("%w: %s is not below the trees' directory %q", ErrUnavailable, m, s.top)
 		}
 	}
 	return osthread.Disposable(func() error {
@@ -84,8 +102,8 @@ func (s *startNamespaces) run(areas []string, pre, fn func() error) error {
 				return err
 			}
 		}
-		if err := s.enter(outermost(areas)); err != nil {
-			return fmt.Errorf("%w: %w", errNoStartNamespace, err)
+		if err := s.enter(outermost(mounts)); err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return fn()
 	})
@@ -107,7 +125,7 @@ func outermost(paths []string) []string {
 
 // enter moves the calling thread, locked and in the host's mount
 // namespace, into a new start namespace.
-func (s *startNamespaces) enter(areas []string) error {
+func (s *Namespaces) enter(areas []string) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("leaving the process's file system state: %w", err)
 	}
@@ -130,7 +148,7 @@ func (s *startNamespaces) enter(areas []string) error {
 		}
 		clones = append(clones, fd)
 	}
-	if err := unix.Setns(s.seed, unix.CLONE_NEWNS); err != nil {
+	if err := unix.Setns(seed, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("entering the seed mount namespace: %w", err)
 	}
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
@@ -139,8 +157,11 @@ func (s *startNamespaces) enter(areas []string) error {
 	if err := becomeRoot(root); err != nil {
 		return fmt.Errorf("making the host's mounts the root: %w", err)
 	}
+	if len(areas) == 0 {
+		return nil
+	}
 	// The trees' directory: a tmpfs of this namespace's own, holding the
-	// instance's tree alone, at the paths the arguments name.
+	// command's tree mounts alone, at the paths its arguments name.
 	if err := unix.Mount("tmpfs", s.top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=64k"); err != nil {
 		return fmt.Errorf("mounting a tmpfs at %s: %w", s.top, err)
 	}

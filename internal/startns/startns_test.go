@@ -1,0 +1,203 @@
+package startns_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/startns"
+	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "start namespaces are made only as root: run the tests as root (CI does)")
+	}
+}
+
+// mount mounts (a bind, or a tmpfs when src is empty) at dst, and takes it
+// away when the test ends.
+func mount(t *testing.T, src, dst string) {
+	t.Helper()
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if src == "" {
+		err = unix.Mount("tmpfs", dst, "tmpfs", 0, "size=64k")
+	} else {
+		err = unix.Mount(src, dst, "", unix.MS_BIND, "")
+	}
+	if err != nil {
+		t.Fatalf("mounting at %s: %v", dst, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dst, unix.MNT_DETACH) })
+}
+
+// mountPoints are the mount points of a mount table.
+func mountPoints(table string) map[string]bool {
+	points := map[string]bool{}
+	for _, line := range strings.Split(table, "\n") {
+		if f := strings.Fields(line); len(f) > 4 {
+			points[mountns.Unescape(f[4])] = true
+		}
+	}
+	return points
+}
+
+// A start namespace holds the host's mounts of the moment, none of the
+// trees below the unbindable trees' directory, and the tree mounts it is
+// given, at their paths.
+func TestAStartNamespaceHoldsTheHostLessTheTreesAndItsOwnTree(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	top := filepath.Join(dir, "trees")
+	mount(t, top, top)
+	if err := unix.Mount("", top, "", unix.MS_UNBINDABLE, ""); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "mark"), []byte("ann's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	own, other := filepath.Join(top, "ann", "0", "workspace"), filepath.Join(top, "bob", "0", "workspace")
+	mount(t, src, own)
+	mount(t, src, other)
+	ns := startns.New(top)
+	// A host mount made after the first start namespace: the next one
+	// has it.
+	if err := ns.Run(nil, nil, func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(dir, "outside")
+	mount(t, "", outside)
+
+	var table, mark string
+	err := ns.Run([]string{own}, nil, func() error {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return err
+		}
+		table = string(b)
+		m, err := os.ReadFile(filepath.Join(own, "mark"))
+		mark = string(m)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	points := mountPoints(table)
+	if !points[own] || mark != "ann's" {
+		t.Errorf("ann's tree mount is not in the start namespace (mark %q)", mark)
+	}
+	if points[other] {
+		t.Errorf("bob's tree mount %s is in ann's start namespace", other)
+	}
+	if !points[outside] {
+		t.Errorf("the host's mount %s, made before the start, is not in its namespace", outside)
+	}
+	if !points["/proc"] {
+		t.Errorf("the host's /proc is not in the start namespace")
+	}
+	// And the host still has both trees.
+	host := mountPoints(readFile(t, "/proc/self/mountinfo"))
+	if !host[own] || !host[other] {
+		t.Errorf("a tree mount left the host: ann's %v, bob's %v", host[own], host[other])
+	}
+}
+
+// Nothing mounted in a start namespace reaches the host, even below a
+// mount the host shares (as / is under systemd): the clone of the host's
+// mounts is made private before anything is attached.
+func TestNothingMountedInAStartNamespaceReachesTheHost(t *testing.T) {
+	needRoot(t)
+	shared := filepath.Join(t.TempDir(), "shared")
+	mount(t, "", shared)
+	if err := unix.Mount("", shared, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	inside := filepath.Join(shared, "inside")
+	if err := os.Mkdir(inside, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	err := startns.New("").Run(nil, nil, func() error {
+		return unix.Mount("tmpfs", inside, "tmpfs", 0, "size=64k")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mountPoints(readFile(t, "/proc/self/mountinfo"))[inside] {
+		_ = unix.Unmount(inside, unix.MNT_DETACH)
+		t.Fatalf("a mount made in a start namespace appeared on the host at %s", inside)
+	}
+}
+
+// The thread of a start namespace ends with it: no thread of the process
+// stays outside its mount namespace, the main one included.
+func TestNoThreadStaysInAStartNamespace(t *testing.T) {
+	needRoot(t)
+	own, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := startns.New("")
+	for range 50 {
+		var theirs string
+		if err := ns.Run(nil, nil, func() error {
+			var err error
+			theirs, err = os.Readlink("/proc/thread-self/ns/mnt")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if theirs == own {
+			t.Fatal("the work ran in the process's own mount namespace")
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tasks, _ := filepath.Glob("/proc/self/task/*/ns/mnt")
+		var stray []string
+		for _, task := range tasks {
+			if theirs, err := os.Readlink(task); err == nil && theirs != own {
+				stray = append(stray, task)
+			}
+		}
+		if len(stray) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("threads still outside the process's mount namespace: %v", stray)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if now, _ := os.Readlink("/proc/self/ns/mnt"); now != own {
+		t.Fatalf("the main thread is in mount namespace %s, not the process's %s", now, own)
+	}
+}
+
+// A tree mount that is not below the trees' directory is refused before
+// anything is done: the start namespace would not hold it.
+func TestAMountOutsideTheTreesIsRefused(t *testing.T) {
+	called := false
+	err := startns.New("/run/trees").Run([]string{"/elsewhere/ws"}, nil, func() error { called = true; return nil })
+	if !errors.Is(err, startns.ErrUnavailable) || called {
+		t.Fatalf("err %v, called %v; want ErrUnavailable and no call", err, called)
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
