@@ -59,8 +59,10 @@ type Config struct {
 	Warnings io.Writer
 	// TreesDir holds the instances' mount trees (areas and custom mounts
 	// bound where agents cannot change them). Agents' ids must be able to
-	// search every directory above it. Empty means a directory of
-	// DefaultTreesDir named after StateDir.
+	// search every directory above it. Its parent is made an unbindable
+	// mount, so nothing may be bound from below it: it must hold nothing
+	// but mount trees. Empty means a directory of DefaultTreesDir named
+	// after StateDir.
 	TreesDir string
 	// Host describes the host's file system; zero fields mean the real
 	// host's. Tests point it at synthetic layouts.
