@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cireilclaw/sandbox-controller/internal/mountinfo"
 	"github.com/cireilclaw/sandbox-controller/internal/osthread"
 )
 
@@ -50,16 +51,29 @@ type Namespaces struct {
 	// host): in a start namespace, a tmpfs holding the command's tree
 	// mounts alone. Empty: the command needs no tree mount.
 	top string
+	// drop are directories whose mounts a start namespace goes without,
+	// detached from it once cloned.
+	drop []string
 }
 
 // New returns the maker of start namespaces whose tree mounts are below
 // top (an unbindable mount on the host, mounttree.MakeUnbindable), or
-// none when top is empty.
-func New(top string) *Namespaces {
+// none when top is empty. A start namespace goes without the mounts at
+// and below each of drop: mounts that cannot be made unbindable on the
+// host (a mount that receives the host's, such as the node runtime's
+// directory of containers' root file systems, one mount a container) and
+// that no command needs from there.
+func New(top string, drop ...string) *Namespaces {
 	if top != "" {
 		top = filepath.Clean(top)
 	}
-	return &Namespaces{top: top}
+	s := &Namespaces{top: top}
+	for _, d := range drop {
+		if d != "" {
+			s.drop = append(s.drop, filepath.Clean(d))
+		}
+	}
+	return s
 }
 
 // The seed is made once for the process: a namespace can only be made by
@@ -157,6 +171,11 @@ func (s *Namespaces) enter(areas []string) error {
 	if err := becomeRoot(root); err != nil {
 		return fmt.Errorf("making the host's mounts the root: %w", err)
 	}
+	for _, d := range s.drop {
+		if err := detachAll(d); err != nil {
+			return err
+		}
+	}
 	if len(areas) == 0 {
 		return nil
 	}
@@ -171,6 +190,47 @@ func (s *Namespaces) enter(areas []string) error {
 		}
 		if err := unix.MoveMount(clones[i], "", unix.AT_FDCWD, a, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 			return fmt.Errorf("attaching %s: %w", a, err)
+		}
+	}
+	return nil
+}
+
+// detachAll detaches, in the calling thread's mount namespace, every
+// mount at dir and below it.
+func detachAll(dir string) error {
+	for i := 0; ; i++ {
+		err := unix.Unmount(dir, unix.MNT_DETACH)
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if errors.Is(err, unix.EINVAL) {
+			// Not a mount point (or no longer): what is mounted below
+			// it goes one outermost mount at a time.
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("detaching the mounts at %s: %w", dir, err)
+		}
+		if i == 64 {
+			return fmt.Errorf("detaching the mounts at %s: still mounted after 64 detaches", dir)
+		}
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/mountinfo", unix.Gettid()))
+	if err != nil {
+		return fmt.Errorf("reading the start namespace's mounts: %w", err)
+	}
+	var below []string
+	for _, line := range strings.Split(string(b), "\n") {
+		// ID parent major:minor root mount-point ...
+		if f := strings.Fields(line); len(f) > 4 {
+			if p := mountinfo.Unescape(f[4]); strings.HasPrefix(p, dir+"/") {
+				below = append(below, p)
+			}
+		}
+	}
+	for _, p := range outermost(below) {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detaching the mounts at %s: %w", p, err)
 		}
 	}
 	return nil

@@ -4,14 +4,15 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cireilclaw/sandbox-controller/internal/mountinfo"
 	"github.com/cireilclaw/sandbox-controller/internal/startns"
-	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -46,7 +47,7 @@ func mountPoints(table string) map[string]bool {
 	points := map[string]bool{}
 	for _, line := range strings.Split(table, "\n") {
 		if f := strings.Fields(line); len(f) > 4 {
-			points[mountns.Unescape(f[4])] = true
+			points[mountinfo.Unescape(f[4])] = true
 		}
 	}
 	return points
@@ -110,6 +111,48 @@ func TestAStartNamespaceHoldsTheHostLessTheTreesAndItsOwnTree(t *testing.T) {
 	host := mountPoints(readFile(t, "/proc/self/mountinfo"))
 	if !host[own] || !host[other] {
 		t.Errorf("a tree mount left the host: ann's %v, bob's %v", host[own], host[other])
+	}
+}
+
+// A start namespace goes without the mounts at and below the directories
+// it drops (the node runtime's containers' root file systems, one mount a
+// container): below a plain directory, as on a node, and at and below a
+// mount that receives them, as in the controller's Pod. The host keeps
+// them.
+func TestAStartNamespaceGoesWithoutTheDroppedMounts(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	src := t.TempDir()
+	bundles := filepath.Join(dir, "bundles")
+	for i := range 3 {
+		mount(t, src, filepath.Join(bundles, strconv.Itoa(i), "rootfs"))
+	}
+	received := filepath.Join(dir, "received")
+	mount(t, "", received)
+	mount(t, src, filepath.Join(received, "c", "rootfs"))
+	var table string
+	err := startns.New("", bundles, received).Run(nil, nil, func() error {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		table = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	points := mountPoints(table)
+	if !points["/proc"] {
+		t.Fatalf("the start namespace has no /proc:\n%s", table)
+	}
+	for p := range points {
+		if strings.HasPrefix(p, bundles+"/") || p == received || strings.HasPrefix(p, received+"/") {
+			t.Errorf("the start namespace has %s", p)
+		}
+	}
+	host := mountPoints(readFile(t, "/proc/self/mountinfo"))
+	for _, p := range []string{filepath.Join(bundles, "0", "rootfs"), filepath.Join(received, "c", "rootfs")} {
+		if !host[p] {
+			t.Errorf("the host lost %s", p)
+		}
 	}
 }
 

@@ -218,7 +218,10 @@ func New(cfg Config) (*Runtime, error) {
 		if err := mounttree.MakeUnbindable(filepath.Dir(r.trees)); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}
-		r.starts = startns.New(filepath.Dir(r.trees))
+		// The Pods' containers' root file systems, one mount each, come
+		// in below the bundles' directory: no command binds them from
+		// there (an image is bound from its own mount in the trees).
+		r.starts = startns.New(filepath.Dir(r.trees), cfg.ContainerBundles)
 		if err := os.MkdirAll(r.trees, 0o711); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}

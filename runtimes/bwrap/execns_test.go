@@ -10,9 +10,9 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/mountinfo"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -74,7 +74,7 @@ func TestACommandStartsWithoutTheOtherInstancesTrees(t *testing.T) {
 		if len(f) < 5 {
 			continue
 		}
-		p := mountns.Unescape(f[4])
+		p := mountinfo.Unescape(f[4])
 		switch {
 		case strings.HasPrefix(p, ann+"/"):
 			own++

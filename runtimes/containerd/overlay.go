@@ -16,8 +16,8 @@ import (
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/cireilclaw/sandbox-controller/internal/mountinfo"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
-	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
 
 // overlay reports OverlayHealthy: the writable root (rootHealth), then the
@@ -203,13 +203,13 @@ func parseMountInfo(line string) (MountInfo, error) {
 		return MountInfo{}, fmt.Errorf("malformed line %q", line)
 	}
 	m := MountInfo{
-		MountPoint: mountns.Unescape(fields[4]),
+		MountPoint: mountinfo.Unescape(fields[4]),
 		FSType:     fields[sep+1],
-		Source:     mountns.Unescape(fields[sep+2]),
+		Source:     mountinfo.Unescape(fields[sep+2]),
 	}
 	if sep+3 < len(fields) {
 		for _, o := range strings.Split(fields[sep+3], ",") {
-			m.SuperOptions = append(m.SuperOptions, mountns.Unescape(o))
+			m.SuperOptions = append(m.SuperOptions, mountinfo.Unescape(o))
 		}
 	}
 	return m, nil

@@ -9,11 +9,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cireilclaw/sandbox-controller/internal/mountinfo"
 	"github.com/cireilclaw/sandbox-controller/internal/osthread"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -270,7 +270,7 @@ func MountedIn(pid uint32, target string) (bool, error) {
 	for sc.Scan() {
 		// ID parent major:minor root mount-point options ...
 		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && Unescape(fields[4]) == target {
+		if len(fields) > 4 && mountinfo.Unescape(fields[4]) == target {
 			return true, nil
 		}
 	}
@@ -279,24 +279,3 @@ func MountedIn(pid uint32, target string) (bool, error) {
 	}
 	return false, nil
 }
-
-// Unescape undoes the \NNN escapes the kernel writes for space, tab,
-// newline and backslash in mountinfo.
-func Unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			v, _ := strconv.ParseUint(s[i+1:i+4], 8, 8)
-			b.WriteByte(byte(v))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }
