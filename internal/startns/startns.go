@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -123,16 +124,16 @@ func (s *Namespaces) Run(mounts []string, pre, fn func() error) error {
 	})
 }
 
-// outermost is paths without those below another of them, sorted.
+// outermost is paths without those at or below another of them, the
+// shorter first.
 func outermost(paths []string) []string {
 	sorted := append([]string(nil), paths...)
-	sort.Strings(sorted)
+	sort.Slice(sorted, func(i, j int) bool { return len(sorted[i]) < len(sorted[j]) })
 	var out []string
 	for _, p := range sorted {
-		if n := len(out); n > 0 && (p == out[n-1] || strings.HasPrefix(p, out[n-1]+"/")) {
-			continue
+		if !slices.ContainsFunc(out, func(o string) bool { return p == o || strings.HasPrefix(p, o+"/") }) {
+			out = append(out, p)
 		}
-		out = append(out, p)
 	}
 	return out
 }

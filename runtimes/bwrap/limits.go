@@ -103,11 +103,13 @@ func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, star
 		err := r.starts.Run(mounts, pre, func() error {
 			return startAndWait(func() error { return r.startInCgroup(in, cmd) })
 		})
-		if !called && !errors.Is(err, startns.ErrUnavailable) {
-			// The network namespace could not be entered.
+		switch {
+		case called:
+			return err
+		case !errors.Is(err, startns.ErrUnavailable):
+			// The network namespace could not be entered: nothing
+			// started.
 			started(err)
-		}
-		if called || !errors.Is(err, startns.ErrUnavailable) {
 			return err
 		}
 		r.noStartNamespace.Do(func() {

@@ -179,10 +179,6 @@ func inMountNamespace(pid uint32, fn func() error) error {
 		return fmt.Errorf("opening the container's mount namespace: %w", err)
 	}
 	defer ns.Close()
-	return inNamespace(ns, fn)
-}
-
-func inNamespace(ns *os.File, fn func() error) error {
 	return offMainThread(ns, fn)
 }
 
@@ -196,7 +192,7 @@ func RunInNamespace(ns *os.File, fn func() error) error {
 	if err := IsMountNamespace(ns); err != nil {
 		return fmt.Errorf("%s: %w", ns.Name(), err)
 	}
-	return inNamespace(ns, fn)
+	return offMainThread(ns, fn)
 }
 
 // IsMountNamespace checks that f is a mount namespace.
