@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -80,14 +81,42 @@ func New(top string, drop ...string) *Namespaces {
 // The seed is made once for the process: a namespace can only be made by
 // copying the caller's, and the copy of one holding a single empty tmpfs
 // costs nothing, where the host's may hold thousands of mounts.
-var (
-	seedOnce sync.Once
-	// seed is a descriptor of the seed namespace, -1 when none could be
-	// made (seedErr says why: commands then start in the host's
-	// namespace).
-	seed    = -1
-	seedErr error
-)
+var seeds = seedKeeper{make: makeSeed, retry: time.Minute}
+
+// seedKeeper holds the seed. A seed that could not be made is tried
+// again, no more often than retry: a passing failure (out of descriptors
+// or memory) must not send a long-lived controller's commands to the
+// host's namespace for good, nor a lasting one (no open_tree) cost every
+// command a try.
+type seedKeeper struct {
+	make  func() (int, error)
+	retry time.Duration
+
+	mu    sync.Mutex
+	fd    int
+	ok    bool
+	err   error
+	tried time.Time
+}
+
+// get returns the seed's descriptor, or why there is none.
+func (k *seedKeeper) get(now time.Time) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ok {
+		return k.fd, nil
+	}
+	if k.tried.IsZero() || now.Sub(k.tried) >= k.retry {
+		k.tried = now
+		fd, err := k.make()
+		if err == nil {
+			k.fd, k.ok = fd, true
+			return fd, nil
+		}
+		k.err = err
+	}
+	return -1, k.err
+}
 
 // ErrUnavailable marks a start namespace that could not be made: the
 // command was not started and may start in the host's namespace.
@@ -102,9 +131,9 @@ var ErrUnavailable = errors.New("no start namespace")
 // ErrUnavailable means fn was not called; pre's own error is returned as
 // it is.
 func (s *Namespaces) Run(mounts []string, pre, fn func() error) error {
-	seedOnce.Do(func() { seed, seedErr = makeSeed() })
-	if seed < 0 {
-		return fmt.Errorf("%w: %w", ErrUnavailable, seedErr)
+	seed, err := seeds.get(time.Now())
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	for _, m := range mounts {
 		if s.top == "" || !strings.HasPrefix(m, s.top+"/") {
@@ -117,7 +146,7 @@ func (s *Namespaces) Run(mounts []string, pre, fn func() error) error {
 				return err
 			}
 		}
-		if err := s.enter(outermost(mounts)); err != nil {
+		if err := s.enter(seed, outermost(mounts)); err != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return fn()
@@ -140,7 +169,7 @@ func outermost(paths []string) []string {
 
 // enter moves the calling thread, locked and in the host's mount
 // namespace, into a new start namespace.
-func (s *Namespaces) enter(areas []string) error {
+func (s *Namespaces) enter(seed int, areas []string) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("leaving the process's file system state: %w", err)
 	}

@@ -113,7 +113,7 @@ func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, star
 			return err
 		}
 		r.noStartNamespace.Do(func() {
-			fmt.Fprintf(r.warnings, "sandbox: commands start in the host's mount namespace, where every start copies every instance's mount tree: %v\n", err)
+			fmt.Fprintf(r.warnings, "sandbox: a command started in the host's mount namespace, where a start copies every instance's mount tree (said once; later commands try again): %v\n", err)
 		})
 	}
 	return startAndWait(func() error { return r.startIn(in, cmd) })
