@@ -173,8 +173,14 @@ func (s *Namespaces) enter(seed int, areas []string) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("leaving the process's file system state: %w", err)
 	}
-	// The clones are taken here, in the host's namespace.
-	root, err := cloneMount("/")
+	// The clones are taken here, in the host's namespace, each from a
+	// descriptor: the root, and each tree mount reached beneath the
+	// trees' directory without following a link.
+	slash, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening /: %w", err)
+	}
+	root, err := cloneMount(slash, "/")
 	if err != nil {
 		return err
 	}
@@ -185,12 +191,23 @@ func (s *Namespaces) enter(seed int, areas []string) error {
 			unix.Close(fd)
 		}
 	}()
-	for _, a := range areas {
-		fd, err := cloneMount(a)
+	if len(areas) > 0 {
+		top, err := unix.Open(s.top, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return err
+			return fmt.Errorf("opening the trees' directory %s: %w", s.top, err)
 		}
-		clones = append(clones, fd)
+		defer unix.Close(top)
+		for _, a := range areas {
+			at, err := unix.Openat2(top, s.rel(a), beneath)
+			if err != nil {
+				return fmt.Errorf("opening %s beneath %s: %w", a, s.top, err)
+			}
+			fd, err := cloneMount(at, a)
+			if err != nil {
+				return err
+			}
+			clones = append(clones, fd)
+		}
 	}
 	if err := unix.Setns(seed, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("entering the seed mount namespace: %w", err)
@@ -210,19 +227,61 @@ func (s *Namespaces) enter(seed int, areas []string) error {
 		return nil
 	}
 	// The trees' directory: a tmpfs of this namespace's own, holding the
-	// command's tree mounts alone, at the paths its arguments name.
-	if err := unix.Mount("tmpfs", s.top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=64k"); err != nil {
+	// command's tree mounts alone, at the paths its arguments name. Its
+	// directories are made and reached through its descriptor.
+	trees, err := newTmpfs("64k", "0711", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return fmt.Errorf("making a tmpfs for %s: %w", s.top, err)
+	}
+	defer unix.Close(trees)
+	if err := unix.MoveMount(trees, "", unix.AT_FDCWD, s.top, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting a tmpfs at %s: %w", s.top, err)
 	}
 	for i, a := range areas {
-		if err := os.MkdirAll(a, 0o711); err != nil {
+		dir, err := mkdirBeneath(trees, s.rel(a))
+		if err != nil {
 			return fmt.Errorf("making %s: %w", a, err)
 		}
-		if err := unix.MoveMount(clones[i], "", unix.AT_FDCWD, a, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		err = unix.MoveMount(clones[i], "", dir, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+		unix.Close(dir)
+		if err != nil {
 			return fmt.Errorf("attaching %s: %w", a, err)
 		}
 	}
 	return nil
+}
+
+// rel is path (below top, as Run checked) relative to top.
+func (s *Namespaces) rel(path string) string { return strings.TrimPrefix(path, s.top+"/") }
+
+// beneath resolves within a directory descriptor only: no link, no magic
+// link, nothing above it.
+var beneath = &unix.OpenHow{
+	Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+	Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+}
+
+// mkdirBeneath makes the directories of rel below dir, one component at a
+// time through the descriptor of its parent, and returns the last one
+// opened.
+func mkdirBeneath(dir int, rel string) (int, error) {
+	cur, err := unix.Openat2(dir, ".", beneath)
+	if err != nil {
+		return -1, err
+	}
+	for _, c := range strings.Split(rel, "/") {
+		if err := unix.Mkdirat(cur, c, 0o711); err != nil && !errors.Is(err, unix.EEXIST) {
+			unix.Close(cur)
+			return -1, err
+		}
+		next, err := unix.Openat2(cur, c, beneath)
+		unix.Close(cur)
+		if err != nil {
+			return -1, err
+		}
+		cur = next
+	}
+	return cur, nil
 }
 
 // detachAll detaches, in the calling thread's mount namespace, every
@@ -266,17 +325,19 @@ func detachAll(dir string) error {
 	return nil
 }
 
-// cloneMount clones the mount at path and every mount below it, less the
-// unbindable ones and what is below them, as a detached tree with private
-// propagation: nothing done to it reaches the host's mounts.
-func cloneMount(path string) (int, error) {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_SYMLINK_NOFOLLOW)
+// cloneMount clones the mount held by at (named what in errors) and every
+// mount below it, less the unbindable ones and what is below them, as a
+// detached tree with private propagation: nothing done to it reaches the
+// host's mounts. It closes at.
+func cloneMount(at int, what string) (int, error) {
+	defer unix.Close(at)
+	fd, err := unix.OpenTree(at, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
-		return -1, fmt.Errorf("cloning the mounts at %s: %w", path, err)
+		return -1, fmt.Errorf("cloning the mounts at %s: %w", what, err)
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Propagation: unix.MS_PRIVATE}); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("making the clone of %s private: %w", path, err)
+		return -1, fmt.Errorf("making the clone of %s private: %w", what, err)
 	}
 	return fd, nil
 }
@@ -339,16 +400,25 @@ func seedHere() (int, error) {
 
 // emptyTmpfs is a new, detached, read-only tmpfs.
 func emptyTmpfs() (int, error) {
+	return newTmpfs("4k", "0555", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+}
+
+// newTmpfs is a new, detached tmpfs of size and root mode, with the mount
+// attributes attrs.
+func newTmpfs(size, mode string, attrs int) (int, error) {
 	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return -1, err
 	}
 	defer unix.Close(fs)
-	if err := unix.FsconfigSetString(fs, "size", "4k"); err != nil {
+	if err := unix.FsconfigSetString(fs, "size", size); err != nil {
+		return -1, err
+	}
+	if err := unix.FsconfigSetString(fs, "mode", mode); err != nil {
 		return -1, err
 	}
 	if err := unix.FsconfigCreate(fs); err != nil {
 		return -1, err
 	}
-	return unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	return unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
 }

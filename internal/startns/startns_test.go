@@ -156,6 +156,33 @@ func TestAStartNamespaceGoesWithoutTheDroppedMounts(t *testing.T) {
 	}
 }
 
+// A tree mount is reached beneath the trees' directory without following
+// a link: a link on its way (to another instance's tree, or a magic link
+// into /proc) makes the start namespace unavailable instead of holding
+// what the link names.
+func TestALinkOnTheWayToATreeMountIsNotFollowed(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	top := filepath.Join(dir, "trees")
+	mount(t, top, top)
+	if err := unix.Mount("", top, "", unix.MS_UNBINDABLE, ""); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	other := filepath.Join(top, "bob", "0")
+	mount(t, src, filepath.Join(other, "workspace"))
+	for name, target := range map[string]string{"ann": other, "eve": "/proc/self/root" + other} {
+		if err := os.Symlink(target, filepath.Join(top, name)); err != nil {
+			t.Fatal(err)
+		}
+		called := false
+		err := startns.New(top).Run([]string{filepath.Join(top, name, "workspace")}, nil, func() error { called = true; return nil })
+		if !errors.Is(err, startns.ErrUnavailable) || called {
+			t.Errorf("%s's link to %s: err %v, called %v; want ErrUnavailable and no call", name, target, err, called)
+		}
+	}
+}
+
 // Nothing mounted in a start namespace reaches the host, even below a
 // mount the host shares (as / is under systemd): the clone of the host's
 // mounts is made private before anything is attached.
