@@ -34,8 +34,8 @@ run: build install-plugin ## Run the controller on a throw-away local control pl
 		--log-format console --log-level debug --routine-events
 
 .PHONY: install-plugin
-install-plugin: starter ## Build bin/sandboxctl and link it as bin/kubectl-sandbox and bin/kubectl_complete-sandbox (put bin/ on PATH for `kubectl sandbox` and its completion).
-	go build -o $(BIN)/sandboxctl ./cmd/sandboxctl
+install-plugin: starter ## Build bin/sandboxctl (static: a one-shot run starts without the dynamic loader) and link it as bin/kubectl-sandbox and bin/kubectl_complete-sandbox (put bin/ on PATH for `kubectl sandbox` and its completion).
+	CGO_ENABLED=0 go build -o $(BIN)/sandboxctl ./cmd/sandboxctl
 	ln -sf sandboxctl $(BIN)/kubectl-sandbox
 	ln -sf sandboxctl $(BIN)/kubectl_complete-sandbox
 	@echo "export PATH=$(BIN):\$$PATH   # then: kubectl sandbox exec CLAIM -- COMMAND"

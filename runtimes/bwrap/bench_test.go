@@ -82,8 +82,10 @@ func newLatencyModes(tb testing.TB) latencyModes {
 func buildSandboxctl(tb testing.TB, dir string) []string {
 	tb.Helper()
 	bin := filepath.Join(dir, "sandboxctl")
+	// Static, as make install-plugin builds it.
 	cmd, cancel := testenv.Command(10*time.Minute, "go", "build", "-o", bin, "github.com/cireilclaw/sandbox-controller/cmd/sandboxctl")
 	defer cancel()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("building sandboxctl: %v: %s", err, out)
 	}
