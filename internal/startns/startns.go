@@ -123,14 +123,20 @@ func (k *seedKeeper) get(now time.Time) (int, error) {
 var ErrUnavailable = errors.New("no start namespace")
 
 // Run calls fn on a thread of its own in a new start namespace holding
-// the tree mounts (paths below top, each a mount), and returns what fn
-// returns; before, still in the host's mount namespace, the thread calls
-// pre unless it is nil. fn starts its command and waits for it there: the
-// thread ends after fn, and a command that dies with its parent thread
-// (bubblewrap's --die-with-parent) would die with it. An error wrapping
-// ErrUnavailable means fn was not called; pre's own error is returned as
-// it is.
+// the host's mounts (less the trees and the dropped) and the tree mounts
+// (paths below top, each a mount), and returns what fn returns; before,
+// still in the host's mount namespace, the thread calls pre unless it is
+// nil. fn starts its command and waits for it there: the thread ends
+// after fn, and a command that dies with its parent thread (bubblewrap's
+// --die-with-parent) would die with it. An error wrapping ErrUnavailable
+// means fn was not called; pre's own error is returned as it is.
 func (s *Namespaces) Run(mounts []string, pre, fn func() error) error {
+	return s.RunWith(mounts, nil, pre, fn)
+}
+
+// RunWith is Run in a start namespace holding, of the host's mounts, what
+// host needs (see Host) instead of all of them; nil host: all of them.
+func (s *Namespaces) RunWith(mounts []string, host *Host, pre, fn func() error) error {
 	seed, err := seeds.get(time.Now())
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -146,7 +152,7 @@ func (s *Namespaces) Run(mounts []string, pre, fn func() error) error {
 				return err
 			}
 		}
-		if err := s.enter(seed, outermost(mounts)); err != nil {
+		if err := s.enter(seed, outermost(mounts), host); err != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return fn()
@@ -169,22 +175,43 @@ func outermost(paths []string) []string {
 
 // enter moves the calling thread, locked and in the host's mount
 // namespace, into a new start namespace.
-func (s *Namespaces) enter(seed int, areas []string) error {
+func (s *Namespaces) enter(seed int, areas []string, host *Host) error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("leaving the process's file system state: %w", err)
 	}
 	// The clones are taken here, in the host's namespace, each from a
-	// descriptor: the root, and each tree mount reached beneath the
-	// trees' directory without following a link.
-	slash, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening /: %w", err)
+	// descriptor: the root (all of it, or what host needs), and each tree
+	// mount reached beneath the trees' directory without following a
+	// link.
+	var plan *hostPlan
+	if host != nil {
+		var also []string
+		if len(areas) > 0 {
+			// The way to the trees' directory, where the tree mounts go.
+			also = append(also, filepath.Dir(s.top))
+		}
+		p, some, err := planHost(host, also, s.top)
+		if err != nil {
+			return err
+		}
+		if some {
+			plan = p
+			defer plan.close()
+		}
 	}
-	root, err := cloneMount(slash, "/")
-	if err != nil {
-		return err
+	var root int
+	if plan != nil {
+		root = plan.root
+	} else {
+		slash, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opening /: %w", err)
+		}
+		if root, err = cloneMount(slash, "/"); err != nil {
+			return err
+		}
+		defer unix.Close(root)
 	}
-	defer unix.Close(root)
 	clones := make([]int, 0, len(areas))
 	defer func() {
 		for _, fd := range clones {
@@ -217,6 +244,11 @@ func (s *Namespaces) enter(seed int, areas []string) error {
 	}
 	if err := becomeRoot(root); err != nil {
 		return fmt.Errorf("making the host's mounts the root: %w", err)
+	}
+	if plan != nil {
+		if err := plan.attach(); err != nil {
+			return err
+		}
 	}
 	for _, d := range s.drop {
 		if err := detachAll(d); err != nil {
@@ -331,15 +363,7 @@ func detachAll(dir string) error {
 // host's mounts. It closes at.
 func cloneMount(at int, what string) (int, error) {
 	defer unix.Close(at)
-	fd, err := unix.OpenTree(at, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
-	if err != nil {
-		return -1, fmt.Errorf("cloning the mounts at %s: %w", what, err)
-	}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Propagation: unix.MS_PRIVATE}); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("making the clone of %s private: %w", what, err)
-	}
-	return fd, nil
+	return cloneAt(at, what, true)
 }
 
 // becomeRoot makes the detached mount tree fd the root of the calling

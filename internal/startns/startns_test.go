@@ -271,3 +271,80 @@ func readFile(t *testing.T, p string) string {
 	}
 	return string(b)
 }
+
+// A start that says what it needs from the host's mounts gets those
+// alone: each bind with the mounts below it (through a link, the link's
+// target), the mounts on the way to each path without what is mounted
+// below them, /proc, /dev and /sys, and its tree; no other mount of the
+// host.
+func TestAStartNamespaceHoldsOnlyWhatItsStartNeeds(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	top := filepath.Join(dir, "trees")
+	mount(t, top, top)
+	if err := unix.Mount("", top, "", unix.MS_UNBINDABLE, ""); err != nil {
+		t.Fatal(err)
+	}
+	own := filepath.Join(top, "ann", "0", "workspace")
+	mount(t, "", own)
+	// The crowd: mounts no start needs.
+	for i := range 20 {
+		mount(t, "", filepath.Join(dir, "crowd", strconv.Itoa(i)))
+	}
+	src := filepath.Join(dir, "src")
+	mount(t, "", src)
+	mount(t, "", filepath.Join(src, "sub"))
+	writeFile(t, filepath.Join(src, "sub", "mark"), "below a bind")
+	linked := filepath.Join(dir, "linked")
+	mount(t, "", linked)
+	writeFile(t, filepath.Join(linked, "mark"), "a link's target")
+	if err := os.Symlink(linked, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "bin")
+	mount(t, "", bin)
+	writeFile(t, filepath.Join(bin, "tool"), "a binary")
+	mount(t, "", filepath.Join(bin, "inner"))
+
+	host := &startns.Host{Binds: []string{src, filepath.Join(dir, "link"), filepath.Join(dir, "absent")}, Paths: []string{filepath.Join(bin, "tool")}}
+	var table string
+	marks := map[string]string{}
+	err := startns.New(top).RunWith([]string{own}, host, nil, func() error {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		table = string(b)
+		for _, p := range []string{filepath.Join(src, "sub", "mark"), filepath.Join(linked, "mark"), filepath.Join(bin, "tool")} {
+			m, _ := os.ReadFile(p)
+			marks[p] = string(m)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	points := mountPoints(table)
+	for _, p := range []string{own, src, filepath.Join(src, "sub"), linked, bin, "/proc", "/dev", "/sys"} {
+		if !points[p] {
+			t.Errorf("the start namespace has no mount at %s", p)
+		}
+	}
+	for p, want := range map[string]string{filepath.Join(src, "sub", "mark"): "below a bind", filepath.Join(linked, "mark"): "a link's target", filepath.Join(bin, "tool"): "a binary"} {
+		if marks[p] != want {
+			t.Errorf("%s reads %q in the start namespace, want %q", p, marks[p], want)
+		}
+	}
+	for p := range points {
+		if strings.HasPrefix(p, filepath.Join(dir, "crowd")) || p == filepath.Join(bin, "inner") {
+			t.Errorf("the start namespace has %s, which its start does not need", p)
+		}
+	}
+	if t.Failed() {
+		t.Logf("the start namespace's mounts:\n%s", table)
+	}
+}
+
+func writeFile(t *testing.T, p, content string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

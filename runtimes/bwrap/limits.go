@@ -82,7 +82,8 @@ func (r *Runtime) hasCgroup(in runtimes.Instance) bool {
 // network namespace, and waits for it; started is called once, with the
 // start's error, as soon as the start is over. A command whose mounts
 // (the instance's tree areas and image mount) are known starts in a start
-// namespace holding them (internal/startns) where one can be made.
+// namespace holding them and, of the host's mounts, those its bubblewrap
+// binds and runs from (internal/startns), where one can be made.
 func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, started func(error)) error {
 	called := false
 	startAndWait := func(start func() error) error {
@@ -100,7 +101,9 @@ func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, star
 			ns := egress.Namespace{Path: in.Network.Namespace}
 			pre = ns.Enter
 		}
-		err := r.starts.Run(mounts, pre, func() error {
+		// Of the host's mounts, what bubblewrap binds and runs from.
+		host := startHost(cmd.Args[1:], cmd.Path, r.starter)
+		err := r.starts.RunWith(mounts, host, pre, func() error {
 			return startAndWait(func() error { return r.startInCgroup(in, cmd) })
 		})
 		switch {

@@ -1,0 +1,298 @@
+package startns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// A clone of all of the host's mounts still carries every mount of the
+// host: each pod's volumes and each container's root file system on a
+// node, each network namespace, overlay and sized area this controller
+// holds for its instances outside their trees. bubblewrap copies them and
+// reads them again for every read-only bind, so a command's start grew
+// with them as it grew with the trees.
+//
+// A start that says what it needs from the host (Host) gets a namespace
+// of just that: the host's root file system without what is mounted on
+// it, the mounts on the way to each path it names (each without what is
+// mounted below it), and each of its binds with everything mounted below
+// it, as bubblewrap binds it. What is needed is named by path and found
+// once, at the start, from descriptors: each path is opened as the host
+// resolves it, its real path read back from the descriptor, and that path
+// walked again one component at a time beneath the root, no link
+// followed, each component's mount told from its parent's by mount id.
+// The clones are taken from those descriptors, and attached in the new
+// namespace at descriptors reached the same way.
+
+// Host is what a start needs from the host's mounts.
+type Host struct {
+	// Binds are bound with every mount below them (bubblewrap's bind
+	// sources, which it binds recursively).
+	Binds []string
+	// Paths are read or run (the binaries the start executes): the
+	// mounts on their way are there, each without what is mounted below
+	// it.
+	Paths []string
+}
+
+// baseBinds and basePaths are what every start needs besides its own:
+// /proc (descriptors bound by number, the thread's own files), /dev (the
+// device nodes bubblewrap binds), /sys (the cgroups a start joins, by
+// path), and the system's directories (the loader, the libraries and the
+// configuration of the binaries the start runs).
+var (
+	baseBinds = []string{"/proc", "/dev", "/sys"}
+	basePaths = []string{"/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/tmp"}
+)
+
+// placement is a detached clone and where it goes.
+type placement struct {
+	path string
+	fd   int
+}
+
+// hostPlan is the host's part of a start namespace: its root and what is
+// attached on it, in order.
+type hostPlan struct {
+	root   int
+	places []placement
+}
+
+func (p *hostPlan) close() {
+	if p == nil {
+		return
+	}
+	unix.Close(p.root)
+	for _, pl := range p.places {
+		unix.Close(pl.fd)
+	}
+}
+
+// planHost clones, in the host's mount namespace, what h needs (with the
+// base) and the mounts on the way to each of also; it returns nil and
+// false when h needs the whole host (a bind of /). What is at or below
+// trees (the trees' directory, unbindable) is left to the tree mounts.
+func planHost(h *Host, also []string, trees string) (*hostPlan, bool, error) {
+	binds, err := realPaths(append(append([]string(nil), baseBinds...), h.Binds...), trees)
+	if err != nil {
+		return nil, false, err
+	}
+	paths, err := realPaths(append(append(append([]string(nil), basePaths...), h.Paths...), also...), trees)
+	if err != nil {
+		return nil, false, err
+	}
+	binds = outermost(binds)
+	for _, b := range binds {
+		if b == "/" {
+			return nil, false, nil
+		}
+	}
+	var kept []string
+	for _, p := range paths {
+		if !under(p, binds) {
+			kept = append(kept, p)
+		}
+	}
+	slash, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, false, fmt.Errorf("opening /: %w", err)
+	}
+	defer unix.Close(slash)
+	plan := &hostPlan{root: -1}
+	ok := false
+	defer func() {
+		if !ok {
+			plan.close()
+		}
+	}()
+	if plan.root, err = cloneAt(slash, "/", false); err != nil {
+		return nil, false, err
+	}
+	w := walker{slash: slash, points: map[string]bool{}}
+	var leaves []placement
+	for _, p := range kept {
+		if _, err := w.walk(p, false); err != nil {
+			return nil, false, err
+		}
+	}
+	for _, b := range binds {
+		fd, err := w.walk(b, true)
+		if err != nil {
+			return nil, false, err
+		}
+		leaves = append(leaves, placement{path: b, fd: fd})
+	}
+	// Each mount after the one it sits on, then the binds (no bind is
+	// below another, nor above a mount on the way to another).
+	sort.SliceStable(w.mounts, func(i, j int) bool { return depth(w.mounts[i].path) < depth(w.mounts[j].path) })
+	plan.places = append(w.mounts, leaves...)
+	ok = true
+	return plan, true, nil
+}
+
+// walker walks real paths beneath the root, cloning each mount on the
+// way once.
+type walker struct {
+	slash  int
+	points map[string]bool
+	mounts []placement
+}
+
+// walk walks path (real, absolute) from the root, one component at a
+// time and no link followed, and clones each mount on its way that is
+// not the root's: alone, the first time it is met. With bind, it returns
+// a clone of path with every mount below it (path itself being a mount
+// or not); else -1.
+func (w *walker) walk(path string, bind bool) (int, error) {
+	if path == "/" {
+		return -1, nil
+	}
+	cur, err := unix.Openat2(w.slash, ".", &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveBeneath})
+	if err != nil {
+		return -1, err
+	}
+	defer func() { unix.Close(cur) }()
+	curID, err := mountID(cur)
+	if err != nil {
+		return -1, err
+	}
+	comps := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	for i, c := range comps {
+		next, err := unix.Openat2(cur, c, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
+		if err != nil {
+			return -1, fmt.Errorf("opening %s beneath /: %w", path, err)
+		}
+		unix.Close(cur)
+		cur = next
+		id, err := mountID(cur)
+		if err != nil {
+			return -1, err
+		}
+		prefix := "/" + strings.Join(comps[:i+1], "/")
+		if id != curID && !(bind && i == len(comps)-1) && !w.points[prefix] {
+			fd, err := cloneAt(cur, prefix, false)
+			if err != nil {
+				return -1, err
+			}
+			w.points[prefix] = true
+			w.mounts = append(w.mounts, placement{path: prefix, fd: fd})
+		}
+		curID = id
+	}
+	if !bind {
+		return -1, nil
+	}
+	return cloneAt(cur, path, true)
+}
+
+// resolveBeneath resolves within a directory descriptor only: no link,
+// no magic link, nothing above it.
+const resolveBeneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// attach attaches the plan's clones on the calling thread's root (the
+// plan's), each at a descriptor reached beneath it without a link.
+func (p *hostPlan) attach() error {
+	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the start namespace's root: %w", err)
+	}
+	defer unix.Close(root)
+	for _, pl := range p.places {
+		at, err := unix.Openat2(root, strings.TrimPrefix(pl.path, "/"), &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
+		if err != nil {
+			return fmt.Errorf("opening %s in the start namespace: %w", pl.path, err)
+		}
+		err = unix.MoveMount(pl.fd, "", at, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+		unix.Close(at)
+		if err != nil {
+			return fmt.Errorf("attaching %s in the start namespace: %w", pl.path, err)
+		}
+	}
+	return nil
+}
+
+// realPaths are the paths the host resolves each of paths to (links
+// followed, no magic link), read back from a descriptor of each; a path
+// that does not exist has none, nor one at or below skip.
+func realPaths(paths []string, skip string) ([]string, error) {
+	var out []string
+	for _, p := range paths {
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("%q is not an absolute path", p)
+		}
+		if skip != "" && under(filepath.Clean(p), []string{skip}) {
+			continue
+		}
+		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_MAGICLINKS})
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening %s: %w", p, err)
+		}
+		real, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+		unix.Close(fd)
+		if err != nil {
+			return nil, fmt.Errorf("reading where %s is: %w", p, err)
+		}
+		if !filepath.IsAbs(real) || filepath.Clean(real) != real {
+			return nil, fmt.Errorf("%s is at %q, not a path in this namespace", p, real)
+		}
+		if skip != "" && under(real, []string{skip}) {
+			continue
+		}
+		out = append(out, real)
+	}
+	return out, nil
+}
+
+// mountID is the id of the mount fd is on.
+func mountID(fd int) (uint64, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err != nil {
+		return 0, fmt.Errorf("reading a mount id: %w", err)
+	}
+	if st.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, errors.New("reading a mount id: this kernel gives none")
+	}
+	return st.Mnt_id, nil
+}
+
+// cloneAt clones the mount at fd (named what in errors), with every mount
+// below it when recursive, as a detached private tree. It leaves fd open.
+func cloneAt(fd int, what string, recursive bool) (int, error) {
+	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_EMPTY_PATH
+	setFlags := unix.AT_EMPTY_PATH
+	if recursive {
+		flags |= unix.AT_RECURSIVE
+		setFlags |= unix.AT_RECURSIVE
+	}
+	c, err := unix.OpenTree(fd, "", uint(flags))
+	if err != nil {
+		return -1, fmt.Errorf("cloning the mounts at %s: %w", what, err)
+	}
+	if err := unix.MountSetattr(c, "", uint(setFlags), &unix.MountAttr{Propagation: unix.MS_PRIVATE}); err != nil {
+		unix.Close(c)
+		return -1, fmt.Errorf("making the clone of %s private: %w", what, err)
+	}
+	return c, nil
+}
+
+// under says p is at or below one of dirs.
+func under(p string, dirs []string) bool {
+	for _, d := range dirs {
+		if p == d || strings.HasPrefix(p, d+"/") || d == "/" {
+			return true
+		}
+	}
+	return false
+}
+
+func depth(p string) int { return strings.Count(p, "/") }

@@ -1,0 +1,43 @@
+package bwrap
+
+import "github.com/cireilclaw/sandbox-controller/internal/startns"
+
+// bwrapOperands is how many operands each option the driver gives
+// bubblewrap takes.
+var bwrapOperands = map[string]int{
+	"--unshare-all": 0, "--die-with-parent": 0, "--new-session": 0, "--share-net": 0, "--clearenv": 0,
+	"--cap-drop": 1, "--proc": 1, "--dev": 1, "--tmpfs": 1, "--size": 1, "--remount-ro": 1, "--chdir": 1, "--info-fd": 1,
+	"--symlink": 2, "--setenv": 2, "--bind-fd": 2, "--ro-bind-fd": 2,
+	"--bind": 2, "--bind-try": 2, "--ro-bind": 2, "--ro-bind-try": 2, "--dev-bind": 2, "--dev-bind-try": 2,
+}
+
+// bwrapSources are the options whose first operand is a host path
+// bubblewrap binds (with every mount below it).
+var bwrapSources = map[string]bool{
+	"--bind": true, "--bind-try": true, "--ro-bind": true, "--ro-bind-try": true, "--dev-bind": true, "--dev-bind-try": true,
+}
+
+// startHost is what a start of bubblewrap with args (its options, up to
+// "--" and the command) needs from the host's mounts: its bind sources,
+// and the binaries the start runs (bubblewrap, the cgroup starter). nil,
+// all of the host's mounts, when args hold an option this does not know:
+// its operands might be sources.
+func startHost(args []string, binaries ...string) *startns.Host {
+	h := &startns.Host{}
+	for i := 0; i < len(args) && args[i] != "--"; {
+		n, ok := bwrapOperands[args[i]]
+		if !ok || i+n >= len(args) {
+			return nil
+		}
+		if bwrapSources[args[i]] {
+			h.Binds = append(h.Binds, args[i+1])
+		}
+		i += 1 + n
+	}
+	for _, b := range binaries {
+		if b != "" {
+			h.Paths = append(h.Paths, b)
+		}
+	}
+	return h
+}

@@ -1,0 +1,79 @@
+package bwrap
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+)
+
+// Every option the driver gives bubblewrap is known to startHost, so a
+// command starts with the host's mounts its bubblewrap needs, not all of
+// them: with the host's system, with an image, with USB devices, a
+// network, custom and git directory binds, and an environment whose
+// values look like options.
+func TestStartHostKnowsEveryOptionTheDriverGives(t *testing.T) {
+	r := &Runtime{host: Host{}.withDefaults()}
+	base := runtimes.Instance{Name: "cireilclaw-ann", Binaries: []string{"true", "git"}}
+	usb := base
+	usb.Devices.USB = true
+	usb.Network = &runtimes.Network{Namespace: "/run/ns/ann"}
+	all := base
+	all.Devices.All = true
+	c := Command{
+		Path:    "/opt/tools/bin/tool",
+		Args:    []string{"--ro-bind", "/etc", "x"},
+		Env:     []string{"A=--ro-bind", "B=/etc/shadow", "C=--"},
+		Binds:   []string{"/nix/store/abc-tool"},
+		Areas:   []runtimes.Bind{{Source: "/run/trees/ann/workspace", Target: "/workspace"}, {Source: "/run/trees/ann/memories", Target: "/memories", ReadOnly: true}},
+		GitDirs: []string{"/workspace/.git"},
+	}
+	image := c
+	image.Image = &imageView{
+		system:      []imageEntry{{dest: "/usr", file: 0}, {dest: "/bin", file: -1, target: "usr/bin"}},
+		commandDirs: []string{"/usr/bin"},
+		commands:    []imageEntry{{dest: "/usr/bin/true", file: 1}},
+		etc:         []imageEntry{{dest: "/etc/passwd", file: 2}},
+	}
+	for name, args := range map[string][]string{
+		"host system":        r.Args(base, c),
+		"an image":           r.Args(base, image),
+		"usb and a network":  r.Args(usb, c),
+		"every device":       r.Args(all, c),
+		"areas from sources": r.Args(base, Command{Path: "/usr/bin/true"}),
+	} {
+		h := startHost(args, "/usr/bin/bwrap", "/opt/holder")
+		if h == nil {
+			t.Errorf("%s: startHost does not know an option of %q", name, args)
+			continue
+		}
+		if !slices.Equal(h.Paths, []string{"/usr/bin/bwrap", "/opt/holder"}) {
+			t.Errorf("%s: paths %q", name, h.Paths)
+		}
+		for _, b := range h.Binds {
+			if b == "x" || b == "--ro-bind" || b == "/etc/shadow" || b == "--" {
+				t.Errorf("%s: an operand that is not a source taken as one: %q", name, b)
+			}
+		}
+		if name == "host system" {
+			for _, want := range []string{"/nix/store/abc-tool", "/opt/tools/bin/tool", "/run/trees/ann/workspace", "/run/trees/ann/memories"} {
+				if !slices.Contains(h.Binds, want) {
+					t.Errorf("%s: %s is not among the sources %q", name, want, h.Binds)
+				}
+			}
+		}
+	}
+}
+
+// An option startHost does not know might take a source: the start then
+// has all of the host's mounts.
+func TestStartHostWithAnUnknownOptionNeedsTheWholeHost(t *testing.T) {
+	for _, args := range [][]string{
+		{"--unshare-all", "--overlay-src", "/srv", "--", "true"},
+		{"--ro-bind", "/usr"},
+	} {
+		if h := startHost(args); h != nil {
+			t.Errorf("startHost(%q) = %+v, want nil", args, h)
+		}
+	}
+}
