@@ -213,7 +213,10 @@ func BenchmarkLatencyTable(t *testing.B) {
 	modes = append(modes, spaced...)
 	// A host with many instances: every tree mount of the others on the
 	// host, at every start.
-	removeCrowd := crowd(t, m.rt.trees, crowdMounts)
+	if m.rt.trees == "" {
+		t.Fatal("the crowded rows need the driver's mount trees: run the benchmark as root")
+	}
+	removeCrowd := crowd(t, filepath.Join(m.rt.trees, "crowd"), crowdMounts)
 	crowded := []mode{
 		{name: fmt.Sprintf("policy + bwrap backend (`Runtime.Exec`), %d other tree mounts on the host", crowdMounts), run: m.ours},
 		{name: fmt.Sprintf("bwrap invoked directly, same flags, %d other tree mounts on the host", crowdMounts), run: m.rawBwrap},
@@ -228,6 +231,24 @@ func BenchmarkLatencyTable(t *testing.B) {
 	}
 	removeCrowd()
 	modes = append(modes, crowded...)
+	// A busy node: the host's own mounts outside any tree (pods' volumes,
+	// containers' root file systems, other instances' network namespaces,
+	// overlays and sized areas).
+	removeCrowd = crowd(t, filepath.Join(t.TempDir(), "crowd"), crowdMounts)
+	hostCrowded := []mode{
+		{name: fmt.Sprintf("policy + bwrap backend (`Runtime.Exec`), %d other mounts on the host, outside the trees", crowdMounts), run: m.ours},
+		{name: fmt.Sprintf("bwrap invoked directly, same flags, %d other mounts on the host, outside the trees", crowdMounts), run: m.rawBwrap},
+		{name: fmt.Sprintf("`sandboxctl run -- true` (one-shot), %d other mounts on the host, outside the trees", crowdMounts), run: m.sandboxctlRun},
+	}
+	for range crowdedRuns {
+		for i := range hostCrowded {
+			start := time.Now()
+			hostCrowded[i].run(t)
+			hostCrowded[i].d = append(hostCrowded[i].d, time.Since(start))
+		}
+	}
+	removeCrowd()
+	modes = append(modes, hostCrowded...)
 	med := func(d []time.Duration) time.Duration { return quantile(d, 0.5) }
 	p99 := func(d []time.Duration) time.Duration { return quantile(d, 0.99) }
 	ours, raw, direct := modes[0].d, modes[1].d, modes[2].d
@@ -258,8 +279,12 @@ func BenchmarkLatencyTable(t *testing.B) {
 		"takes %s and bubblewrap started in the host's namespace %s: bubblewrap copies the mount namespace it starts in and reads its "+
 		"whole mount table for every read-only bind, so the driver starts it in a namespace holding its own instance's tree alone.\n",
 		crowdMounts, crowdMounts/6, ms(med(modes[7].d)), ms(med(modes[8].d)))
+	fmt.Fprintf(&b, "\nWith %d more mounts of the host outside the trees (a busy node's pods and containers, other instances' network "+
+		"namespaces, overlays and sized areas), a command through the driver takes %s and bubblewrap started in the host's namespace %s: "+
+		"of the host's mounts, a command's start namespace holds only those its bubblewrap binds and runs from, /proc, /dev and /sys.\n",
+		crowdMounts, ms(med(modes[10].d)), ms(med(modes[11].d)))
 	fmt.Fprintf(&b, "\n%d runs of each of the first five, interleaved, after 10 warm-up runs; %d of each of the next two, 50 ms apart; "+
-		"%d of each of the last three, interleaved. %s\n",
+		"%d of each of the last six, three at a time, interleaved. %s\n",
 		benchRuns, spacedRuns, crowdedRuns, testenv.MachineNote())
 	if out == "" {
 		t.Logf("%s is not set, so the table is not written:\n%s", testenv.BenchOutEnv, b.String())
@@ -278,15 +303,12 @@ const (
 	crowdedRuns = 40
 )
 
-// crowd mounts n binds below the driver's trees, as other instances'
-// trees would be, and returns the function that removes them.
-func crowd(tb testing.TB, trees string, n int) func() {
+// crowd mounts n binds in dir (made here), as other instances' trees
+// or a busy node's mounts would be, and returns the function that removes
+// them.
+func crowd(tb testing.TB, dir string, n int) func() {
 	tb.Helper()
-	if trees == "" {
-		tb.Fatal("the crowded rows need the driver's mount trees: run the benchmark as root")
-	}
 	src := tb.TempDir()
-	dir := filepath.Join(trees, "crowd")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		tb.Fatal(err)
 	}
