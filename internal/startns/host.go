@@ -46,10 +46,11 @@ type Host struct {
 // /proc (descriptors bound by number, the thread's own files), /dev (the
 // device nodes bubblewrap binds), /sys (the cgroups a start joins, by
 // path), and the system's directories (the loader, the libraries and the
-// configuration of the binaries the start runs).
+// configuration of the binaries the start runs, most binds' sources:
+// each bound whole, one clone instead of one a file).
 var (
-	baseBinds = []string{"/proc", "/dev", "/sys"}
-	basePaths = []string{"/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/tmp"}
+	baseBinds = []string{"/proc", "/dev", "/sys", "/usr", "/etc"}
+	basePaths = []string{"/bin", "/sbin", "/lib", "/lib64", "/tmp"}
 )
 
 // placement is a detached clone and where it goes.
@@ -127,7 +128,9 @@ func planHost(h *Host, also []string, trees string) (*hostPlan, bool, error) {
 		if err != nil {
 			return nil, false, err
 		}
-		leaves = append(leaves, placement{path: b, fd: fd})
+		if fd >= 0 {
+			leaves = append(leaves, placement{path: b, fd: fd})
+		}
 	}
 	// Each mount after the one it sits on, then the binds (no bind is
 	// below another, nor above a mount on the way to another).
@@ -149,7 +152,8 @@ type walker struct {
 // time and no link followed, and clones each mount on its way that is
 // not the root's: alone, the first time it is met. With bind, it returns
 // a clone of path with every mount below it (path itself being a mount
-// or not); else -1.
+// or not), unless path is a file on the mount it is in, which is there
+// with that mount: -1 then, as without bind.
 func (w *walker) walk(path string, bind bool) (int, error) {
 	if path == "/" {
 		return -1, nil
@@ -164,6 +168,7 @@ func (w *walker) walk(path string, bind bool) (int, error) {
 		return -1, err
 	}
 	comps := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	mounted := false
 	for i, c := range comps {
 		next, err := unix.Openat2(cur, c, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveBeneath})
 		if err != nil {
@@ -176,6 +181,7 @@ func (w *walker) walk(path string, bind bool) (int, error) {
 			return -1, err
 		}
 		prefix := "/" + strings.Join(comps[:i+1], "/")
+		mounted = id != curID
 		if id != curID && !(bind && i == len(comps)-1) && !w.points[prefix] {
 			fd, err := cloneAt(cur, prefix, false)
 			if err != nil {
@@ -188,6 +194,15 @@ func (w *walker) walk(path string, bind bool) (int, error) {
 	}
 	if !bind {
 		return -1, nil
+	}
+	if !mounted {
+		var st unix.Stat_t
+		if err := unix.Fstat(cur, &st); err != nil {
+			return -1, fmt.Errorf("reading %s: %w", path, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return -1, nil
+		}
 	}
 	return cloneAt(cur, path, true)
 }
@@ -230,7 +245,16 @@ func realPaths(paths []string, skip string) ([]string, error) {
 		if skip != "" && under(filepath.Clean(p), []string{skip}) {
 			continue
 		}
-		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_MAGICLINKS})
+		// Most paths have no link on their way: they are where they say.
+		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+		if err == nil {
+			unix.Close(fd)
+			if filepath.Clean(p) == p {
+				out = append(out, p)
+				continue
+			}
+		}
+		fd, err = unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_MAGICLINKS})
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 			continue
 		}

@@ -197,15 +197,19 @@ func TestNothingMountedInAStartNamespaceReachesTheHost(t *testing.T) {
 	if err := os.Mkdir(inside, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	err := startns.New("").Run(nil, nil, func() error {
-		return unix.Mount("tmpfs", inside, "tmpfs", 0, "size=64k")
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mountPoints(readFile(t, "/proc/self/mountinfo"))[inside] {
-		_ = unix.Unmount(inside, unix.MNT_DETACH)
-		t.Fatalf("a mount made in a start namespace appeared on the host at %s", inside)
+	// With all of the host's mounts, and with the shared mount as a bind
+	// a start names.
+	for _, host := range []*startns.Host{nil, {Binds: []string{shared}}} {
+		err := startns.New("").RunWith(nil, host, nil, func() error {
+			return unix.Mount("tmpfs", inside, "tmpfs", 0, "size=64k")
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mountPoints(readFile(t, "/proc/self/mountinfo"))[inside] {
+			_ = unix.Unmount(inside, unix.MNT_DETACH)
+			t.Fatalf("a mount made in a start namespace (named %v) appeared on the host at %s", host != nil, inside)
+		}
 	}
 }
 
