@@ -1,6 +1,6 @@
-// Package startns makes the mount namespaces commands start in: the
-// host's mounts of that moment less the mount trees, and the tree mounts
-// the command needs.
+// Package startns makes the mount namespaces commands start in: of the
+// host's mounts of that moment, those the start needs (host.go), or all
+// of them less the mount trees, and the tree mounts the command needs.
 package startns
 
 import (
