@@ -281,7 +281,7 @@ func BenchmarkLatencyTable(t *testing.B) {
 		crowdMounts, crowdMounts/6, ms(med(modes[7].d)), ms(med(modes[8].d)))
 	fmt.Fprintf(&b, "\nWith %d more mounts of the host outside the trees (a busy node's pods and containers, other instances' network "+
 		"namespaces, overlays and sized areas), a command through the driver takes %s and bubblewrap started in the host's namespace %s: "+
-		"of the host's mounts, a command's start namespace holds only those its bubblewrap binds and runs from, /proc, /dev and /sys.\n",
+		"of the host's mounts, a command's start namespace holds only those its bubblewrap binds and runs from, /proc, /dev, /sys, /usr and /etc.\n",
 		crowdMounts, ms(med(modes[10].d)), ms(med(modes[11].d)))
 	fmt.Fprintf(&b, "\n%d runs of each of the first five, interleaved, after 10 warm-up runs; %d of each of the next two, 50 ms apart; "+
 		"%d of each of the last six, three at a time, interleaved. %s\n",
