@@ -182,7 +182,9 @@ func (w *walker) walk(path string, bind bool) (int, error) {
 		}
 		prefix := "/" + strings.Join(comps[:i+1], "/")
 		mounted = id != curID
-		if id != curID && !(bind && i == len(comps)-1) && !w.points[prefix] {
+		// A bind's own mount comes with its clone below.
+		leaf := bind && i == len(comps)-1
+		if mounted && !leaf && !w.points[prefix] {
 			fd, err := cloneAt(cur, prefix, false)
 			if err != nil {
 				return -1, err
