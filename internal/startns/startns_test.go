@@ -42,6 +42,18 @@ func mount(t *testing.T, src, dst string) {
 	t.Cleanup(func() { _ = unix.Unmount(dst, unix.MNT_DETACH) })
 }
 
+// treesDir makes dir/trees an unbindable mount, as the driver's trees'
+// directory is, and returns it.
+func treesDir(t *testing.T, dir string) string {
+	t.Helper()
+	top := filepath.Join(dir, "trees")
+	mount(t, top, top)
+	if err := unix.Mount("", top, "", unix.MS_UNBINDABLE, ""); err != nil {
+		t.Fatal(err)
+	}
+	return top
+}
+
 // mountPoints are the mount points of a mount table.
 func mountPoints(table string) map[string]bool {
 	points := map[string]bool{}
@@ -59,11 +71,7 @@ func mountPoints(table string) map[string]bool {
 func TestAStartNamespaceHoldsTheHostLessTheTreesAndItsOwnTree(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
-	top := filepath.Join(dir, "trees")
-	mount(t, top, top)
-	if err := unix.Mount("", top, "", unix.MS_UNBINDABLE, ""); err != nil {
-		t.Fatal(err)
-	}
+	top := treesDir(t, dir)
 	src := t.TempDir()
 	if err := os.WriteFile(filepath.Join(src, "mark"), []byte("ann's"), 0o600); err != nil {
 		t.Fatal(err)
@@ -163,11 +171,7 @@ func TestAStartNamespaceGoesWithoutTheDroppedMounts(t *testing.T) {
 func TestALinkOnTheWayToATreeMountIsNotFollowed(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
-	top := filepath.Join(dir, "trees")
-	mount(t, top, top)
-	if err := unix.Mount("", top, "", unix.MS_UNBINDABLE, ""); err != nil {
-		t.Fatal(err)
-	}
+	top := treesDir(t, dir)
 	src := t.TempDir()
 	other := filepath.Join(top, "bob", "0")
 	mount(t, src, filepath.Join(other, "workspace"))
@@ -284,11 +288,7 @@ func readFile(t *testing.T, p string) string {
 func TestAStartNamespaceHoldsOnlyWhatItsStartNeeds(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
-	top := filepath.Join(dir, "trees")
-	mount(t, top, top)
-	if err := unix.Mount("", top, "", unix.MS_UNBINDABLE, ""); err != nil {
-		t.Fatal(err)
-	}
+	top := treesDir(t, dir)
 	own := filepath.Join(top, "ann", "0", "workspace")
 	mount(t, "", own)
 	// The crowd: mounts no start needs.

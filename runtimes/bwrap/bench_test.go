@@ -211,6 +211,17 @@ func BenchmarkLatencyTable(t *testing.B) {
 		}
 	}
 	modes = append(modes, spaced...)
+	// interleave measures each of ms crowdedRuns times, one after the
+	// other in turn.
+	interleave := func(ms []mode) {
+		for range crowdedRuns {
+			for i := range ms {
+				start := time.Now()
+				ms[i].run(t)
+				ms[i].d = append(ms[i].d, time.Since(start))
+			}
+		}
+	}
 	// A host with many instances: every tree mount of the others on the
 	// host, at every start.
 	if m.rt.trees == "" {
@@ -222,13 +233,7 @@ func BenchmarkLatencyTable(t *testing.B) {
 		{name: fmt.Sprintf("bwrap invoked directly, same flags, %d other tree mounts on the host", crowdMounts), run: m.rawBwrap},
 		{name: fmt.Sprintf("`sandboxctl run -- true` (one-shot), %d other tree mounts on the host", crowdMounts), run: m.sandboxctlRun},
 	}
-	for range crowdedRuns {
-		for i := range crowded {
-			start := time.Now()
-			crowded[i].run(t)
-			crowded[i].d = append(crowded[i].d, time.Since(start))
-		}
-	}
+	interleave(crowded)
 	removeCrowd()
 	modes = append(modes, crowded...)
 	// A busy node: the host's own mounts outside any tree (pods' volumes,
@@ -240,13 +245,7 @@ func BenchmarkLatencyTable(t *testing.B) {
 		{name: fmt.Sprintf("bwrap invoked directly, same flags, %d other mounts on the host, outside the trees", crowdMounts), run: m.rawBwrap},
 		{name: fmt.Sprintf("`sandboxctl run -- true` (one-shot), %d other mounts on the host, outside the trees", crowdMounts), run: m.sandboxctlRun},
 	}
-	for range crowdedRuns {
-		for i := range hostCrowded {
-			start := time.Now()
-			hostCrowded[i].run(t)
-			hostCrowded[i].d = append(hostCrowded[i].d, time.Since(start))
-		}
-	}
+	interleave(hostCrowded)
 	removeCrowd()
 	modes = append(modes, hostCrowded...)
 	med := func(d []time.Duration) time.Duration { return quantile(d, 0.5) }
