@@ -42,3 +42,16 @@ func TestASeedThatFailedIsTriedAgainLater(t *testing.T) {
 		t.Fatalf("once made: fd %d, err %v, %d calls; want the same seed, no new try", fd, err, calls)
 	}
 }
+
+// An option ForBubblewrap does not know might take a source: the start then
+// has all of the host's mounts.
+func TestABubblewrapOptionNotKnownNeedsTheWholeHost(t *testing.T) {
+	for _, args := range [][]string{
+		{"--unshare-all", "--overlay-src", "/srv", "--", "true"},
+		{"--ro-bind", "/usr"},
+	} {
+		if h := ForBubblewrap(args); h != nil {
+			t.Errorf("ForBubblewrap(%q) = %+v, want nil", args, h)
+		}
+	}
+}

@@ -118,8 +118,8 @@ func jailArgs(mount string) []string {
 	return args
 }
 
-// jails makes the mount namespaces host git's jails start in: the
-// host's mounts less the sandboxes' mount trees (internal/startns).
+// jails makes the mount namespaces host git's jails start in: of the
+// host's mounts, those the jail binds and runs from (internal/startns).
 var jails = startns.New("")
 
 // hostGit runs git for the controller on the repository: inside a
@@ -155,9 +155,10 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	cmd.WaitDelay = 2 * time.Second
 	out, errb := &boundedBuffer{max: maxGitStdout}, &boundedBuffer{max: maxGitStderr}
 	cmd.Stdout, cmd.Stderr = out, errb
-	// Started where the host's mount trees are not: bubblewrap copies the
-	// namespace it starts in, and reads its mount table for every bind.
-	err = jails.Run(nil, nil, cmd.Run)
+	// Started where of the host's mounts only those the jail needs are:
+	// bubblewrap copies the namespace it starts in, and reads its mount
+	// table for every bind.
+	err = jails.RunWith(nil, startns.ForBubblewrap(full, bwrap), nil, cmd.Run)
 	if errors.Is(err, startns.ErrUnavailable) {
 		err = cmd.Run()
 	}

@@ -6,8 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
@@ -160,4 +163,57 @@ func FuzzCommandKey(f *testing.F) {
 			t.Fatalf("git finds %q in the configuration, the check finds nothing:\n%s", out, conf)
 		}
 	})
+}
+
+// Host git's jail starts with, of the host's mounts, only those it binds
+// and runs from: not the host's other mounts (a busy node's pods and
+// containers, the instances' trees, network namespaces and overlays),
+// which bubblewrap would copy and read again for every bind. What it
+// starts with is recorded by a bubblewrap that writes its mount table
+// first.
+func TestHostGitStartsWithoutTheHostsOtherMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "the jail's start namespace is made only as root: run the tests as root (CI does)")
+	}
+	repo, _, _ := jailedRepo(t)
+	real := testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	dir := testenv.SharedDir(t)
+	table := filepath.Join(dir, "table")
+	if err := os.WriteFile(table, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(table, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	script := "#!/bin/sh\ncat /proc/self/mountinfo > " + table + "\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "bwrap"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	crowd := filepath.Join(t.TempDir(), "crowd")
+	for i := range 20 {
+		p := filepath.Join(crowd, strconv.Itoa(i))
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", p, "tmpfs", 0, "size=64k"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
+	}
+	if _, err := hostGit(logr.NewContext(context.Background(), testr.New(t)), repo, repo.Mount.HostPath(), "version"); err != nil {
+		t.Fatalf("host git: %v", err)
+	}
+	b, err := os.ReadFile(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) == 0 {
+		t.Fatal("the jail's bubblewrap wrote no mount table")
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], crowd+"/") {
+			t.Errorf("host git's jail started with the host's mount %s", f[4])
+		}
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/internal/mountinfo"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -147,5 +148,72 @@ func TestACommandStartsWithoutTheHostsOtherMounts(t *testing.T) {
 		if !slices.Contains(points, want) {
 			t.Errorf("bubblewrap started without %s: %q", want, points)
 		}
+	}
+}
+
+// A Pod's commands start in its cgroups, which are below where the node's
+// hierarchies are mounted for the controller (a hostPath in its Pod, not
+// /sys/fs/cgroup): the start, which opens them by path, has them too.
+func TestAPodsCommandStartsInItsCgroupsWhereverTheyAreMounted(t *testing.T) {
+	needTrees(t)
+	dir := testenv.SharedDir(t)
+	root := filepath.Join(dir, "host-cgroup")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(cgroup.Mount, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		testenv.Missing(t, "cgroups", err.Error())
+	}
+	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
+	// The Pod's cgroup, as its kubelet would have made it, in every
+	// hierarchy (cgroup v1), or in the one (v2).
+	pod := "/sandbox-controller-bwrap-pod-test-" + strconv.Itoa(os.Getpid())
+	hierarchies := []string{root}
+	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+		hierarchies, _ = filepath.Glob(filepath.Join(root, "*"))
+	}
+	for _, h := range hierarchies {
+		if _, err := os.Stat(filepath.Join(h, "cgroup.procs")); err != nil {
+			continue
+		}
+		_ = os.WriteFile(filepath.Join(h, "cgroup.subtree_control"), []byte("+pids +memory +cpu"), 0)
+		if err := os.Mkdir(filepath.Join(h, pod), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.WriteFile(filepath.Join(h, pod, "cgroup.subtree_control"), []byte("+pids +memory +cpu"), 0)
+		t.Cleanup(func() {
+			entries, _ := os.ReadDir(filepath.Join(h, pod))
+			for _, e := range entries {
+				if e.IsDir() {
+					_ = os.Remove(filepath.Join(h, pod, e.Name()))
+				}
+			}
+			_ = os.Remove(filepath.Join(h, pod))
+		})
+	}
+
+	state := filepath.Join(dir, "state")
+	var warnings bytes.Buffer
+	rt, err := bwrap.New(bwrap.Config{StateDir: state, Starter: testenv.Starter(t), Warnings: &warnings})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bwrap.DetachTrees(state) })
+	in, err := instance.Standalone(&v1alpha1.SandboxSpec{Agent: "ann", Binaries: []v1alpha1.BinaryName{"true"}}, instance.Host{AreasRoot: filepath.Join(dir, "areas"), Home: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Pod = &runtimes.Pod{UID: "0f814e06-e18c-4c73-b037-30c267e828e2", Cgroup: pod, CgroupRoot: root}
+	if _, err := rt.Ensure(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Delete(context.Background(), in.Name) })
+	var stderr bytes.Buffer
+	st, err := rt.Exec(context.Background(), in.Name, runtimes.ExecRequest{Argv: []string{"true"}, Stderr: &stderr})
+	if err != nil || st.Code != 0 {
+		t.Fatalf("a command of a Pod's instance: %v, exit %d: %s", err, st.Code, stderr.String())
+	}
+	if warnings.Len() > 0 {
+		t.Fatalf("the driver warned: %s", warnings.String())
 	}
 }

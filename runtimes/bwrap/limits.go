@@ -101,8 +101,13 @@ func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, star
 			ns := egress.Namespace{Path: in.Network.Namespace}
 			pre = ns.Enter
 		}
-		// Of the host's mounts, what bubblewrap binds and runs from.
-		host := startHost(cmd.Args[1:], cmd.Path, r.starter)
+		// Of the host's mounts, what bubblewrap binds and runs from, and
+		// the cgroups the start joins: a Pod's are where its node's
+		// hierarchies are mounted for the controller.
+		host := startns.ForBubblewrap(cmd.Args[1:], cmd.Path, r.starter)
+		if host != nil && in.Pod != nil {
+			host.Binds = append(host.Binds, in.Pod.CgroupRoot)
+		}
 		err := r.starts.RunWith(mounts, host, pre, func() error {
 			return startAndWait(func() error { return r.startInCgroup(in, cmd) })
 		})

@@ -4,15 +4,17 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cireilclaw/sandbox-controller/internal/startns"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
-// Every option the driver gives bubblewrap is known to startHost, so a
+// Every option the driver gives bubblewrap is known to
+// startns.ForBubblewrap, so a
 // command starts with the host's mounts its bubblewrap needs, not all of
 // them: with the host's system, with an image, with USB devices, a
 // network, custom and git directory binds, and an environment whose
 // values look like options.
-func TestStartHostKnowsEveryOptionTheDriverGives(t *testing.T) {
+func TestForBubblewrapKnowsEveryOptionTheDriverGives(t *testing.T) {
 	r := &Runtime{host: Host{}.withDefaults()}
 	base := runtimes.Instance{Name: "cireilclaw-ann", Binaries: []string{"true", "git"}}
 	usb := base
@@ -42,9 +44,9 @@ func TestStartHostKnowsEveryOptionTheDriverGives(t *testing.T) {
 		"every device":       r.Args(all, c),
 		"areas from sources": r.Args(base, Command{Path: "/usr/bin/true"}),
 	} {
-		h := startHost(args, "/usr/bin/bwrap", "/opt/holder")
+		h := startns.ForBubblewrap(args, "/usr/bin/bwrap", "/opt/holder")
 		if h == nil {
-			t.Errorf("%s: startHost does not know an option of %q", name, args)
+			t.Errorf("%s: ForBubblewrap does not know an option of %q", name, args)
 			continue
 		}
 		if !slices.Equal(h.Paths, []string{"/usr/bin/bwrap", "/opt/holder"}) {
@@ -61,19 +63,6 @@ func TestStartHostKnowsEveryOptionTheDriverGives(t *testing.T) {
 					t.Errorf("%s: %s is not among the sources %q", name, want, h.Binds)
 				}
 			}
-		}
-	}
-}
-
-// An option startHost does not know might take a source: the start then
-// has all of the host's mounts.
-func TestStartHostWithAnUnknownOptionNeedsTheWholeHost(t *testing.T) {
-	for _, args := range [][]string{
-		{"--unshare-all", "--overlay-src", "/srv", "--", "true"},
-		{"--ro-bind", "/usr"},
-	} {
-		if h := startHost(args); h != nil {
-			t.Errorf("startHost(%q) = %+v, want nil", args, h)
 		}
 	}
 }

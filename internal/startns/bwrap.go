@@ -1,9 +1,7 @@
-package bwrap
+package startns
 
-import "github.com/cireilclaw/sandbox-controller/internal/startns"
-
-// bwrapOperands is how many operands each option the driver gives
-// bubblewrap takes.
+// bwrapOperands is how many operands each option the bwrap driver and
+// host git's jail give bubblewrap takes.
 var bwrapOperands = map[string]int{
 	"--unshare-all": 0, "--die-with-parent": 0, "--new-session": 0, "--share-net": 0, "--clearenv": 0,
 	"--cap-drop": 1, "--proc": 1, "--dev": 1, "--tmpfs": 1, "--size": 1, "--remount-ro": 1, "--chdir": 1, "--info-fd": 1,
@@ -17,13 +15,13 @@ var bwrapSources = map[string]bool{
 	"--bind": true, "--bind-try": true, "--ro-bind": true, "--ro-bind-try": true, "--dev-bind": true, "--dev-bind-try": true,
 }
 
-// startHost is what a start of bubblewrap with args (its options, up to
-// "--" and the command) needs from the host's mounts: its bind sources,
-// and the binaries the start runs (bubblewrap, the cgroup starter). nil,
-// all of the host's mounts, when args hold an option this does not know:
-// its operands might be sources.
-func startHost(args []string, binaries ...string) *startns.Host {
-	h := &startns.Host{}
+// ForBubblewrap is what a start of bubblewrap with args (its options, up
+// to "--" and the command) needs from the host's mounts: its bind
+// sources, and the binaries the start runs (bubblewrap, a cgroup
+// starter). nil, all of the host's mounts, when args hold an option this
+// does not know: its operands might be sources.
+func ForBubblewrap(args []string, binaries ...string) *Host {
+	h := &Host{}
 	for i := 0; i < len(args) && args[i] != "--"; {
 		n, ok := bwrapOperands[args[i]]
 		if !ok || i+n >= len(args) {
