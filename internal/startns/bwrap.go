@@ -1,5 +1,10 @@
 package startns
 
+import (
+	"os"
+	"strconv"
+)
+
 // bwrapOperands is how many operands each option the bwrap driver and
 // host git's jail give bubblewrap takes.
 var bwrapOperands = map[string]int{
@@ -15,20 +20,38 @@ var bwrapSources = map[string]bool{
 	"--bind": true, "--bind-try": true, "--ro-bind": true, "--ro-bind-try": true, "--dev-bind": true, "--dev-bind-try": true,
 }
 
+// bwrapFdSources are the options whose first operand is a descriptor
+// bubblewrap binds: it binds the path the descriptor names (its link in
+// /proc/self/fd), which must be there at the start too.
+var bwrapFdSources = map[string]bool{"--bind-fd": true, "--ro-bind-fd": true}
+
 // ForBubblewrap is what a start of bubblewrap with args (its options, up
 // to "--" and the command) needs from the host's mounts: its bind
-// sources, and the binaries the start runs (bubblewrap, a cgroup
-// starter). nil, all of the host's mounts, when args hold an option this
-// does not know: its operands might be sources.
-func ForBubblewrap(args []string, binaries ...string) *Host {
+// sources, the paths of the descriptors it binds (files are those it
+// inherits, from descriptor 3 on), and the binaries the start runs
+// (bubblewrap, a cgroup starter). nil, all of the host's mounts, when
+// args hold an option this does not know (its operands might be
+// sources) or a descriptor that is not among files.
+func ForBubblewrap(args []string, files []*os.File, binaries ...string) *Host {
 	h := &Host{}
 	for i := 0; i < len(args) && args[i] != "--"; {
 		n, ok := bwrapOperands[args[i]]
 		if !ok || i+n >= len(args) {
 			return nil
 		}
-		if bwrapSources[args[i]] {
+		switch {
+		case bwrapSources[args[i]]:
 			h.Binds = append(h.Binds, args[i+1])
+		case bwrapFdSources[args[i]]:
+			fd, err := strconv.Atoi(args[i+1])
+			if err != nil || fd < 3 || fd-3 >= len(files) {
+				return nil
+			}
+			p, err := os.Readlink("/proc/self/fd/" + strconv.FormatUint(uint64(files[fd-3].Fd()), 10))
+			if err != nil {
+				return nil
+			}
+			h.Binds = append(h.Binds, p)
 		}
 		i += 1 + n
 	}

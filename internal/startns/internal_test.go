@@ -43,14 +43,17 @@ func TestASeedThatFailedIsTriedAgainLater(t *testing.T) {
 	}
 }
 
-// An option ForBubblewrap does not know might take a source: the start then
+// An option ForBubblewrap does not know might take a source, and a
+// descriptor it is not given names a path it cannot tell: the start then
 // has all of the host's mounts.
 func TestABubblewrapOptionNotKnownNeedsTheWholeHost(t *testing.T) {
 	for _, args := range [][]string{
 		{"--unshare-all", "--overlay-src", "/srv", "--", "true"},
 		{"--ro-bind", "/usr"},
+		{"--bind-fd", "3", "/workspace/.git", "--", "true"},
+		{"--ro-bind-fd", "x", "/usr", "--", "true"},
 	} {
-		if h := ForBubblewrap(args); h != nil {
+		if h := ForBubblewrap(args, nil); h != nil {
 			t.Errorf("ForBubblewrap(%q) = %+v, want nil", args, h)
 		}
 	}

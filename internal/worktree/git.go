@@ -158,7 +158,7 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	// Started where of the host's mounts only those the jail needs are:
 	// bubblewrap copies the namespace it starts in, and reads its mount
 	// table for every bind.
-	err = jails.RunWith(nil, startns.ForBubblewrap(full, bwrap), nil, cmd.Run)
+	err = jails.RunWith(nil, startns.ForBubblewrap(full, nil, bwrap), nil, cmd.Run)
 	if errors.Is(err, startns.ErrUnavailable) {
 		err = cmd.Run()
 	}

@@ -1,6 +1,7 @@
 package bwrap
 
 import (
+	"os"
 	"slices"
 	"testing"
 
@@ -36,6 +37,18 @@ func TestForBubblewrapKnowsEveryOptionTheDriverGives(t *testing.T) {
 		commandDirs: []string{"/usr/bin"},
 		commands:    []imageEntry{{dest: "/usr/bin/true", file: 1}},
 		etc:         []imageEntry{{dest: "/etc/passwd", file: 2}},
+		files:       make([]*os.File, 3),
+	}
+	// The descriptors the command inherits: the image's three, then the
+	// git directory's.
+	var files []*os.File
+	for _, p := range []string{"/usr", "/usr/bin", "/etc", "/var/tmp"} {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		files = append(files, f)
 	}
 	for name, args := range map[string][]string{
 		"host system":        r.Args(base, c),
@@ -44,7 +57,7 @@ func TestForBubblewrapKnowsEveryOptionTheDriverGives(t *testing.T) {
 		"every device":       r.Args(all, c),
 		"areas from sources": r.Args(base, Command{Path: "/usr/bin/true"}),
 	} {
-		h := startns.ForBubblewrap(args, "/usr/bin/bwrap", "/opt/holder")
+		h := startns.ForBubblewrap(args, files, "/usr/bin/bwrap", "/opt/holder")
 		if h == nil {
 			t.Errorf("%s: ForBubblewrap does not know an option of %q", name, args)
 			continue
@@ -57,8 +70,17 @@ func TestForBubblewrapKnowsEveryOptionTheDriverGives(t *testing.T) {
 				t.Errorf("%s: an operand that is not a source taken as one: %q", name, b)
 			}
 		}
+		if name == "an image" {
+			// Each descriptor bound as the path it names, as bubblewrap
+			// binds it.
+			for _, want := range []string{"/usr", "/usr/bin", "/etc", "/var/tmp"} {
+				if !slices.Contains(h.Binds, want) {
+					t.Errorf("%s: %s is not among the sources %q", name, want, h.Binds)
+				}
+			}
+		}
 		if name == "host system" {
-			for _, want := range []string{"/nix/store/abc-tool", "/opt/tools/bin/tool", "/run/trees/ann/workspace", "/run/trees/ann/memories"} {
+			for _, want := range []string{"/nix/store/abc-tool", "/opt/tools/bin/tool", "/run/trees/ann/workspace", "/run/trees/ann/memories", "/usr"} {
 				if !slices.Contains(h.Binds, want) {
 					t.Errorf("%s: %s is not among the sources %q", name, want, h.Binds)
 				}

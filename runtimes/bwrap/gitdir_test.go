@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -14,24 +16,17 @@ import (
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
-// A git directory bind lies in a mount the agent writes to; replacing the
-// repository's .git with a link to a host directory must not bind that
-// directory into the sandbox.
-func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
-	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
-	dir := testenv.SharedDir(t)
-	projects := filepath.Join(dir, "projects")
-	gitDir := filepath.Join(projects, "app", ".git")
-	secret := filepath.Join(dir, "host-secret")
-	for _, d := range []string{gitDir, secret} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(gitDir, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644); err != nil {
+// gitDirInstance is a running instance of a driver in dir whose Sandbox
+// mounts projects (which holds app/.git, a git directory) and binds that
+// git directory at its host path; cat prints a file of it as a command
+// of the instance sees it.
+func gitDirInstance(t *testing.T, dir, projects string) (rt *bwrap.Runtime, in runtimes.Instance, gitDir string, cat func(name string) (int, string)) {
+	t.Helper()
+	gitDir = filepath.Join(projects, "app", ".git")
+	if err := os.MkdirAll(gitDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(secret, "HEAD"), []byte("host secret\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(gitDir, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	rt, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(dir, "state")})
@@ -43,7 +38,7 @@ func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
 		Binaries: []v1alpha1.BinaryName{"cat", "sh"},
 		Mounts:   []v1alpha1.Mount{{Source: projects, Target: "project", Mode: v1alpha1.MountReadWrite}},
 	}
-	in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
+	in, err = instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,17 +49,35 @@ func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rt.Delete(ctx, in.Name) })
-	cat := func() (int, string) {
+	cat = func(name string) (int, string) {
 		t.Helper()
 		var out, errb bytes.Buffer
-		st, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"cat", filepath.Join(gitDir, "HEAD")}, Stdout: &out, Stderr: &errb})
+		st, err := rt.Exec(ctx, in.Name, runtimes.ExecRequest{Argv: []string{"cat", filepath.Join(gitDir, name)}, Stdout: &out, Stderr: &errb})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st.Code, out.String()
+		return st.Code, out.String() + errb.String()
 	}
+	return rt, in, gitDir, cat
+}
 
-	if code, out := cat(); code != 0 || out != "ref: refs/heads/main\n" {
+// A git directory bind lies in a mount the agent writes to; replacing the
+// repository's .git with a link to a host directory must not bind that
+// directory into the sandbox.
+func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
+	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	dir := testenv.SharedDir(t)
+	secret := filepath.Join(dir, "host-secret")
+	if err := os.MkdirAll(secret, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secret, "HEAD"), []byte("host secret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rt, in, gitDir, cat := gitDirInstance(t, dir, filepath.Join(dir, "projects"))
+	ctx := context.Background()
+
+	if code, out := cat("HEAD"); code != 0 || out != "ref: refs/heads/main\n" {
 		t.Fatalf("the git directory at its host path: exit %d, %q", code, out)
 	}
 	var errb bytes.Buffer
@@ -79,10 +92,30 @@ func TestGitDirBindNeverFollowsALinkOutOfItsMount(t *testing.T) {
 	if err := os.Symlink(secret, gitDir); err != nil {
 		t.Fatal(err)
 	}
-	if code, out := cat(); code == 0 || out == "host secret\n" {
+	if code, out := cat("HEAD"); code == 0 || out == "host secret\n" {
 		t.Fatalf("a link out of the mount was bound: exit %d, %q", code, out)
 	}
 	if b, _ := os.ReadFile(filepath.Join(secret, "HEAD")); string(b) != "host secret\n" {
 		t.Fatalf("the host directory changed: %q", b)
+	}
+}
+
+// A git directory on a mount of its own (a hostPath in the controller's
+// Pod, a project disk) is bound too: bubblewrap binds the path its
+// descriptor names, which the start must hold.
+func TestAGitDirOnAMountOfItsOwnIsBound(t *testing.T) {
+	needTrees(t)
+	dir := testenv.SharedDir(t)
+	projects := filepath.Join(dir, "projects")
+	if err := os.Mkdir(projects, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", projects, "tmpfs", 0, "size=1m,mode=0755"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(projects, unix.MNT_DETACH) })
+	_, _, _, cat := gitDirInstance(t, dir, projects)
+	if code, out := cat("HEAD"); code != 0 || out != "ref: refs/heads/main\n" {
+		t.Fatalf("the git directory on its own mount: exit %d, %q", code, out)
 	}
 }

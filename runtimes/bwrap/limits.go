@@ -104,7 +104,7 @@ func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, star
 		// Of the host's mounts, what bubblewrap binds and runs from, and
 		// the cgroups the start joins: a Pod's are where its node's
 		// hierarchies are mounted for the controller.
-		host := startns.ForBubblewrap(cmd.Args[1:], cmd.Path, r.starter)
+		host := startns.ForBubblewrap(cmd.Args[1:], cmd.ExtraFiles, cmd.Path, r.starter)
 		if host != nil && in.Pod != nil {
 			host.Binds = append(host.Binds, in.Pod.CgroupRoot)
 		}
