@@ -70,7 +70,9 @@ func (p *hostPlan) close() {
 	if p == nil {
 		return
 	}
-	unix.Close(p.root)
+	if p.root >= 0 {
+		unix.Close(p.root)
+	}
 	for _, pl := range p.places {
 		unix.Close(pl.fd)
 	}
@@ -107,17 +109,19 @@ func planHost(h *Host, also []string, trees string) (*hostPlan, bool, error) {
 	}
 	defer unix.Close(slash)
 	plan := &hostPlan{root: -1}
+	w := walker{slash: slash, points: map[string]bool{}}
+	var leaves []placement
 	ok := false
 	defer func() {
 		if !ok {
+			// The clones made so far, placed or not.
+			plan.places = append(w.mounts, leaves...)
 			plan.close()
 		}
 	}()
 	if plan.root, err = cloneAt(slash, "/", false); err != nil {
 		return nil, false, err
 	}
-	w := walker{slash: slash, points: map[string]bool{}}
-	var leaves []placement
 	for _, p := range kept {
 		if _, err := w.walk(p, false); err != nil {
 			return nil, false, err
