@@ -3,10 +3,8 @@ package startns
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -83,14 +81,17 @@ func (p *hostPlan) close() {
 // false when h needs the whole host (a bind of /). What is at or below
 // trees (the trees' directory, unbindable) is left to the tree mounts.
 func planHost(h *Host, also []string, trees string) (*hostPlan, bool, error) {
-	binds, err := realPaths(append(append([]string(nil), baseBinds...), h.Binds...), trees)
+	binds, viaBinds, err := realPaths(append(append([]string(nil), baseBinds...), h.Binds...), trees)
 	if err != nil {
 		return nil, false, err
 	}
-	paths, err := realPaths(append(append(append([]string(nil), basePaths...), h.Paths...), also...), trees)
+	paths, viaPaths, err := realPaths(append(append(append([]string(nil), basePaths...), h.Paths...), also...), trees)
 	if err != nil {
 		return nil, false, err
 	}
+	// The directories holding the links on the way are passed again by
+	// bubblewrap as it resolves: their mounts are needed as a path's.
+	paths = append(append(paths, viaBinds...), viaPaths...)
 	binds = outermost(binds)
 	for _, b := range binds {
 		if b == "/" {
@@ -240,13 +241,13 @@ func (p *hostPlan) attach() error {
 }
 
 // realPaths are the paths the host resolves each of paths to (links
-// followed, no magic link), read back from a descriptor of each; a path
-// that does not exist has none, nor one at or below skip.
-func realPaths(paths []string, skip string) ([]string, error) {
-	var out []string
+// followed, no magic link), and the directories holding the links
+// followed on the way; a path that does not exist has none, nor one at or
+// below skip.
+func realPaths(paths []string, skip string) (real, via []string, err error) {
 	for _, p := range paths {
 		if !filepath.IsAbs(p) {
-			return nil, fmt.Errorf("%q is not an absolute path", p)
+			return nil, nil, fmt.Errorf("%q is not an absolute path", p)
 		}
 		if skip != "" && under(filepath.Clean(p), []string{skip}) {
 			continue
@@ -256,31 +257,122 @@ func realPaths(paths []string, skip string) ([]string, error) {
 		if err == nil {
 			unix.Close(fd)
 			if filepath.Clean(p) == p {
-				out = append(out, p)
+				real = append(real, p)
 				continue
 			}
 		}
-		fd, err = unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_MAGICLINKS})
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		r, links, ok, err := follow(p)
+		if err != nil {
+			return nil, nil, fmt.Errorf("resolving %s: %w", p, err)
+		}
+		if !ok || (skip != "" && under(r, []string{skip})) {
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("opening %s: %w", p, err)
+		real = append(real, r)
+		for _, l := range links {
+			if skip == "" || !under(l, []string{skip}) {
+				via = append(via, l)
+			}
 		}
-		real, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	}
+	return real, via, nil
+}
+
+// maxLinks is how many links a path may pass, as the kernel allows.
+const maxLinks = 40
+
+// follow resolves p (absolute) from the root as the kernel resolves it
+// for bubblewrap, one component at a time from descriptors: each link is
+// read and followed, ".." is taken within what was walked, a magic link
+// is refused. It returns the real path p names and the real paths of the
+// directories holding the links it passed (their mounts must be there
+// too for the kernel to pass them again); ok is false when p names
+// nothing.
+func follow(p string) (real string, via []string, ok bool, err error) {
+	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, false, err
+	}
+	type step struct {
+		fd   int
+		name string
+	}
+	var walked []step
+	closeFrom := func(i int) {
+		for _, s := range walked[i:] {
+			unix.Close(s.fd)
+		}
+		walked = walked[:i]
+	}
+	defer func() { closeFrom(0); unix.Close(root) }()
+	here := func() (int, string) {
+		names := make([]string, len(walked))
+		for i, s := range walked {
+			names[i] = s.name
+		}
+		if len(walked) == 0 {
+			return root, "/"
+		}
+		return walked[len(walked)-1].fd, "/" + strings.Join(names, "/")
+	}
+	todo := strings.Split(p, "/")
+	links := 0
+	for len(todo) > 0 {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(walked) > 0 {
+				closeFrom(len(walked) - 1)
+			}
+			continue
+		}
+		dir, dirPath := here()
+		fd, err := unix.Openat2(dir, c, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveBeneath})
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return "", nil, false, nil
+		}
+		if err != nil {
+			return "", nil, false, err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return "", nil, false, err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			walked = append(walked, step{fd: fd, name: c})
+			continue
+		}
+		var fs unix.Statfs_t
+		err = unix.Fstatfs(fd, &fs)
+		if err == nil && fs.Type == unix.PROC_SUPER_MAGIC {
+			err = fmt.Errorf("%s/%s is a magic link", dirPath, c)
+		}
+		var target string
+		if err == nil {
+			links++
+			if links > maxLinks {
+				err = unix.ELOOP
+			}
+			buf := make([]byte, unix.PathMax)
+			n, rerr := unix.Readlinkat(fd, "", buf)
+			target, err = string(buf[:max(n, 0)]), errors.Join(err, rerr)
+		}
 		unix.Close(fd)
 		if err != nil {
-			return nil, fmt.Errorf("reading where %s is: %w", p, err)
+			return "", nil, false, err
 		}
-		if !filepath.IsAbs(real) || filepath.Clean(real) != real {
-			return nil, fmt.Errorf("%s is at %q, not a path in this namespace", p, real)
+		via = append(via, dirPath)
+		if strings.HasPrefix(target, "/") {
+			closeFrom(0)
 		}
-		if skip != "" && under(real, []string{skip}) {
-			continue
-		}
-		out = append(out, real)
+		todo = append(strings.Split(target, "/"), todo...)
 	}
-	return out, nil
+	_, real = here()
+	return real, via, true, nil
 }
 
 // mountID is the id of the mount fd is on.

@@ -305,18 +305,28 @@ func TestAStartNamespaceHoldsOnlyWhatItsStartNeeds(t *testing.T) {
 	if err := os.Symlink(linked, filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
+	// A link to a link on another mount, that mount needed by nothing
+	// else: the kernel passes it again as bubblewrap binds.
+	hop := filepath.Join(dir, "hop")
+	mount(t, "", hop)
+	if err := os.Symlink(linked, filepath.Join(hop, "next")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(hop, "next"), filepath.Join(dir, "link2")); err != nil {
+		t.Fatal(err)
+	}
 	bin := filepath.Join(dir, "bin")
 	mount(t, "", bin)
 	writeFile(t, filepath.Join(bin, "tool"), "a binary")
 	mount(t, "", filepath.Join(bin, "inner"))
 
-	host := &startns.Host{Binds: []string{src, filepath.Join(dir, "link"), filepath.Join(dir, "absent")}, Paths: []string{filepath.Join(bin, "tool")}}
+	host := &startns.Host{Binds: []string{src, filepath.Join(dir, "link"), filepath.Join(dir, "link2"), filepath.Join(dir, "absent")}, Paths: []string{filepath.Join(bin, "tool")}}
 	var table string
 	marks := map[string]string{}
 	err := startns.New(top).RunWith([]string{own}, host, nil, func() error {
 		b, err := os.ReadFile("/proc/thread-self/mountinfo")
 		table = string(b)
-		for _, p := range []string{filepath.Join(src, "sub", "mark"), filepath.Join(linked, "mark"), filepath.Join(bin, "tool")} {
+		for _, p := range []string{filepath.Join(src, "sub", "mark"), filepath.Join(dir, "link", "mark"), filepath.Join(dir, "link2", "mark"), filepath.Join(bin, "tool")} {
 			m, _ := os.ReadFile(p)
 			marks[p] = string(m)
 		}
@@ -331,7 +341,8 @@ func TestAStartNamespaceHoldsOnlyWhatItsStartNeeds(t *testing.T) {
 			t.Errorf("the start namespace has no mount at %s", p)
 		}
 	}
-	for p, want := range map[string]string{filepath.Join(src, "sub", "mark"): "below a bind", filepath.Join(linked, "mark"): "a link's target", filepath.Join(bin, "tool"): "a binary"} {
+	for p, want := range map[string]string{filepath.Join(src, "sub", "mark"): "below a bind", filepath.Join(dir, "link", "mark"): "a link's target",
+		filepath.Join(dir, "link2", "mark"): "a link's target", filepath.Join(bin, "tool"): "a binary"} {
 		if marks[p] != want {
 			t.Errorf("%s reads %q in the start namespace, want %q", p, marks[p], want)
 		}
@@ -350,5 +361,20 @@ func writeFile(t *testing.T, p, content string) {
 	t.Helper()
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A magic link among what a start needs (a process's root, a descriptor's
+// link in /proc) names no path the start can hold: the start namespace is
+// unavailable, and nothing is called.
+func TestAMagicLinkAmongTheNeedsIsRefused(t *testing.T) {
+	needRoot(t)
+	src := t.TempDir()
+	for _, bind := range []string{"/proc/self/root" + src, "/proc/thread-self/cwd"} {
+		called := false
+		err := startns.New("").RunWith(nil, &startns.Host{Binds: []string{bind}}, nil, func() error { called = true; return nil })
+		if !errors.Is(err, startns.ErrUnavailable) || called {
+			t.Errorf("a bind of %s: err %v, called %v; want ErrUnavailable and no call", bind, err, called)
+		}
 	}
 }
