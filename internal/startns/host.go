@@ -22,12 +22,14 @@ import (
 // it, the mounts on the way to each path it names (each without what is
 // mounted below it), and each of its binds with everything mounted below
 // it, as bubblewrap binds it. What is needed is named by path and found
-// once, at the start, from descriptors: each path is opened as the host
-// resolves it, its real path read back from the descriptor, and that path
-// walked again one component at a time beneath the root, no link
-// followed, each component's mount told from its parent's by mount id.
-// The clones are taken from those descriptors, and attached in the new
-// namespace at descriptors reached the same way.
+// once, at the start, from descriptors: each path is resolved as the
+// kernel resolves it for bubblewrap, one component at a time beneath the
+// root, each link read from its own descriptor and followed (the
+// directories holding them needed too), no magic link; its real path is
+// then walked again the same way, no link followed, each component's
+// mount told from its parent's by mount id. The clones are taken from
+// those descriptors, and attached in the new namespace at descriptors
+// reached the same way.
 
 // Host is what a start needs from the host's mounts.
 type Host struct {
