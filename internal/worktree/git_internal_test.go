@@ -6,11 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
@@ -176,31 +173,11 @@ func TestHostGitStartsWithoutTheHostsOtherMounts(t *testing.T) {
 		testenv.Missing(t, "root", "the jail's start namespace is made only as root: run the tests as root (CI does)")
 	}
 	repo, _, _ := jailedRepo(t)
-	real := testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
 	dir := testenv.SharedDir(t)
-	table := filepath.Join(dir, "table")
-	if err := os.WriteFile(table, nil, 0o666); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(table, 0o666); err != nil {
-		t.Fatal(err)
-	}
-	script := "#!/bin/sh\ncat /proc/self/mountinfo > " + table + "\nexec " + real + " \"$@\"\n"
-	if err := os.WriteFile(filepath.Join(dir, "bwrap"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, table := testenv.TellingBwrap(t, dir)
+	// hostGit runs the bubblewrap found first on PATH.
 	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
-	crowd := filepath.Join(t.TempDir(), "crowd")
-	for i := range 20 {
-		p := filepath.Join(crowd, strconv.Itoa(i))
-		if err := os.MkdirAll(p, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount("tmpfs", p, "tmpfs", 0, "size=64k"); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
-	}
+	crowd := testenv.Crowd(t, filepath.Join(t.TempDir(), "crowd"), 20)
 	if _, err := hostGit(logr.NewContext(context.Background(), testr.New(t)), repo, repo.Mount.HostPath(), "version"); err != nil {
 		t.Fatalf("host git: %v", err)
 	}

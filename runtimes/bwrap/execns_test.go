@@ -21,19 +21,14 @@ import (
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
-// tellingDriver is a driver whose bubblewrap prints the mount table it
-// starts with to the command's stderr, and two running instances of it,
-// ann's and bob's.
-func tellingDriver(t *testing.T) (rt *bwrap.Runtime, ins []runtimes.Instance, state, dir string) {
+// tellingDriver is a driver whose bubblewrap writes the mount table it
+// starts with to table (testenv.TellingBwrap), and two running instances
+// of it, ann's and bob's.
+func tellingDriver(t *testing.T) (rt *bwrap.Runtime, ins []runtimes.Instance, state, dir, table string) {
 	t.Helper()
 	needTrees(t)
-	real := testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh)")
 	dir = testenv.SharedDir(t)
-	wrapper := filepath.Join(dir, "bwrap-that-tells")
-	script := "#!/bin/sh\ncat /proc/self/mountinfo >&2\nexec " + real + " \"$@\"\n"
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	wrapper, table := testenv.TellingBwrap(t, dir)
 	state = filepath.Join(dir, "state")
 	var warnings bytes.Buffer
 	rt, err := bwrap.New(bwrap.Config{StateDir: state, Bwrap: wrapper, Starter: testenv.Starter(t), Warnings: &warnings})
@@ -59,20 +54,24 @@ func tellingDriver(t *testing.T) (rt *bwrap.Runtime, ins []runtimes.Instance, st
 		t.Cleanup(func() { _ = rt.Delete(context.Background(), in.Name) })
 		ins = append(ins, in)
 	}
-	return rt, ins, state, dir
+	return rt, ins, state, dir, table
 }
 
 // startTable runs true in instance name and returns the mount points
-// its bubblewrap started with.
-func startTable(t *testing.T, rt *bwrap.Runtime, name string) []string {
+// its bubblewrap started with, as it wrote them to table.
+func startTable(t *testing.T, rt *bwrap.Runtime, name, table string) []string {
 	t.Helper()
 	var stderr bytes.Buffer
 	st, err := rt.Exec(context.Background(), name, runtimes.ExecRequest{Argv: []string{"true"}, Stderr: &stderr})
 	if err != nil || st.Code != 0 {
 		t.Fatalf("exec: %v, exit %d: %s", err, st.Code, stderr.String())
 	}
+	b, err := os.ReadFile(table)
+	if err != nil || len(b) == 0 {
+		t.Fatalf("bubblewrap wrote no mount table: %v", err)
+	}
 	var points []string
-	for _, line := range strings.Split(stderr.String(), "\n") {
+	for _, line := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(line); len(f) >= 5 {
 			points = append(points, mountinfo.Unescape(f[4]))
 		}
@@ -88,7 +87,7 @@ func startTable(t *testing.T, rt *bwrap.Runtime, name string) []string {
 // what bubblewrap sees as it starts is recorded by a bubblewrap that
 // prints its mount table first.
 func TestACommandStartsWithoutTheOtherInstancesTrees(t *testing.T) {
-	rt, ins, state, _ := tellingDriver(t)
+	rt, ins, state, _, table := tellingDriver(t)
 	trees := bwrap.TreesDir(state)
 	ann, bob := filepath.Join(trees, ins[0].Name), filepath.Join(trees, ins[1].Name)
 	// Both trees are on the host.
@@ -98,7 +97,7 @@ func TestACommandStartsWithoutTheOtherInstancesTrees(t *testing.T) {
 		}
 	}
 	var own, others int
-	for _, p := range startTable(t, rt, ins[0].Name) {
+	for _, p := range startTable(t, rt, ins[0].Name, table) {
 		switch {
 		case strings.HasPrefix(p, ann+"/"):
 			own++
@@ -122,19 +121,9 @@ func TestACommandStartsWithoutTheOtherInstancesTrees(t *testing.T) {
 // outside their trees) are not in a command's start either: only what
 // its bubblewrap binds and runs from, /proc, /dev and /sys.
 func TestACommandStartsWithoutTheHostsOtherMounts(t *testing.T) {
-	rt, ins, _, dir := tellingDriver(t)
-	crowd := filepath.Join(dir, "crowd")
-	for i := range 50 {
-		p := filepath.Join(crowd, strconv.Itoa(i))
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount("tmpfs", p, "tmpfs", 0, "size=64k"); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
-	}
-	points := startTable(t, rt, ins[0].Name)
+	rt, ins, _, dir, table := tellingDriver(t)
+	crowd := testenv.Crowd(t, filepath.Join(dir, "crowd"), 50)
+	points := startTable(t, rt, ins[0].Name, table)
 	var crowded int
 	for _, p := range points {
 		if strings.HasPrefix(p, crowd+"/") {
