@@ -222,32 +222,27 @@ func BenchmarkLatencyTable(t *testing.B) {
 			}
 		}
 	}
-	// A host with many instances: every tree mount of the others on the
-	// host, at every start.
 	if m.rt.trees == "" {
 		t.Fatal("the crowded rows need the driver's mount trees: run the benchmark as root")
 	}
-	removeCrowd := crowd(t, filepath.Join(m.rt.trees, "crowd"), crowdMounts)
-	crowded := []mode{
-		{name: fmt.Sprintf("policy + bwrap backend (`Runtime.Exec`), %d other tree mounts on the host", crowdMounts), run: m.ours},
-		{name: fmt.Sprintf("bwrap invoked directly, same flags, %d other tree mounts on the host", crowdMounts), run: m.rawBwrap},
-		{name: fmt.Sprintf("`sandboxctl run -- true` (one-shot), %d other tree mounts on the host", crowdMounts), run: m.sandboxctlRun},
+	// A host with many instances: every tree mount of the others on the
+	// host, at every start. Then a busy node: the host's own mounts
+	// outside any tree (pods' volumes, containers' root file systems,
+	// other instances' network namespaces, overlays and sized areas).
+	for _, c := range []struct{ dir, where string }{
+		{filepath.Join(m.rt.trees, "crowd"), "other tree mounts on the host"},
+		{filepath.Join(t.TempDir(), "crowd"), "other mounts on the host, outside the trees"},
+	} {
+		removeCrowd := crowd(t, c.dir, crowdMounts)
+		crowded := []mode{
+			{name: fmt.Sprintf("policy + bwrap backend (`Runtime.Exec`), %d %s", crowdMounts, c.where), run: m.ours},
+			{name: fmt.Sprintf("bwrap invoked directly, same flags, %d %s", crowdMounts, c.where), run: m.rawBwrap},
+			{name: fmt.Sprintf("`sandboxctl run -- true` (one-shot), %d %s", crowdMounts, c.where), run: m.sandboxctlRun},
+		}
+		interleave(crowded)
+		removeCrowd()
+		modes = append(modes, crowded...)
 	}
-	interleave(crowded)
-	removeCrowd()
-	modes = append(modes, crowded...)
-	// A busy node: the host's own mounts outside any tree (pods' volumes,
-	// containers' root file systems, other instances' network namespaces,
-	// overlays and sized areas).
-	removeCrowd = crowd(t, filepath.Join(t.TempDir(), "crowd"), crowdMounts)
-	hostCrowded := []mode{
-		{name: fmt.Sprintf("policy + bwrap backend (`Runtime.Exec`), %d other mounts on the host, outside the trees", crowdMounts), run: m.ours},
-		{name: fmt.Sprintf("bwrap invoked directly, same flags, %d other mounts on the host, outside the trees", crowdMounts), run: m.rawBwrap},
-		{name: fmt.Sprintf("`sandboxctl run -- true` (one-shot), %d other mounts on the host, outside the trees", crowdMounts), run: m.sandboxctlRun},
-	}
-	interleave(hostCrowded)
-	removeCrowd()
-	modes = append(modes, hostCrowded...)
 	med := func(d []time.Duration) time.Duration { return quantile(d, 0.5) }
 	p99 := func(d []time.Duration) time.Duration { return quantile(d, 0.99) }
 	ours, raw, direct := modes[0].d, modes[1].d, modes[2].d

@@ -147,13 +147,9 @@ func TestAPodsCommandStartsInItsCgroupsWhereverTheyAreMounted(t *testing.T) {
 	needTrees(t)
 	dir := testenv.SharedDir(t)
 	root := filepath.Join(dir, "host-cgroup")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(cgroup.Mount, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	if err := testenv.MountAt(t, root, cgroup.Mount, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		testenv.Missing(t, "cgroups", err.Error())
 	}
-	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
 	// The Pod's cgroup, as its kubelet would have made it, in every
 	// hierarchy (cgroup v1), or in the one (v2).
 	pod := "/sandbox-controller-bwrap-pod-test-" + strconv.Itoa(os.Getpid())

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -107,13 +105,9 @@ func TestAGitDirOnAMountOfItsOwnIsBound(t *testing.T) {
 	needTrees(t)
 	dir := testenv.SharedDir(t)
 	projects := filepath.Join(dir, "projects")
-	if err := os.Mkdir(projects, 0o755); err != nil {
+	if err := testenv.MountAt(t, projects, "tmpfs", "tmpfs", 0, "size=1m,mode=0755"); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", projects, "tmpfs", 0, "size=1m,mode=0755"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(projects, unix.MNT_DETACH) })
 	_, _, _, cat := gitDirInstance(t, dir, projects)
 	if code, out := cat("HEAD"); code != 0 || out != "ref: refs/heads/main\n" {
 		t.Fatalf("the git directory on its own mount: exit %d, %q", code, out)

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,20 +10,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// MountAt makes dir (and its parents, mode 0755) and mounts source there
+// (mount(2)'s arguments), taken away when the test ends; it returns the
+// mount's error, for the test to fail or call its runtime missing.
+func MountAt(t testing.TB, dir, source, fstype string, flags uintptr, data string) error {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(source, dir, fstype, flags, data); err != nil {
+		return fmt.Errorf("mounting %s at %s: %w", source, dir, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return nil
+}
+
 // Crowd mounts n small tmpfs in dir (made here), standing for a busy
 // host's other mounts, takes them away when the test ends, and returns
 // dir.
 func Crowd(t testing.TB, dir string, n int) string {
 	t.Helper()
 	for i := range n {
-		p := filepath.Join(dir, strconv.Itoa(i))
-		if err := os.MkdirAll(p, 0o700); err != nil {
+		if err := MountAt(t, filepath.Join(dir, strconv.Itoa(i)), "tmpfs", "tmpfs", 0, "size=64k"); err != nil {
 			t.Fatal(err)
 		}
-		if err := unix.Mount("tmpfs", p, "tmpfs", 0, "size=64k"); err != nil {
-			t.Fatalf("mounting a tmpfs at %s: %v", p, err)
-		}
-		t.Cleanup(func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
 	}
 	return dir
 }
