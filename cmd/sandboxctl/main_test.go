@@ -432,9 +432,9 @@ func TestGCRemovesAbandonedTrees(t *testing.T) {
 	if _, err := os.Stat(trees); err != nil {
 		t.Fatalf("--dry-run removed %s: %v", trees, err)
 	}
-	code, out, _ = sandboxctl(t, "", append([]string{"gc"}, other...)...)
+	code, out, errOut := sandboxctl(t, "", append([]string{"gc"}, other...)...)
 	if code != 0 || !strings.Contains(out, "removed\t"+trees) {
-		t.Fatalf("gc: exit %d %q", code, out)
+		t.Fatalf("gc: exit %d %q %q", code, out, errOut)
 	}
 	if _, err := os.Stat(trees); !os.IsNotExist(err) {
 		t.Fatalf("%s after gc: %v", trees, err)

@@ -43,14 +43,20 @@ type Host struct {
 }
 
 // baseBinds and basePaths are what every start needs besides its own:
-// /proc (descriptors bound by number, the thread's own files), /dev (the
-// device nodes bubblewrap binds), /sys (the cgroups a start joins, by
-// path), and the system's directories (the loader, the libraries and the
+// the system's directories (the loader, the libraries and the
 // configuration of the binaries the start runs, most binds' sources:
-// each bound whole, one clone instead of one a file).
+// each bound whole, one clone instead of one a file); /proc (descriptors
+// bound by number, the thread's own files), /dev (the device nodes
+// bubblewrap binds for --dev) and /sys, each without what is mounted
+// below it. bubblewrap reads its whole mount table again for every
+// read-only bind, so a mount nothing needs costs each command that many
+// reads: the host's /dev/shm and /dev/pts (--dev makes its own), the
+// cgroup hierarchies and tracing below /sys. A start that opens cgroups
+// by path names their directories (Host.Paths); a bind of /dev or below
+// /sys names what it binds.
 var (
-	baseBinds = []string{"/proc", "/dev", "/sys", "/usr", "/etc"}
-	basePaths = []string{"/bin", "/sbin", "/lib", "/lib64", "/tmp"}
+	baseBinds = []string{"/usr", "/etc"}
+	basePaths = []string{"/proc", "/dev", "/sys", "/bin", "/sbin", "/lib", "/lib64", "/tmp"}
 )
 
 // placement is a detached clone and where it goes.

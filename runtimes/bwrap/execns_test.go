@@ -202,3 +202,55 @@ func TestAPodsCommandStartsInItsCgroupsWhereverTheyAreMounted(t *testing.T) {
 		t.Fatalf("the driver warned: %s", warnings.String())
 	}
 }
+
+// bubblewrap reads its whole mount table again for every read-only bind,
+// so each mount a start holds and nothing uses costs every command that
+// many reads. Below /dev and /sys a host has mounts no start uses:
+// --dev makes its own /dev/shm and /dev/pts, and of the cgroup
+// hierarchies a start opens only those of the instance's cgroups. A
+// start holds none of the others; a mount made here below /dev stands for
+// what any host may have there.
+func TestAStartHoldsNoMountBelowDevOrSysItDoesNotUse(t *testing.T) {
+	rt, ins, _, _, table := tellingDriver(t)
+	extra := filepath.Join("/dev", "sandbox-controller-test-"+strconv.Itoa(os.Getpid()))
+	if err := testenv.MountAt(t, extra, "tmpfs", "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	// After the mount's own cleanup (cleanups run last first).
+	t.Cleanup(func() { _ = os.Remove(extra) })
+	points := startTable(t, rt, ins[0].Name, table)
+	for _, p := range points {
+		switch {
+		case strings.HasPrefix(p, "/dev/"):
+			t.Errorf("bubblewrap started with %s, which it does not use", p)
+		case strings.HasPrefix(p, "/sys/") && !onTheWayToInstanceCgroups(t, p):
+			t.Errorf("bubblewrap started with %s, which it does not use", p)
+		}
+	}
+	for _, want := range []string{"/proc", "/dev", "/sys"} {
+		if !slices.Contains(points, want) {
+			t.Errorf("bubblewrap started without %s: %q", want, points)
+		}
+	}
+}
+
+// onTheWayToInstanceCgroups says whether mount point p (below /sys) is
+// on the way to an instance's cgroups: the hierarchies' directory, or a
+// hierarchy of a controller the driver limits (cgroup v1; a
+// controller's name may be a link to a comounted hierarchy).
+func onTheWayToInstanceCgroups(t *testing.T, p string) bool {
+	t.Helper()
+	if p == cgroup.Mount {
+		return true
+	}
+	if filepath.Dir(p) != cgroup.Mount {
+		return false
+	}
+	for _, c := range []string{"pids", "memory", "cpu", "cpuacct"} {
+		real, err := filepath.EvalSymlinks(filepath.Join(cgroup.Mount, c))
+		if err == nil && real == p {
+			return true
+		}
+	}
+	return false
+}

@@ -102,11 +102,11 @@ func (r *Runtime) run(in runtimes.Instance, mounts []string, cmd *exec.Cmd, star
 			pre = ns.Enter
 		}
 		// Of the host's mounts, what bubblewrap binds and runs from, and
-		// the cgroups the start joins: a Pod's are where its node's
-		// hierarchies are mounted for the controller.
+		// the hierarchies of the cgroups the start opens by path (a
+		// Pod's are where its node's are mounted for the controller).
 		host := startns.ForBubblewrap(cmd.Args[1:], cmd.ExtraFiles, cmd.Path, r.starter)
-		if host != nil && in.Pod != nil {
-			host.Binds = append(host.Binds, in.Pod.CgroupRoot)
+		if m, _ := r.cgroupsOf(in); host != nil && m != nil {
+			host.Paths = append(host.Paths, m.Dirs(in.Name)...)
 		}
 		err := r.starts.RunWith(mounts, host, pre, func() error {
 			return startAndWait(func() error { return r.startInCgroup(in, cmd) })

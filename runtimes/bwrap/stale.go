@@ -154,7 +154,12 @@ func removeTreesDir(dir string) error {
 	if err := os.Remove(filepath.Join(dir, ownerFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return os.Remove(dir)
+	// Another process finding the same directory stale (a controller's
+	// start, a gc) may have removed it first.
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // RemoveCgroups removes the cgroups a driver over stateDir with the

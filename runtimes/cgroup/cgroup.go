@@ -204,6 +204,19 @@ func (m *Manager) Dir(c, name string) string {
 	return filepath.Join(m.dirs[c], name)
 }
 
+// Dirs are instance name's cgroup directories: one per v1 controller,
+// or its one v2 directory.
+func (m *Manager) Dirs(name string) []string {
+	if m.V2 {
+		return []string{m.Dir("", name)}
+	}
+	dirs := make([]string, 0, len(v1Controllers))
+	for _, c := range v1Controllers {
+		dirs = append(dirs, m.Dir(c, name))
+	}
+	return dirs
+}
+
 // Exists reports whether instance name's cgroup is there (a reboot or an
 // administrator may have removed it since Ensure).
 func (m *Manager) Exists(name string) bool {
