@@ -24,6 +24,9 @@ import (
 const (
 	indexClaimSandbox = "spec.sandboxName"
 	indexSandboxAgent = "spec.agent"
+	// indexSandboxWaitingRuntime: the Sandboxes waiting for their
+	// runtime, by backend (runtimeWaiting).
+	indexSandboxWaitingRuntime = "status.waitingRuntime"
 )
 
 // Options configure both controllers.
@@ -147,6 +150,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return []string{o.(*v1alpha1.Sandbox).Spec.Agent}
 	}); err != nil {
 		return fmt.Errorf("indexing Sandboxes by agent: %w", err)
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.Sandbox{}, indexSandboxWaitingRuntime, runtimeWaiting); err != nil {
+		return fmt.Errorf("indexing Sandboxes waiting for their runtime: %w", err)
 	}
 	var ew *egressWatch
 	if opts.Networks != nil {
