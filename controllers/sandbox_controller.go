@@ -46,6 +46,9 @@ type SandboxReconciler struct {
 	// notices tell the claims of a Sandbox it started that it is Ready,
 	// beside the status write that says so (readyNotices); nil: none.
 	notices *readyNotices
+	// queued are the Sandboxes waiting for their first pass
+	// (queuedSandboxes); nil: none is told.
+	queued *queuedSandboxes
 }
 
 // The controller's own rights, least privilege: it writes a Sandbox only to
@@ -76,8 +79,12 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(usage); err != nil {
 		return fmt.Errorf("adding the usage watcher: %w", err)
 	}
+	var forOpts []builder.ForOption
+	if r.queued != nil {
+		forOpts = append(forOpts, builder.WithPredicates(r.queued.created()))
+	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.Sandbox{}).
+		For(&v1alpha1.Sandbox{}, forOpts...).
 		Watches(&v1alpha1.SessionClaim{}, &claimsOfSandbox{reader: mgr.GetClient()}, builder.WithPredicates(claimChangesForSandbox)).
 		// A Sandbox that loses the agent name to another one must hear when
 		// that one goes.
@@ -136,6 +143,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		}
 		defer r.gate.leave()
 	}
+	defer r.queued.passed(req.NamespacedName)
 	sb := &v1alpha1.Sandbox{}
 	if err := r.Get(ctx, req.NamespacedName, sb); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)

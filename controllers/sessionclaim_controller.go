@@ -33,6 +33,9 @@ type SessionClaimReconciler struct {
 	// notices tell a Sandbox's Ready before its status write is back
 	// (readyNotices); nil: only the cache tells.
 	notices *readyNotices
+	// queued are the Sandboxes waiting for this process's first pass
+	// (queuedSandboxes); nil: none.
+	queued *queuedSandboxes
 	// own are this process's recent status writes (ownWrites).
 	own ownWrites
 }
@@ -134,7 +137,8 @@ const startGrace = 5 * time.Second
 // wrote its status twice (1.8 claim writes a claim at 1,000), adding to
 // the API server's load just when it was the limit. A Sandbox no
 // controller ever reports still leaves no claim without a status for
-// long.
+// long. A Sandbox queued here for its first pass holds its claims longer
+// (queuedSandboxes).
 const unreportedGrace = 30 * time.Second
 
 // startingFor says how long more a new claim's first status waits, 0 when
@@ -146,8 +150,10 @@ const unreportedGrace = 30 * time.Second
 // own instead of two, the second queued behind the first. Past startGrace
 // (unreportedGrace for a Sandbox not reported yet) since its creation it
 // writes what it has, so a Sandbox that never reacts leaves no claim
-// without status.
-func startingFor(claim *v1alpha1.SessionClaim, sandboxReady *metav1.Condition, now time.Time) time.Duration {
+// without status; unless the Sandbox, not reported, is queued in this
+// process for its first pass (queuedSandboxes): the claim then looks
+// again every unreportedGrace, up to queuedGrace.
+func startingFor(claim *v1alpha1.SessionClaim, sandboxReady *metav1.Condition, queued bool, now time.Time) time.Duration {
 	if findCondition(claim.Status.Conditions, v1alpha1.ConditionBound) != nil {
 		return 0
 	}
@@ -158,7 +164,11 @@ func startingFor(claim *v1alpha1.SessionClaim, sandboxReady *metav1.Condition, n
 		}
 		grace = startGrace
 	}
-	return max(claim.CreationTimestamp.Add(grace).Sub(now), 0)
+	wait := max(claim.CreationTimestamp.Add(grace).Sub(now), 0)
+	if left := claim.CreationTimestamp.Add(queuedGrace).Sub(now); wait == 0 && queued && sandboxReady == nil && left > 0 {
+		return min(unreportedGrace, left)
+	}
+	return wait
 }
 
 // bind finds what the claim is to its Sandbox and records it in f and in
@@ -203,7 +213,8 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 		// neither a finalizer nor an owner reference.
 		claim.Status.Worktree = nil
 		f.worktree = worktreeNone
-		if wait := startingFor(claim, f.sandboxReady, time.Now()); wait > 0 {
+		queued := f.sandboxReady == nil && r.queued.queued(client.ObjectKeyFromObject(sb))
+		if wait := startingFor(claim, f.sandboxReady, queued, time.Now()); wait > 0 {
 			return claimPass{complete: true, hold: true, res: ctrl.Result{RequeueAfter: wait}}
 		}
 		return claimPass{complete: true}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -434,8 +436,58 @@ func TestStartingForHoldsOnlyANewClaimOnAStoppedSandbox(t *testing.T) {
 		{"a claim that said Bound, Sandbox stopped", newClaim(bound), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), soon, 0},
 		{"a new claim past the grace, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), created.Add(startGrace), 0},
 	} {
-		if got := startingFor(tc.claim, tc.sandbox, tc.now); got != tc.want {
+		if got := startingFor(tc.claim, tc.sandbox, false, tc.now); got != tc.want {
 			t.Errorf("%s: waits %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	// A Sandbox queued in this process for its first pass will report:
+	// past the grace its new claims look again instead of writing, up to
+	// queuedGrace.
+	for _, tc := range []struct {
+		name    string
+		claim   *v1alpha1.SessionClaim
+		sandbox *metav1.Condition
+		now     time.Time
+		want    time.Duration
+	}{
+		{"a new claim before the grace", newClaim(), nil, soon, unreportedGrace - time.Second},
+		{"a new claim past the grace", newClaim(), nil, created.Add(unreportedGrace), unreportedGrace},
+		{"a new claim near queuedGrace", newClaim(), nil, created.Add(queuedGrace - time.Second), time.Second},
+		{"a new claim past queuedGrace", newClaim(), nil, created.Add(queuedGrace), 0},
+		{"a claim that said Bound", newClaim(bound), nil, created.Add(unreportedGrace), 0},
+		{"a new claim, Sandbox stopped, past the stopped grace", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), created.Add(startGrace), 0},
+	} {
+		if got := startingFor(tc.claim, tc.sandbox, true, tc.now); got != tc.want {
+			t.Errorf("queued Sandbox, %s: waits %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The Sandboxes seen created wait for their first pass until it is over,
+// whatever it found.
+func TestQueuedSandboxesLastUntilTheFirstPass(t *testing.T) {
+	q := newQueuedSandboxes()
+	sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "sb"}}
+	key := client.ObjectKeyFromObject(sb)
+	if q.queued(key) {
+		t.Fatal("queued before it was created")
+	}
+	if !q.created().Create(event.CreateEvent{Object: sb}) {
+		t.Fatal("the create event was filtered out")
+	}
+	if !q.queued(key) {
+		t.Fatal("not queued once created")
+	}
+	if !q.created().Update(event.UpdateEvent{ObjectOld: sb, ObjectNew: sb}) {
+		t.Fatal("an update event was filtered out")
+	}
+	q.passed(key)
+	if q.queued(key) {
+		t.Fatal("still queued after its first pass")
+	}
+	var none *queuedSandboxes
+	none.passed(key)
+	if none.queued(key) {
+		t.Fatal("a nil set holds a Sandbox")
 	}
 }
