@@ -213,8 +213,7 @@ func (r *SessionClaimReconciler) bind(ctx context.Context, claim *v1alpha1.Sessi
 		// neither a finalizer nor an owner reference.
 		claim.Status.Worktree = nil
 		f.worktree = worktreeNone
-		queued := f.sandboxReady == nil && r.queued.queued(client.ObjectKeyFromObject(sb))
-		if wait := startingFor(claim, f.sandboxReady, queued, time.Now()); wait > 0 {
+		if wait := startingFor(claim, f.sandboxReady, r.queued.queued(client.ObjectKeyFromObject(sb)), time.Now()); wait > 0 {
 			return claimPass{complete: true, hold: true, res: ctrl.Result{RequeueAfter: wait}}
 		}
 		return claimPass{complete: true}

@@ -420,45 +420,34 @@ func TestStartingForHoldsOnlyANewClaimOnAStoppedSandbox(t *testing.T) {
 	}
 	bound := metav1.Condition{Type: v1alpha1.ConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBound}
 	soon := created.Add(time.Second)
+	// queued: the Sandbox waits in this process for its first pass, which
+	// will report it; past the grace its new claims look again instead of
+	// writing, up to queuedGrace.
 	for _, tc := range []struct {
 		name    string
 		claim   *v1alpha1.SessionClaim
 		sandbox *metav1.Condition
+		queued  bool
 		now     time.Time
 		want    time.Duration
 	}{
-		{"a new claim, Sandbox not reported yet", newClaim(), nil, soon, unreportedGrace - time.Second},
-		{"a new claim past the stopped grace, Sandbox not reported yet", newClaim(), nil, created.Add(startGrace), unreportedGrace - startGrace},
-		{"a new claim past the grace, Sandbox not reported yet", newClaim(), nil, created.Add(unreportedGrace), 0},
-		{"a new claim, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), soon, startGrace - time.Second},
-		{"a new claim, Sandbox running", newClaim(), ready(metav1.ConditionTrue, v1alpha1.ReasonRunning), soon, 0},
-		{"a new claim, Sandbox failed", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec), soon, 0},
-		{"a claim that said Bound, Sandbox stopped", newClaim(bound), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), soon, 0},
-		{"a new claim past the grace, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), created.Add(startGrace), 0},
+		{"a new claim, Sandbox not reported yet", newClaim(), nil, false, soon, unreportedGrace - time.Second},
+		{"a new claim past the stopped grace, Sandbox not reported yet", newClaim(), nil, false, created.Add(startGrace), unreportedGrace - startGrace},
+		{"a new claim past the grace, Sandbox not reported yet", newClaim(), nil, false, created.Add(unreportedGrace), 0},
+		{"a new claim, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), false, soon, startGrace - time.Second},
+		{"a new claim, Sandbox running", newClaim(), ready(metav1.ConditionTrue, v1alpha1.ReasonRunning), false, soon, 0},
+		{"a new claim, Sandbox failed", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec), false, soon, 0},
+		{"a claim that said Bound, Sandbox stopped", newClaim(bound), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), false, soon, 0},
+		{"a new claim past the grace, Sandbox stopped", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), false, created.Add(startGrace), 0},
+		{"a new claim before the grace, Sandbox queued", newClaim(), nil, true, soon, unreportedGrace - time.Second},
+		{"a new claim past the grace, Sandbox queued", newClaim(), nil, true, created.Add(unreportedGrace), unreportedGrace},
+		{"a new claim near queuedGrace, Sandbox queued", newClaim(), nil, true, created.Add(queuedGrace - time.Second), time.Second},
+		{"a new claim past queuedGrace, Sandbox queued", newClaim(), nil, true, created.Add(queuedGrace), 0},
+		{"a claim that said Bound, Sandbox queued", newClaim(bound), nil, true, created.Add(unreportedGrace), 0},
+		{"a new claim past the stopped grace, Sandbox stopped and queued", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), true, created.Add(startGrace), 0},
 	} {
-		if got := startingFor(tc.claim, tc.sandbox, false, tc.now); got != tc.want {
+		if got := startingFor(tc.claim, tc.sandbox, tc.queued, tc.now); got != tc.want {
 			t.Errorf("%s: waits %v, want %v", tc.name, got, tc.want)
-		}
-	}
-	// A Sandbox queued in this process for its first pass will report:
-	// past the grace its new claims look again instead of writing, up to
-	// queuedGrace.
-	for _, tc := range []struct {
-		name    string
-		claim   *v1alpha1.SessionClaim
-		sandbox *metav1.Condition
-		now     time.Time
-		want    time.Duration
-	}{
-		{"a new claim before the grace", newClaim(), nil, soon, unreportedGrace - time.Second},
-		{"a new claim past the grace", newClaim(), nil, created.Add(unreportedGrace), unreportedGrace},
-		{"a new claim near queuedGrace", newClaim(), nil, created.Add(queuedGrace - time.Second), time.Second},
-		{"a new claim past queuedGrace", newClaim(), nil, created.Add(queuedGrace), 0},
-		{"a claim that said Bound", newClaim(bound), nil, created.Add(unreportedGrace), 0},
-		{"a new claim, Sandbox stopped, past the stopped grace", newClaim(), ready(metav1.ConditionFalse, v1alpha1.ReasonStopped), created.Add(startGrace), 0},
-	} {
-		if got := startingFor(tc.claim, tc.sandbox, true, tc.now); got != tc.want {
-			t.Errorf("queued Sandbox, %s: waits %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
