@@ -18,15 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
-	"k8s.io/apiserver/pkg/authentication/user"
-	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
@@ -74,17 +71,17 @@ func execClusterWithAreas(t *testing.T) (string, string) {
 	if err := instance.Prepare(&v1alpha1.SandboxSpec{Agent: "ada"}, instance.Host{AreasRoot: areasRoot}); err != nil {
 		t.Fatal(err)
 	}
-	authn := bearertoken.New(authenticator.TokenFunc(func(_ context.Context, tok string) (*authenticator.Response, bool, error) {
+	authn := kubeauth.TokenFunc(func(_ context.Context, tok string) (*kubeauth.User, bool, error) {
 		if tok == kubeconfigToken {
 			t.Errorf("the exec API was sent the kubeconfig's token, which the API server accepts")
 		}
 		if tok != "agent-token" {
 			return nil, false, errors.New("unknown token")
 		}
-		return &authenticator.Response{User: &user.DefaultInfo{Name: "agent"}}, true, nil
-	}))
-	allow := authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
-		return authorizer.DecisionAllow, "", nil
+		return &kubeauth.User{Name: "agent"}, true, nil
+	})
+	allow := kubeauth.AuthorizerFunc(func(context.Context, kubeauth.Attributes) (bool, string, error) {
+		return true, "", nil
 	})
 	api, err := execapi.New(execapi.Config{}, execapi.Options{
 		Reader:     c,

@@ -17,13 +17,10 @@ import (
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/request/headerrequest"
-	"k8s.io/apiserver/pkg/authentication/user"
-	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 )
 
 // The aggregated API: the API server authenticates and authorises the
@@ -76,47 +73,36 @@ const (
 // ConfigMap kube-system/extension-apiserver-authentication and kept up to
 // date while Auth runs.
 func FrontProxyAuth(kube kubernetes.Interface, log logr.Logger, a *Auth) error {
-	ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("request-header", authConfigMapNS, authConfigMap, requestHeaderCAKey, kube)
-	if err != nil {
-		return fmt.Errorf("watching the request-header CA: %w", err)
-	}
-	hdr := headerrequest.NewRequestHeaderAuthRequestController(authConfigMap, authConfigMapNS, kube,
-		"requestheader-username-headers", "requestheader-uid-headers", "requestheader-group-headers",
-		"requestheader-extra-headers-prefix", "requestheader-allowed-names")
-	a.FrontProxy = headerrequest.NewDynamicVerifyOptionsSecure(ca.VerifyOptions,
-		headerrequest.StringSliceProviderFunc(hdr.AllowedClientNames), headerrequest.StringSliceProviderFunc(hdr.UsernameHeaders),
-		headerrequest.StringSliceProviderFunc(hdr.UIDHeaders), headerrequest.StringSliceProviderFunc(hdr.GroupHeaders),
-		headerrequest.StringSliceProviderFunc(hdr.ExtraHeaderPrefixes))
-	// The controllers keep both current; the server waits (a while) for
-	// their first read before serving, so the API server's first
-	// requests are not refused.
+	cm := &kubeauth.ConfigMap{Kube: kube, Namespace: authConfigMapNS, Name: authConfigMap}
+	ca := kubeauth.CAFrom("the API server's request-header CA (ConfigMap "+authConfigMapNS+"/"+authConfigMap+")", cm, requestHeaderCAKey, func(err error) {
+		log.Error(err, "the request-header CA does not parse; the one before stays")
+	})
+	names := kubeauth.HeaderNamesFrom(cm, "requestheader-allowed-names", "requestheader-username-headers",
+		"requestheader-uid-headers", "requestheader-group-headers", "requestheader-extra-headers-prefix")
+	a.FrontProxy = kubeauth.RequestHeader(ca, names)
+	// The watch keeps both current; the server waits (a while) for the
+	// first read before serving, so the API server's first requests are
+	// not refused.
 	prev := a.prepare
 	a.prepare = func(ctx context.Context) {
 		if prev != nil {
 			prev(ctx)
 		}
-		go hdr.Run(ctx, 1)
-		go ca.Run(ctx, 1)
 		loadCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		// An API server without a front proxy, or a ConfigMap this
 		// controller may not read: nothing to wait for.
-		switch cm, err := kube.CoreV1().ConfigMaps(authConfigMapNS).Get(loadCtx, authConfigMap, metav1.GetOptions{}); {
+		_, err := cm.Load(loadCtx)
+		go cm.Run(ctx, func(err error) {
+			log.V(1).Info("watching the API server's front-proxy configuration", "error", err.Error())
+		})
+		switch {
 		case err != nil:
 			log.Error(err, "reading ConfigMap kube-system/"+authConfigMap+" (the RoleBinding to extension-apiserver-authentication-reader of config/aggregated gives it): requests through the API server are refused; nodes' endpoints work")
-			return
-		case cm.Data[requestHeaderCAKey] == "":
+		case cm.Data()[requestHeaderCAKey] == "":
 			log.Info("the API server has no front proxy configured (no " + requestHeaderCAKey + " in ConfigMap kube-system/" + authConfigMap + "): requests through it are refused until it has one; nodes' endpoints work")
-			return
-		}
-		if err := hdr.RunOnce(loadCtx); err != nil {
-			log.Error(err, "reading the API server's front-proxy configuration (ConfigMap kube-system/extension-apiserver-authentication)")
-		}
-		err := wait.PollUntilContextCancel(loadCtx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return len(ca.CurrentCABundleContent()) > 0, nil
-		})
-		if err != nil {
-			log.Error(err, "no request-header CA in ConfigMap kube-system/extension-apiserver-authentication yet: requests through the API server are refused until it appears")
+		case ca.Pool() == nil:
+			log.Info("the request-header CA in ConfigMap kube-system/" + authConfigMap + " does not parse: requests through the API server are refused until it does")
 		}
 	}
 	return nil
@@ -128,11 +114,12 @@ func FrontProxyAuth(kube kubernetes.Interface, log logr.Logger, a *Auth) error {
 // holds) for servingcert.ForwarderName, the user in the X-Remote-*
 // headers.
 func PeerAuth(caPEM []byte, forwarderName string, a *Auth) error {
-	ca, err := dynamiccertificates.NewStaticCAContent("forwarder-ca", caPEM)
+	ca, err := kubeauth.StaticCA("the forwarder CA", caPEM)
 	if err != nil {
-		return fmt.Errorf("the forwarder CA: %w", err)
+		return err
 	}
-	return peerAuthFrom(ca, forwarderName, a)
+	peerAuthFrom(ca, forwarderName, a)
+	return nil
 }
 
 // PeerAuthFromConfigMap is PeerAuth with the forwarder CA read from a
@@ -140,34 +127,33 @@ func PeerAuth(caPEM []byte, forwarderName string, a *Auth) error {
 // Auth runs: a node trusts what the aggregated API publishes, and nothing
 // it could sign itself.
 func PeerAuthFromConfigMap(kube kubernetes.Interface, namespace, name, forwarderName string, log logr.Logger, a *Auth) error {
-	ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("forwarder-ca", namespace, name, "ca.crt", kube)
-	if err != nil {
-		return fmt.Errorf("watching the forwarder CA: %w", err)
-	}
+	cm := &kubeauth.ConfigMap{Kube: kube, Namespace: namespace, Name: name}
+	ca := kubeauth.CAFrom("the forwarder CA (ConfigMap "+namespace+"/"+name+")", cm, "ca.crt", func(err error) {
+		log.Error(err, "the forwarder CA does not parse; the one before stays")
+	})
 	prev := a.prepare
 	a.prepare = func(ctx context.Context) {
 		if prev != nil {
 			prev(ctx)
 		}
-		go ca.Run(ctx, 1)
+		go cm.Run(ctx, func(err error) { log.V(1).Info("watching the forwarder CA", "error", err.Error()) })
 		loadCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		err := wait.PollUntilContextCancel(loadCtx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return len(ca.CurrentCABundleContent()) > 0, nil
+			return ca.Pool() != nil, nil
 		})
 		if err != nil {
 			log.Info("no forwarder CA published yet (ConfigMap " + namespace + "/" + name + ", made by the aggregated API's Deployment): requests through the API server are refused until it appears")
 		}
 	}
-	return peerAuthFrom(ca, forwarderName, a)
+	peerAuthFrom(ca, forwarderName, a)
+	return nil
 }
 
-func peerAuthFrom(ca dynamiccertificates.CAContentProvider, forwarderName string, a *Auth) error {
-	a.Peer = headerrequest.NewDynamicVerifyOptionsSecure(ca.VerifyOptions,
-		headerrequest.StaticStringSlice{forwarderName},
-		headerrequest.StaticStringSlice{headerRemoteUser}, headerrequest.StaticStringSlice{headerRemoteUID},
-		headerrequest.StaticStringSlice{headerRemoteGroup}, headerrequest.StaticStringSlice{headerRemoteExtra})
-	return nil
+func peerAuthFrom(ca *kubeauth.CA, forwarderName string, a *Auth) {
+	names := kubeauth.HeaderNames{AllowedNames: []string{forwarderName}, User: []string{headerRemoteUser},
+		UID: []string{headerRemoteUID}, Group: []string{headerRemoteGroup}, ExtraPrefixes: []string{headerRemoteExtra}}
+	a.Peer = kubeauth.RequestHeader(ca, func() kubeauth.HeaderNames { return names })
 }
 
 // Forwarding is how the aggregated API reaches the node that runs a
@@ -227,7 +213,7 @@ func (s *Server) transportTo(node string) http.RoundTripper {
 // Sandbox (at endpoint, host:port), naming the caller in headers the
 // receiving node trusts only from the forwarder's certificate. None of the
 // caller's own credentials go along.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, endpoint, node string) {
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, u *kubeauth.User, endpoint, node string) {
 	s.metrics.forwarded.Inc()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -243,7 +229,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, en
 }
 
 // setIdentity removes every credential and identity header of h and names u.
-func setIdentity(h http.Header, u user.Info) {
+func setIdentity(h http.Header, u *kubeauth.User) {
 	h.Del("Authorization")
 	h.Del("Proxy-Authorization")
 	for k := range h {
@@ -267,14 +253,14 @@ func setIdentity(h http.Header, u user.Info) {
 			h.Set("Sec-WebSocket-Protocol", strings.Join(keep, ", "))
 		}
 	}
-	h.Set(headerRemoteUser, u.GetName())
-	if uid := u.GetUID(); uid != "" {
-		h.Set(headerRemoteUID, uid)
+	h.Set(headerRemoteUser, u.Name)
+	if u.UID != "" {
+		h.Set(headerRemoteUID, u.UID)
 	}
-	for _, g := range u.GetGroups() {
+	for _, g := range u.Groups {
 		h.Add(headerRemoteGroup, g)
 	}
-	for k, vs := range u.GetExtra() {
+	for k, vs := range u.Extra {
 		for _, v := range vs {
 			h.Add(headerRemoteExtra+url.PathEscape(k), v)
 		}
@@ -317,23 +303,23 @@ func serveDiscovery(w http.ResponseWriter, r *http.Request) {
 // a forwarding peer first, then the API server as front proxy, then the
 // caller's own credentials. A request whose X-Remote-* headers come
 // without a verified proxy certificate is never taken as that user.
-func (s *Server) authenticateVia(r *http.Request) (*authenticator.Response, via, []string) {
+func (s *Server) authenticateVia(r *http.Request) (*kubeauth.User, via, []string) {
 	var errs []string
-	try := func(a authenticator.Request, how via) (*authenticator.Response, bool) {
+	try := func(a kubeauth.Authenticator) (*kubeauth.User, bool) {
 		if a == nil {
 			return nil, false
 		}
-		resp, ok, err := a.AuthenticateRequest(r)
+		u, ok, err := a.Authenticate(r)
 		if err != nil {
 			errs = append(errs, err.Error())
 		}
-		return resp, err == nil && ok && resp.User != nil && resp.User.GetName() != ""
+		return u, err == nil && ok && u != nil && u.Name != ""
 	}
-	if resp, ok := try(s.auth.Peer, viaPeer); ok {
-		return resp, viaPeer, nil
+	if u, ok := try(s.auth.Peer); ok {
+		return u, viaPeer, nil
 	}
-	if resp, ok := try(s.auth.FrontProxy, viaFrontProxy); ok {
-		return resp, viaFrontProxy, nil
+	if u, ok := try(s.auth.FrontProxy); ok {
+		return u, viaFrontProxy, nil
 	}
 	// The caller's own credentials: identity headers mean nothing here.
 	for k := range r.Header {
@@ -341,13 +327,8 @@ func (s *Server) authenticateVia(r *http.Request) (*authenticator.Response, via,
 			r.Header.Del(k)
 		}
 	}
-	r2 := r.WithContext(authenticator.WithAudiences(r.Context(), authenticator.Audiences{s.cfg.Audience}))
-	resp, ok, err := s.auth.Authenticator.AuthenticateRequest(r2)
-	if err == nil && ok && resp.User != nil && resp.User.GetName() != "" {
-		return resp, viaCredentials, nil
-	}
-	if err != nil {
-		errs = append(errs, err.Error())
+	if u, ok := try(s.auth.Authenticator); ok {
+		return u, viaCredentials, nil
 	}
 	return nil, viaCredentials, errs
 }

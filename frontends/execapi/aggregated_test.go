@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"testing"
 
-	"k8s.io/apiserver/pkg/authentication/user"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 )
 
 func TestSetIdentityDropsCredentialsAndNamesTheUser(t *testing.T) {
@@ -17,7 +17,7 @@ func TestSetIdentityDropsCredentialsAndNamesTheUser(t *testing.T) {
 	h.Set("Impersonate-User", "admin")
 	h.Set("Sec-WebSocket-Protocol", "v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.dG9rZW4")
 	h.Set("Accept", "*/*")
-	setIdentity(h, &user.DefaultInfo{Name: "alice", UID: "u-1", Groups: []string{"developers", "system:authenticated"}, Extra: map[string][]string{"team/name": {"a"}}})
+	setIdentity(h, &kubeauth.User{Name: "alice", UID: "u-1", Groups: []string{"developers", "system:authenticated"}, Extra: map[string][]string{"team/name": {"a"}}})
 
 	for _, k := range []string{"Authorization", "Proxy-Authorization", "Impersonate-User", "X-Remote-Extra-Scopes"} {
 		if v := h.Values(k); len(v) != 0 {

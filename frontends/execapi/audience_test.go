@@ -66,7 +66,8 @@ func TestTokensNeedTheExecAudience(t *testing.T) {
 				}
 			}))
 			defer apiServer.Close()
-			kube, err := kubernetes.NewForConfig(&rest.Config{Host: apiServer.URL})
+			// The scripted server speaks JSON.
+			kube, err := kubernetes.NewForConfig(&rest.Config{Host: apiServer.URL, ContentConfig: rest.ContentConfig{ContentType: "application/json"}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,16 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
-	"k8s.io/apiserver/pkg/authentication/user"
-	"k8s.io/apiserver/pkg/authorization/authorizer"
-	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
-	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 )
 
 // The subresources of a SessionClaim that requests are authorised against.
@@ -27,14 +21,14 @@ const (
 
 // Auth decides who a request comes from and what it may do.
 type Auth struct {
-	Authenticator authenticator.Request
-	Authorizer    authorizer.Authorizer
+	Authenticator kubeauth.Authenticator
+	Authorizer    kubeauth.Authorizer
 	// FrontProxy, when set, authenticates requests the API server proxies
 	// to the aggregated API (FrontProxyAuth).
-	FrontProxy authenticator.Request
+	FrontProxy kubeauth.Authenticator
 	// Peer, when set, authenticates requests another node's exec API
 	// forwards (PeerAuth).
-	Peer authenticator.Request
+	Peer kubeauth.Authenticator
 	// run, when set, keeps the client CA bundle reloaded until ctx ends.
 	run func(ctx context.Context)
 	// prepare, when set, starts what keeps authentication current until
@@ -49,59 +43,40 @@ type Auth struct {
 
 // DelegatingAuth authenticates the way the kubelet does: bearer tokens by
 // TokenReview and client certificates against c.ClientCAFile (or the API
-// server's client CA with c.ClusterClientCA; skipped when neither), and authorises every request by SubjectAccessReview, both through
-// the API server behind kube. Anonymous requests are not authenticated.
-// Every TokenReview names c.Audience (the server puts it on each request),
-// so only tokens issued for the exec API pass.
+// server's client CA with c.ClusterClientCA; skipped when neither), and
+// authorises every request by SubjectAccessReview, both through the API
+// server behind kube (internal/kubeauth). Anonymous requests are not
+// authenticated. Every TokenReview names c.Audience, and a token passes
+// only when the API server says it was issued for it.
 func DelegatingAuth(kube kubernetes.Interface, c Config) (Auth, error) {
 	c = c.withDefaults()
-	backoff := &wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
 	var a Auth
-	authn := authenticatorfactory.DelegatingAuthenticatorConfig{
-		TokenAccessReviewClient:  kube.AuthenticationV1(),
-		TokenAccessReviewTimeout: 10 * time.Second,
-		WebhookRetryBackoff:      backoff,
-		CacheTTL:                 c.AuthCacheTTL,
-		// No APIAudiences: they would be taken as the token's audiences
-		// when a review answers without any. A token passes only when the
-		// API server says it was issued for c.Audience.
-	}
-	if c.ClientCAFile != "" {
-		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("client-ca", c.ClientCAFile)
+	tokens := &kubeauth.TokenReviewer{Kube: kube, Audience: c.Audience, TTL: c.AuthCacheTTL}
+	switch {
+	case c.ClientCAFile != "":
+		ca, err := kubeauth.FileCA("client CA bundle", c.ClientCAFile)
 		if err != nil {
 			return Auth{}, fmt.Errorf("loading the client CA bundle %s: %w", c.ClientCAFile, err)
 		}
-		authn.ClientCertificateCAContentProvider = ca
-		a.run = func(ctx context.Context) { ca.Run(ctx, 1) }
-	} else if c.ClusterClientCA {
-		ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("client-ca", authConfigMapNS, authConfigMap, clientCAKey, kube)
-		if err != nil {
-			return Auth{}, fmt.Errorf("watching the API server's client CA: %w", err)
-		}
-		authn.ClientCertificateCAContentProvider = ca
+		a.Authenticator = kubeauth.Union(kubeauth.ClientCert(ca), tokens)
+		a.run = func(ctx context.Context) { ca.WatchFile(ctx, c.ClientCAFile, nil) }
+	case c.ClusterClientCA:
+		cm := &kubeauth.ConfigMap{Kube: kube, Namespace: authConfigMapNS, Name: authConfigMap}
+		ca := kubeauth.CAFrom("the API server's client CA (ConfigMap "+authConfigMapNS+"/"+authConfigMap+")", cm, clientCAKey, nil)
+		a.Authenticator = kubeauth.Union(kubeauth.ClientCert(ca), tokens)
 		// Read once before serving (a ConfigMap that is missing or not
 		// readable leaves client certificates refused; tokens still work),
 		// then kept current.
 		a.prepare = func(ctx context.Context) {
 			loadCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			_ = ca.RunOnce(loadCtx)
-			go ca.Run(ctx, 1)
+			_, _ = cm.Load(loadCtx)
+			go cm.Run(ctx, nil)
 		}
+	default:
+		a.Authenticator = tokens
 	}
-	var err error
-	if a.Authenticator, _, err = authn.New(); err != nil {
-		return Auth{}, fmt.Errorf("building the delegating authenticator: %w", err)
-	}
-	authz := authorizerfactory.DelegatingAuthorizerConfig{
-		SubjectAccessReviewClient: kube.AuthorizationV1(),
-		AllowCacheTTL:             c.AuthCacheTTL,
-		DenyCacheTTL:              c.AuthCacheTTL,
-		WebhookRetryBackoff:       backoff,
-	}
-	if a.Authorizer, err = authz.New(); err != nil {
-		return Auth{}, fmt.Errorf("building the delegating authorizer: %w", err)
-	}
+	a.Authorizer = &kubeauth.AccessReviewer{Kube: kube, TTL: c.AuthCacheTTL}
 	return a, nil
 }
 
@@ -111,10 +86,10 @@ func DelegatingAuth(kube kubernetes.Interface, c Config) (Auth, error) {
 // for its own audiences, and any token that works against the API server
 // (a service account's, a user's kubeconfig token) would work here, where
 // each node's controller sees it.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (user.Info, via) {
-	resp, how, errs := s.authenticateVia(r)
-	if resp != nil {
-		return resp.User, how
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (*kubeauth.User, via) {
+	u, how, errs := s.authenticateVia(r)
+	if u != nil {
+		return u, how
 	}
 	msg := "no credentials: send a bearer token issued for audience " + s.cfg.Audience + " or a client certificate; anonymous requests are refused"
 	if hasBearerToken(r) {
@@ -146,25 +121,23 @@ func hasBearerToken(r *http.Request) bool {
 
 // authorize checks verb on sessionclaims/<sub> for the claim and answers
 // 403 when it is not allowed.
-func (s *Server) authorize(w http.ResponseWriter, r *http.Request, u user.Info, verb, sub, ns, name string) bool {
-	attrs := authorizer.AttributesRecord{
-		User:            u,
-		Verb:            verb,
-		Namespace:       ns,
-		APIGroup:        v1alpha1.GroupVersion.Group,
-		APIVersion:      v1alpha1.GroupVersion.Version,
-		Resource:        "sessionclaims",
-		Subresource:     sub,
-		Name:            name,
-		ResourceRequest: true,
-		Path:            r.URL.Path,
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, u *kubeauth.User, verb, sub, ns, name string) bool {
+	attrs := kubeauth.Attributes{
+		User:        u,
+		Verb:        verb,
+		Namespace:   ns,
+		Group:       v1alpha1.GroupVersion.Group,
+		Version:     v1alpha1.GroupVersion.Version,
+		Resource:    "sessionclaims",
+		Subresource: sub,
+		Name:        name,
 	}
-	decision, reason, err := s.auth.Authorizer.Authorize(r.Context(), attrs)
-	if decision == authorizer.DecisionAllow {
+	allowed, reason, err := s.auth.Authorizer.Authorize(r.Context(), attrs)
+	if allowed && err == nil {
 		return true
 	}
 	msg := fmt.Sprintf("user %q cannot %s resource \"sessionclaims/%s\" in API group %q in the namespace %q for SessionClaim %q",
-		u.GetName(), verb, sub, v1alpha1.GroupVersion.Group, ns, name)
+		u.Name, verb, sub, v1alpha1.GroupVersion.Group, ns, name)
 	if reason != "" {
 		msg += ": " + reason
 	}

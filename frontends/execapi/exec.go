@@ -13,10 +13,10 @@ import (
 
 	"github.com/gorilla/websocket"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -104,7 +104,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	s.runExec(r, u, t, req, conn)
 }
 
-func (s *Server) runExec(r *http.Request, u user.Info, t *target, req execRequest, conn *websocket.Conn) {
+func (s *Server) runExec(r *http.Request, u *kubeauth.User, t *target, req execRequest, conn *websocket.Conn) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ExecTimeout)
 	defer cancel()

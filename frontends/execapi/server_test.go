@@ -23,10 +23,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
-	"k8s.io/apiserver/pkg/authentication/user"
-	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/util/exec"
@@ -35,6 +31,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -85,12 +82,12 @@ func (f *fakeRuntime) commands() []string {
 // fakeAuthorizer allows "user verb subresource" triples.
 type fakeAuthorizer map[string]bool
 
-func (a fakeAuthorizer) Authorize(_ context.Context, at authorizer.Attributes) (authorizer.Decision, string, error) {
-	if at.GetNamespace() == ns && at.GetResource() == "sessionclaims" && at.GetAPIGroup() == v1alpha1.GroupVersion.Group &&
-		a[at.GetUser().GetName()+" "+at.GetVerb()+" "+at.GetSubresource()] {
-		return authorizer.DecisionAllow, "", nil
+func (a fakeAuthorizer) Authorize(_ context.Context, at kubeauth.Attributes) (bool, string, error) {
+	if at.Namespace == ns && at.Resource == "sessionclaims" && at.Group == v1alpha1.GroupVersion.Group &&
+		a[at.User.Name+" "+at.Verb+" "+at.Subresource] {
+		return true, "", nil
 	}
-	return authorizer.DecisionNoOpinion, "no RBAC rule allows it", nil
+	return false, "no RBAC rule allows it", nil
 }
 
 type fixture struct {
@@ -162,19 +159,19 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	}
 
 	tokens := map[string]string{"alice-token": "alice", "bob-token": "bob"}
-	authn := bearertoken.New(authenticator.TokenFunc(func(_ context.Context, tok string) (*authenticator.Response, bool, error) {
+	authn := kubeauth.TokenFunc(func(_ context.Context, tok string) (*kubeauth.User, bool, error) {
 		u, ok := tokens[tok]
 		if !ok {
 			return nil, false, errors.New("unknown token")
 		}
-		return &authenticator.Response{User: &user.DefaultInfo{Name: u}}, true, nil
-	}))
+		return &kubeauth.User{Name: u}, true, nil
+	})
 	authz := fakeAuthorizer{"alice create exec": true, "alice get files": true, "alice update files": true, "bob get files": true}
 	s, err := New(cfg, Options{
 		Reader:     c,
 		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: f.rt},
 		Host:       instance.Host{AreasRoot: f.areas, Home: "/nonexistent"},
-		Auth:       Auth{Authenticator: authn, Authorizer: authorizer.AuthorizerFunc(authz.Authorize)},
+		Auth:       Auth{Authenticator: authn, Authorizer: authz},
 		Registerer: f.reg,
 		Log:        logr.Discard(),
 	})

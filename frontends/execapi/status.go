@@ -5,9 +5,9 @@ import (
 	"net/http"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 )
 
 // Refusal reasons: the label values of the refusals metric and the reason
@@ -83,18 +83,18 @@ func writeStatus(w http.ResponseWriter, e *apiError) {
 
 // refuse answers e, and when it is a refusal logs it with the caller and
 // counts it.
-func (s *Server) refuse(w http.ResponseWriter, r *http.Request, u user.Info, e *apiError) {
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, u *kubeauth.User, e *apiError) {
 	s.noteRefusal(r, u, e)
 	writeStatus(w, e)
 }
 
-func (s *Server) noteRefusal(r *http.Request, u user.Info, e *apiError) {
+func (s *Server) noteRefusal(r *http.Request, u *kubeauth.User, e *apiError) {
 	if e.refusal == "" {
 		return
 	}
 	name := "<unauthenticated>"
 	if u != nil {
-		name = u.GetName()
+		name = u.Name
 	}
 	s.metrics.refusals.WithLabelValues(e.refusal).Inc()
 	s.log.Info("refused a request", "user", name, "reason", e.refusal, "method", r.Method, "path", r.URL.Path, "message", e.msg)

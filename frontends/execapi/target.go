@@ -10,12 +10,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apiserver/pkg/authentication/user"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 	"github.com/cireilclaw/sandbox-controller/internal/tenancy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -202,7 +202,7 @@ func notReadySandbox(ns, claim string, sb *v1alpha1.Sandbox) *apiError {
 // claimTarget resolves the claim a request names for u; when it runs on
 // another node it forwards the request there (a front proxy's request),
 // else it answers the refusal. ok is false when the request is answered.
-func (s *Server) claimTarget(w http.ResponseWriter, r *http.Request, u user.Info, how via, ns, name string, ready bool) (*target, bool) {
+func (s *Server) claimTarget(w http.ResponseWriter, r *http.Request, u *kubeauth.User, how via, ns, name string, ready bool) (*target, bool) {
 	t, aerr := s.resolve(r.Context(), ns, name, ready)
 	if aerr == nil {
 		return t, true
