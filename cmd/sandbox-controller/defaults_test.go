@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +145,28 @@ func TestEgressFlagsRefused(t *testing.T) {
 	e.internalNets = "11.96.0.0/12,fd00:10::/108"
 	if nets, err := e.internal(); err != nil || len(nets) != 2 {
 		t.Errorf("internal() = %v, %v", nets, err)
+	}
+}
+
+func TestGCPercent(t *testing.T) {
+	old := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(old)
+	for _, bad := range []int{0, -2} {
+		if err := setGCPercent(bad, ""); err == nil || !strings.Contains(err.Error(), "--gc-percent") {
+			t.Errorf("--gc-percent=%d: %v, want a refusal naming the flag", bad, err)
+		}
+	}
+	if err := setGCPercent(50, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := debug.SetGCPercent(100); got != 50 {
+		t.Fatalf("the target is %d after --gc-percent=50", got)
+	}
+	// GOGC set: the environment wins, the flag changes nothing.
+	if err := setGCPercent(50, "200"); err != nil {
+		t.Fatal(err)
+	}
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Fatalf("the target is %d with GOGC set, want it left alone", got)
 	}
 }

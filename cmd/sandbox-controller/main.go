@@ -133,11 +133,16 @@ func main() {
 	flag.Var(quantityFlag{&f.egress.bytesPerSecond}, "egress-bandwidth", "bytes a second one Sandbox's egress proxy moves, each way, all its connections together (a quantity: 10Mi); 0 for no bound")
 	logFormat := flag.String("log-format", "json", "log encoding: json (one object a line, for log collectors) or console (human-readable, with stack traces from warnings on: the development mode `make run` uses)")
 	logLevel := flag.String("log-level", "info", "least important log lines written: error, info, debug, or a number N for logr's V(N) and below (steady-state lines are V(4))")
+	gcPercent := flag.Int("gc-percent", defaultGCPercent, "Go's garbage collection target (as GOGC): a collection starts when the heap has grown this many percent beyond what the last one left live; the controller's heap is mostly its caches of Sandboxes and claims, and the default keeps its peak memory lower than Go's own 100 does, by collecting more often; -1 turns collection off; GOGC in the environment, when set, wins")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println("sandbox-controller", buildVersion())
 		return
+	}
+	if err := setGCPercent(*gcPercent, os.Getenv("GOGC")); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
+		os.Exit(2)
 	}
 	if err := f.egress.check(); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-controller:", err)
