@@ -4,35 +4,35 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
-	"github.com/cireilclaw/sandbox-controller/runtimes/containerd"
-	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 )
 
-// backendList is the registered backends as --backends and its errors name
-// them.
-func backendList() string {
-	names := backend.Names()
-	s := make([]string, len(names))
-	for i, n := range names {
-		s[i] = string(n)
+// driverList is the backends whose drivers this build links, as --backends
+// and its errors name them.
+func driverList(drivers map[v1alpha1.Backend]runtimes.Constructor) string {
+	s := make([]string, 0, len(drivers))
+	for n := range drivers {
+		s = append(s, string(n))
 	}
+	slices.Sort(s)
 	return strings.Join(s, ", ")
 }
 
 // The drivers this manager runs: one line per backend, whose flags and
-// constructor live in its driver package. Describing and validating a spec
-// go through the backends bridge/instance registers, which link no
-// driver.
+// constructor live in its driver package. bwrap's is always linked; those
+// of containerd and incus each sit in a file of their own that a build tag
+// leaves out (backend_containerd.go, backend_incus.go), for a node that
+// runs one backend and need not carry the others' clients. Describing and
+// validating a spec go through the backends bridge/instance registers,
+// which link no driver.
 func init() {
 	backend.RegisterDriver(v1alpha1.BackendBwrap, bwrap.Flags)
-	backend.RegisterDriver(v1alpha1.BackendContainerd, containerd.Flags)
-	backend.RegisterDriver(v1alpha1.BackendIncus, incus.Flags)
 }
 
 // bindBackendFlags binds every registered driver's flags on fs, enabled or
@@ -60,7 +60,10 @@ func enableBackends(ctx context.Context, f flags, stateDir string) (map[v1alpha1
 		build, ok := f.drivers[name]
 		if !ok {
 			closeAll()
-			return nil, nil, fmt.Errorf("--backends: unknown backend %q (available: %s)", b, backendList())
+			if _, known := backend.Lookup(name); known {
+				return nil, nil, fmt.Errorf("--backends: backend %q is not in this build: it was built with the tag sandbox_no_%s (available: %s)", name, name, driverList(f.drivers))
+			}
+			return nil, nil, fmt.Errorf("--backends: unknown backend %q (available: %s)", b, driverList(f.drivers))
 		}
 		rt, closeRT, err := build(ctx, stateDir)
 		if err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"flag"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -36,5 +38,52 @@ func TestUnknownBackendNamesTheAvailable(t *testing.T) {
 	want := `--backends: unknown backend "nope" (available: bwrap, containerd, incus)`
 	if err == nil || err.Error() != want {
 		t.Fatalf("enableBackends: %v, want %s", err, want)
+	}
+}
+
+// A backend the API knows but this build does not link is named as such,
+// with the tag that left it out, and the list offered is what is linked.
+func TestABackendLeftOutOfTheBuildSaysSo(t *testing.T) {
+	fs := flag.NewFlagSet("sandbox-controller", flag.ContinueOnError)
+	drivers := bindBackendFlags(fs)
+	delete(drivers, v1alpha1.BackendContainerd)
+	f := flags{backends: "bwrap,containerd", drivers: drivers}
+	_, _, err := enableBackends(context.Background(), f, t.TempDir())
+	want := `--backends: backend "containerd" is not in this build: it was built with the tag sandbox_no_containerd (available: bwrap, incus)`
+	if err == nil || err.Error() != want {
+		t.Fatalf("enableBackends: %v, want %s", err, want)
+	}
+}
+
+// The tags that leave a driver out leave its client out of the binary
+// too (what they are for: a smaller binary and less memory on a node that
+// runs one backend). make vet compiles that build.
+func TestBuildTagsLeaveTheDriversOut(t *testing.T) {
+	deps := func(tags string) map[string]bool {
+		t.Helper()
+		out, err := exec.Command("go", "list", "-tags", tags, "-deps", ".").Output()
+		if err != nil {
+			t.Fatalf("go list -tags %q: %v", tags, err)
+		}
+		m := map[string]bool{}
+		for _, p := range strings.Fields(string(out)) {
+			m[p] = true
+		}
+		return m
+	}
+	const ctrd, incus = "github.com/containerd/containerd/v2/client", "github.com/cireilclaw/sandbox-controller/runtimes/incus"
+	all := deps("")
+	if !all[ctrd] || !all[incus] {
+		t.Fatalf("the default build links neither %s nor %s: the test would prove nothing", ctrd, incus)
+	}
+	slim := deps("sandbox_no_containerd,sandbox_no_incus")
+	for p := range slim {
+		if strings.HasPrefix(p, "github.com/containerd/containerd/") || p == incus ||
+			p == "github.com/cireilclaw/sandbox-controller/runtimes/containerd" {
+			t.Errorf("the build without containerd and incus links %s", p)
+		}
+	}
+	if !slim["github.com/cireilclaw/sandbox-controller/runtimes/bwrap"] {
+		t.Errorf("the build without containerd and incus lost bwrap's driver")
 	}
 }
