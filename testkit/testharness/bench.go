@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -25,14 +26,90 @@ func (e *Env) APIRoundTrips(n int) []time.Duration {
 	ns := e.NewNamespace()
 	var out []time.Duration
 	for i := range n {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", i)}}
-		start := time.Now()
-		Expect(e.Client.Create(context.Background(), cm)).To(Succeed())
-		Expect(e.Client.Get(context.Background(), client.ObjectKeyFromObject(cm), &corev1.ConfigMap{})).To(Succeed())
-		out = append(out, time.Since(start))
+		out = append(out, e.APIRoundTrip(ns, fmt.Sprintf("floor-%d", i)))
 	}
 	return out
 }
+
+// APIRoundTrip is one sample of APIRoundTrips: the ConfigMap ns/name
+// written and read back. A benchmark that takes one beside each of its
+// own samples compares the two at the same moments of a run, whatever
+// else the machine did meanwhile.
+func (e *Env) APIRoundTrip(ns, name string) time.Duration {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	start := time.Now()
+	Expect(e.Client.Create(context.Background(), cm)).To(Succeed())
+	Expect(e.Client.Get(context.Background(), client.ObjectKeyFromObject(cm), &corev1.ConfigMap{})).To(Succeed())
+	return time.Since(start)
+}
+
+// answeredKey is the annotation an Answerer writes.
+const answeredKey = "bench.sandbox.cireilclaw.dev/answered"
+
+// Answerer is the floor of a controller's answer: a watch on the
+// ConfigMaps of a namespace of its own that answers each new one with one
+// write and does nothing else, as a controller answers a new claim with
+// its status. A claim can be Ready no sooner than the API server takes to
+// write an object, tell a watcher, take the watcher's write and tell the
+// client: Sample measures exactly that.
+type Answerer struct {
+	e      *Env
+	ns     string
+	stop   context.CancelFunc
+	failed chan error
+}
+
+// StartAnswerer starts the watcher; Stop ends it.
+func (e *Env) StartAnswerer() *Answerer {
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &Answerer{e: e, ns: e.NewNamespace(), stop: cancel, failed: make(chan error, 1)}
+	w, err := e.watchClient().Watch(ctx, &corev1.ConfigMapList{}, client.InNamespace(a.ns))
+	Expect(err).NotTo(HaveOccurred())
+	go func() {
+		defer w.Stop()
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+answeredKey+`":"true"}}}`))
+		for ev := range w.ResultChan() {
+			cm, isCM := ev.Object.(*corev1.ConfigMap)
+			if !isCM || ev.Type != watch.Added {
+				continue
+			}
+			if err := e.Client.Patch(ctx, cm, patch); err != nil && ctx.Err() == nil {
+				select {
+				case a.failed <- fmt.Errorf("answering ConfigMap %s: %w", cm.Name, err):
+				default:
+				}
+			}
+		}
+	}()
+	return a
+}
+
+// Sample creates the ConfigMap name and returns the time until a watch
+// of the client's tells it was answered.
+func (a *Answerer) Sample(name string) time.Duration {
+	w, err := a.e.watchClient().Watch(context.Background(), &corev1.ConfigMapList{}, client.InNamespace(a.ns), client.MatchingFields{"metadata.name": name})
+	Expect(err).NotTo(HaveOccurred())
+	defer w.Stop()
+	start := time.Now()
+	Expect(a.e.Client.Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: a.ns, Name: name}})).To(Succeed())
+	timeout := time.After(Timeout)
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			Expect(ok).To(BeTrue(), "the watch of ConfigMap %s ended before its answer", name)
+			if cm, isCM := ev.Object.(*corev1.ConfigMap); isCM && cm.Annotations[answeredKey] != "" {
+				return time.Since(start)
+			}
+		case err := <-a.failed:
+			Fail(err.Error())
+		case <-timeout:
+			Fail(fmt.Sprintf("ConfigMap %s was not answered within %s", name, Timeout))
+		}
+	}
+}
+
+// Stop ends the Answerer's watch.
+func (a *Answerer) Stop() { a.stop() }
 
 // APIBurst is the floor of a burst figure: n objects written and read
 // back by n concurrent clients; each duration runs from the burst's start
@@ -167,14 +244,19 @@ func (e *Env) WatchClaim(ns, name string) *ClaimWatch {
 func (e *Env) WatchClaims(ns string) watch.Interface { return e.watchClaims(ns) }
 
 func (e *Env) watchClaims(ns string, opts ...client.ListOption) watch.Interface {
+	w, err := e.watchClient().Watch(context.Background(), &v1alpha1.SessionClaimList{}, append(opts, client.InNamespace(ns))...)
+	Expect(err).NotTo(HaveOccurred())
+	return w
+}
+
+// watchClient is the client the benchmarks watch through, made once.
+func (e *Env) watchClient() client.WithWatch {
 	e.watchOnce.Do(func() {
 		var err error
 		e.watcher, err = client.NewWithWatch(e.Config, client.Options{Scheme: e.Scheme})
 		Expect(err).NotTo(HaveOccurred())
 	})
-	w, err := e.watcher.Watch(context.Background(), &v1alpha1.SessionClaimList{}, append(opts, client.InNamespace(ns))...)
-	Expect(err).NotTo(HaveOccurred())
-	return w
+	return e.watcher
 }
 
 // Until returns the time from start until the claim's condition typ is
