@@ -13,12 +13,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,6 +35,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -58,7 +61,13 @@ type figures struct {
 	// floor is how long the same 16 clients take, on the same API
 	// server, to create the same n Sandboxes and n claims with no
 	// controller running: what the API server needs just to store them.
-	floor                   time.Duration
+	floor time.Duration
+	// withWrites is the same clients creating the same objects and then
+	// making, each for its own Sandbox and claim, the writes the
+	// controller makes (a metadata patch of the Sandbox, its status, the
+	// claim's status), with no controller: what the API server needs for
+	// all of it, the floor of any controller that writes as much.
+	withWrites              time.Duration
 	idleRSS, readyRSS, peak int64
 	readyAnon, readyFile    int64
 	idleHeap, readyHeap     int64
@@ -67,6 +76,9 @@ type figures struct {
 	cpu                      time.Duration
 	managedFieldsBytesServer int
 	profile                  string
+	// passes are the controller's reconciles from idle to all Ready, by
+	// controller (controller_runtime_reconcile_total).
+	passes map[string]float64
 	// writes are the API server's write requests from idle to all Ready,
 	// by verb and resource, less the test's own creates: the
 	// controller's.
@@ -116,8 +128,9 @@ func TestScale(t *testing.T) {
 			f := measure(t, b.path, b.profile, n)
 			f.label = b.label
 			t.Logf("%s: controller writes a Sandbox %s", b.label, writesLine(f))
-			t.Logf("%s: %d claims Ready in %s (%.2f× the API server's %s to create them); controller CPU %s (%.1f ms a Sandbox); RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s%s",
-				f.label, n, f.allReady.Round(time.Second), ratio(f.allReady, f.floor), f.floor.Round(100*time.Millisecond), f.cpu.Round(100*time.Millisecond),
+			t.Logf("%s: %d claims Ready in %s (%.2f× the API server's %s to create them, %.2f× its %s to create them and take the controller's writes); controller CPU %s (%.1f ms a Sandbox); RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s%s",
+				f.label, n, f.allReady.Round(time.Second), ratio(f.allReady, f.floor), f.floor.Round(100*time.Millisecond),
+				ratio(f.allReady, f.withWrites), f.withWrites.Round(100*time.Millisecond), f.cpu.Round(100*time.Millisecond),
 				perSandbox(f.cpu, n), mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap), f.profile)
 			all = append(all, f)
 		}
@@ -210,19 +223,11 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 	// a namespace of their own, deleted again (nothing holds them yet;
 	// envtest runs no namespace controller, so the objects are deleted
 	// one kind at a time and the namespace is left, empty).
-	f.floor = createAll(t, c, "floor", n)
-	for _, o := range []client.Object{&v1alpha1.SessionClaim{}, &v1alpha1.Sandbox{}} {
-		if err := c.DeleteAllOf(context.Background(), o, client.InNamespace("floor")); err != nil {
-			t.Fatalf("deleting the floor's objects: %v", err)
-		}
-	}
+	f.floor = createAll(t, c, "floor", n, nil)
+	deleteAll(t, c, "floor")
+	f.withWrites = createAll(t, c, "floor-writes", n, controllerWrites)
+	deleteAll(t, c, "floor-writes")
 	g := NewWithT(t)
-	g.Eventually(func() (int, error) {
-		var sbs v1alpha1.SandboxList
-		var cls v1alpha1.SessionClaimList
-		err := errors.Join(c.List(context.Background(), &sbs, client.InNamespace("floor")), c.List(context.Background(), &cls, client.InNamespace("floor")))
-		return len(sbs.Items) + len(cls.Items), err
-	}).WithTimeout(5*time.Minute).WithPolling(time.Second).Should(BeZero(), "the floor's objects are not gone")
 
 	metrics := freeAddr(t)
 	pprofAddr := "0"
@@ -271,6 +276,10 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 	f.idleRSS = procStatus(t, cmd.Process.Pid, "VmRSS")
 	idleCPU := cpuTime(t, cmd.Process.Pid)
 	idleWrites := apiWrites(t, cfg)
+	idlePasses, err := reconciles(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var profiled chan string
 	if pprofAddr != "0" {
 		// A CPU profile of the first minute of the run (or all of it).
@@ -292,7 +301,7 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 	defer stopReady()
 	ready := watchReady(readyCtx, wc, ns, n)
 	start := time.Now()
-	createAll(t, c, ns, n)
+	createAll(t, c, ns, n, nil)
 	for waiting := true; waiting; {
 		select {
 		case <-ready.done:
@@ -314,6 +323,12 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 	f.writes = apiWrites(t, cfg)
 	for k, v := range idleWrites {
 		f.writes[k] -= v
+	}
+	if f.passes, err = reconciles(metrics); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range idlePasses {
+		f.passes[k] -= v
 	}
 	f.writes["POST sandboxes"] -= float64(n)
 	f.writes["POST sessionclaims"] -= float64(n)
@@ -344,7 +359,7 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 
 // createAll creates n Sandboxes with a claim each in namespace ns, with 16
 // clients at once, and returns how long that took.
-func createAll(t *testing.T, c client.Client, ns string, n int) time.Duration {
+func createAll(t *testing.T, c client.Client, ns string, n int, then func(client.Client, *v1alpha1.Sandbox, *v1alpha1.SessionClaim) error) time.Duration {
 	t.Helper()
 	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
@@ -369,6 +384,11 @@ func createAll(t *testing.T, c client.Client, ns string, n int) time.Duration {
 						errOnce.Do(func() { createErr = fmt.Errorf("creating %s: %w", o.GetName(), err) })
 					}
 				}
+				if then != nil {
+					if err := then(c, sb, claim); err != nil {
+						errOnce.Do(func() { createErr = fmt.Errorf("writing %s as the controller would: %w", sb.Name, err) })
+					}
+				}
 			}
 		}()
 	}
@@ -381,6 +401,63 @@ func createAll(t *testing.T, c client.Client, ns string, n int) time.Duration {
 		t.Fatal(createErr)
 	}
 	return time.Since(start)
+}
+
+// deleteAll deletes the Sandboxes and claims of the floor's namespace ns
+// and waits until they are gone. envtest runs no namespace controller, so
+// the objects are deleted one kind at a time and the namespace is left,
+// empty.
+func deleteAll(t *testing.T, c client.Client, ns string) {
+	t.Helper()
+	for _, o := range []client.Object{&v1alpha1.SessionClaim{}, &v1alpha1.Sandbox{}} {
+		if err := c.DeleteAllOf(context.Background(), o, client.InNamespace(ns)); err != nil {
+			t.Fatalf("deleting the floor's objects: %v", err)
+		}
+	}
+	NewWithT(t).Eventually(func() (int, error) {
+		var sbs v1alpha1.SandboxList
+		var cls v1alpha1.SessionClaimList
+		err := errors.Join(c.List(context.Background(), &sbs, client.InNamespace(ns)), c.List(context.Background(), &cls, client.InNamespace(ns)))
+		return len(sbs.Items) + len(cls.Items), err
+	}).WithTimeout(5*time.Minute).WithPolling(time.Second).Should(BeZero(), "the floor's objects are not gone")
+}
+
+// controllerWrites makes, for a Sandbox and its claim just created, the
+// three writes the controller makes for them (the page lists them: a
+// metadata patch of the Sandbox, its status, the claim's status), with
+// the status a running Sandbox and a Ready claim show. The metadata patch
+// sets an annotation where the controller sets its finalizer, which would
+// hold the floor's objects once deleted with no controller to let them go.
+func controllerWrites(c client.Client, sb *v1alpha1.Sandbox, claim *v1alpha1.SessionClaim) error {
+	ctx := context.Background()
+	before := sb.DeepCopy()
+	sb.Annotations = map[string]string{"bench.sandbox.cireilclaw.dev/floor": "written"}
+	if err := c.Patch(ctx, sb, client.MergeFrom(before)); err != nil {
+		return err
+	}
+	now := metav1.Now()
+	cond := func(typ, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: metav1.ConditionTrue, Reason: reason, Message: msg, LastTransitionTime: now, ObservedGeneration: sb.Generation}
+	}
+	before = sb.DeepCopy()
+	mem := resource.MustParse("1Mi")
+	sb.Status = v1alpha1.SandboxStatus{ObservedGeneration: sb.Generation, Claims: 1, Instance: v1alpha1.InstanceName(sb.Spec.Agent),
+		Usage: &v1alpha1.SandboxUsage{Memory: &mem, Processes: 1},
+		Conditions: []metav1.Condition{
+			cond(v1alpha1.ConditionSandboxEnforced, v1alpha1.ReasonEnforced, "the bwrap policy holds: namespaces, seccomp, no new privileges"),
+			cond(v1alpha1.ConditionRuntimeReady, v1alpha1.ReasonRunning, "the instance is running"),
+			cond(v1alpha1.ConditionReady, v1alpha1.ReasonRunning, "the instance is running with 1 claim"),
+		}}
+	if err := c.Status().Patch(ctx, sb, client.MergeFrom(before)); err != nil {
+		return err
+	}
+	beforeClaim := claim.DeepCopy()
+	claim.Status = v1alpha1.SessionClaimStatus{ObservedGeneration: claim.Generation, Instance: sb.Status.Instance, Endpoint: "https://127.0.0.1:9443",
+		Conditions: []metav1.Condition{
+			cond(v1alpha1.ConditionBound, v1alpha1.ReasonBound, "bound to Sandbox "+sb.Name),
+			cond(v1alpha1.ConditionReady, v1alpha1.ReasonRunning, "Sandbox "+sb.Name+" is running"),
+		}}
+	return c.Status().Patch(ctx, claim, client.MergeFrom(beforeClaim))
 }
 
 // apiWrites reads the API server's count of write requests
@@ -452,7 +529,13 @@ func writesLine(f figures) string {
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s %.2f", k, f.writes[k]/float64(f.n))
 	}
-	return fmt.Sprintf("%.2f (%s)", total/float64(f.n), strings.Join(parts, ", "))
+	passes := make([]string, 0, len(f.passes))
+	for _, k := range slices.Sorted(maps.Keys(f.passes)) {
+		if f.passes[k] > 0 {
+			passes = append(passes, fmt.Sprintf("%s %.2f", k, f.passes[k]/float64(f.n)))
+		}
+	}
+	return fmt.Sprintf("%.2f (%s); its passes a Sandbox: %s", total/float64(f.n), strings.Join(parts, ", "), strings.Join(passes, ", "))
 }
 
 // readyWatch follows the claims of a namespace until enough are Ready.
@@ -595,6 +678,37 @@ func freeAddr(t *testing.T) string {
 
 // heapInUse reads go_memstats_heap_inuse_bytes from the controller's
 // metrics endpoint.
+// reconciles reads controller_runtime_reconcile_total from the
+// controller's metrics, summed by controller.
+func reconciles(addr string) (map[string]float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		labels, ok := strings.CutPrefix(sc.Text(), "controller_runtime_reconcile_total{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(labels, "} ")
+		_, name, found := strings.Cut(labels, `controller="`)
+		if !ok || !found {
+			continue
+		}
+		name, _, _ = strings.Cut(name, `"`)
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return nil, fmt.Errorf("controller_runtime_reconcile_total of %s: %w", name, err)
+		}
+		out[name] += v
+	}
+	return out, sc.Err()
+}
+
 func heapInUse(addr string) (int64, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -642,7 +756,12 @@ with one SessionClaim each, created by 16 clients at once. "All Ready" runs
 from the first create until a watch on the claims tells that the last one
 is Ready. "API server alone" is the same creates by the same clients on the
 same API server just before, with no controller running: the floor the
-ratio is taken against. Controller CPU is its user and system time from
+ratio is taken against. "With the controller's writes" is those creates
+followed, by each client for its own pair, by the three writes the
+controller makes for a Sandbox and its claim (listed below: the Sandbox's
+metadata, its status, the claim's status), again with no controller: the
+floor of any controller that writes as much, so its ratio is what the
+controller itself adds. Controller CPU is its user and system time from
 idle to all Ready. Memory is the controller process's: RSS from /proc (anonymous:
 heap, stacks and runtime; file-backed: the pages of the binary it touched,
 the binary copied as an image installs it, not as the linker left it),
@@ -650,14 +769,15 @@ heap in use from its own go_memstats_heap_inuse_bytes. "Idle" is after the
 caches synced, before the first Sandbox.
 
 `)
-	fmt.Fprintf(&b, "| controller | Sandboxes (a claim each) | API server alone creates them in | all Ready after | ratio | controller CPU | CPU a Sandbox | RSS idle | RSS all Ready | of which anonymous | of which file-backed | peak RSS | heap in use idle | heap in use all Ready |\n")
-	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&b, "| controller | Sandboxes (a claim each) | API server alone creates them in | all Ready after | ratio | API server alone, with the controller's writes | ratio to that | controller CPU | CPU a Sandbox | RSS idle | RSS all Ready | of which anonymous | of which file-backed | peak RSS | heap in use idle | heap in use all Ready |\n")
+	fmt.Fprintf(&b, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, f := range all {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f× | %s | %.1f ms | %s | %s | %s | %s | %s | %s | %s |\n", f.label, f.n, f.floor.Round(100*time.Millisecond),
-			f.allReady.Round(100*time.Millisecond), ratio(f.allReady, f.floor), f.cpu.Round(100*time.Millisecond), perSandbox(f.cpu, f.n),
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f× | %s | %.2f× | %s | %.1f ms | %s | %s | %s | %s | %s | %s | %s |\n", f.label, f.n, f.floor.Round(100*time.Millisecond),
+			f.allReady.Round(100*time.Millisecond), ratio(f.allReady, f.floor), f.withWrites.Round(100*time.Millisecond), ratio(f.allReady, f.withWrites),
+			f.cpu.Round(100*time.Millisecond), perSandbox(f.cpu, f.n),
 			mib(f.idleRSS), mib(f.readyRSS), mib(f.readyAnon), mib(f.readyFile), mib(f.peak), mib(f.idleHeap), mib(f.readyHeap))
 	}
-	b.WriteString("\nThe controller's API writes a Sandbox and its claim, from idle to all Ready (the API server's request counts, less the test's two creates):\n\n")
+	b.WriteString("\nThe controller's API writes a Sandbox and its claim, from idle to all Ready (the API server's request counts, less the test's two creates), and its passes (reconciles) a Sandbox by controller:\n\n")
 	for _, f := range all {
 		fmt.Fprintf(&b, "- %s, %d: %s\n", f.label, f.n, writesLine(f))
 	}
