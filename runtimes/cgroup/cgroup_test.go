@@ -19,7 +19,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
-func newManager(t *testing.T) *Manager {
+func newManager(t testing.TB) *Manager {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "root", "run the tests as root: instance cgroups are made by root")
