@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -78,17 +79,28 @@ func TestStarterGivesTheCommandItsIdsAndOnlyItsDescriptors(t *testing.T) {
 	if cmdline, _ := os.ReadFile(filepath.Join(proc, "cmdline")); string(cmdline) != "sleep\x0030\x00" {
 		t.Errorf("the command's arguments are %q, want sleep 30", cmdline)
 	}
-	fds, err := os.ReadDir(filepath.Join(proc, "fd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var open []string
-	for _, fd := range fds {
-		open = append(open, fd.Name())
-	}
 	want := append([]string{"0", "1", "2", "3"}, inheritable(t)...)
-	slices.Sort(open)
 	slices.Sort(want)
+	// Start returns once the starter's error pipe has closed on its exec;
+	// for a moment after, /proc may still list the descriptor the exec
+	// closed (its link already unreadable). A descriptor the command
+	// really holds stays: the listing is taken again until it matches, for
+	// a second at most.
+	var open []string
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		fds, err := os.ReadDir(filepath.Join(proc, "fd"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = open[:0]
+		for _, fd := range fds {
+			open = append(open, fd.Name())
+		}
+		slices.Sort(open)
+		if slices.Equal(open, want) || time.Now().After(deadline) {
+			break
+		}
+	}
 	if !slices.Equal(open, want) {
 		t.Errorf("the command holds descriptors %v, want %v (0 to 3 and what this process leaves open to every child)", open, want)
 	}

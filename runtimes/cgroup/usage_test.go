@@ -79,17 +79,13 @@ func BenchmarkUsage(b *testing.B) {
 		}
 	})
 	b.Run("os.ReadFile", func(b *testing.B) {
-		files := []string{"memory.current", "pids.current", "cpu.stat", "memory.events", "pids.events"}
-		dirs := []string{"", "", "", "", ""}
-		if !m.V2 {
-			files = []string{"memory.usage_in_bytes", "pids.current", "memory.oom_control", "pids.events", "cpuacct.usage"}
-			dirs = []string{"memory", "pids", "memory", "pids", "cpuacct"}
+		osRead := func(p string) (string, error) {
+			b, err := os.ReadFile(p)
+			return string(b), err
 		}
 		for b.Loop() {
-			for i, f := range files {
-				if _, err := os.ReadFile(filepath.Join(m.Dir(dirs[i], "inst"), f)); err != nil {
-					b.Fatal(err)
-				}
+			if _, err := readUsageWith(m.V2, func(c string) string { return m.Dir(c, "inst") }, osRead); err != nil {
+				b.Fatal(err)
 			}
 		}
 	})
