@@ -74,14 +74,22 @@ func (e *Env) StartAnswerer() *Answerer {
 				continue
 			}
 			if err := e.Client.Patch(ctx, cm, patch); err != nil && ctx.Err() == nil {
-				select {
-				case a.failed <- fmt.Errorf("answering ConfigMap %s: %w", cm.Name, err):
-				default:
-				}
+				a.fail(fmt.Errorf("answering ConfigMap %s: %w", cm.Name, err))
 			}
+		}
+		if ctx.Err() == nil {
+			a.fail(fmt.Errorf("the answering watch on namespace %s ended", a.ns))
 		}
 	}()
 	return a
+}
+
+// fail hands Sample the first reason the Answerer stopped answering.
+func (a *Answerer) fail(err error) {
+	select {
+	case a.failed <- err:
+	default:
+	}
 }
 
 // Sample creates the ConfigMap name and returns the time until a watch

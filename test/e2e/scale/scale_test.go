@@ -676,54 +676,67 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// heapInUse reads go_memstats_heap_inuse_bytes from the controller's
-// metrics endpoint.
-// reconciles reads controller_runtime_reconcile_total from the
-// controller's metrics, summed by controller.
-func reconciles(addr string) (map[string]float64, error) {
+// metricLines calls line with each line of the controller's metrics
+// endpoint at addr, until line says to stop.
+func metricLines(addr string, line func(string) (stop bool)) error {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
-	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
-		labels, ok := strings.CutPrefix(sc.Text(), "controller_runtime_reconcile_total{")
+		if line(sc.Text()) {
+			return nil
+		}
+	}
+	return sc.Err()
+}
+
+// reconciles reads controller_runtime_reconcile_total from the
+// controller's metrics, summed by controller.
+func reconciles(addr string) (map[string]float64, error) {
+	out := map[string]float64{}
+	var bad error
+	err := metricLines(addr, func(line string) bool {
+		labels, ok := strings.CutPrefix(line, "controller_runtime_reconcile_total{")
 		if !ok {
-			continue
+			return false
 		}
 		labels, value, ok := strings.Cut(labels, "} ")
 		_, name, found := strings.Cut(labels, `controller="`)
 		if !ok || !found {
-			continue
+			return false
 		}
 		name, _, _ = strings.Cut(name, `"`)
 		v, err := strconv.ParseFloat(value, 64)
 		if err != nil {
-			return nil, fmt.Errorf("controller_runtime_reconcile_total of %s: %w", name, err)
+			bad = fmt.Errorf("controller_runtime_reconcile_total of %s at %s/metrics: %w", name, addr, err)
+			return true
 		}
 		out[name] += v
-	}
-	return out, sc.Err()
+		return false
+	})
+	return out, errors.Join(err, bad)
 }
 
+// heapInUse reads go_memstats_heap_inuse_bytes from the controller's
+// metrics endpoint.
 func heapInUse(addr string) (int64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
+	var v string
+	if err := metricLines(addr, func(line string) bool {
+		var ok bool
+		v, ok = strings.CutPrefix(line, "go_memstats_heap_inuse_bytes ")
+		return ok
+	}); err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			return int64(f), err
-		}
+	if v == "" {
+		return 0, fmt.Errorf("no go_memstats_heap_inuse_bytes at %s/metrics", addr)
 	}
-	return 0, fmt.Errorf("no go_memstats_heap_inuse_bytes at %s/metrics", addr)
+	f, err := strconv.ParseFloat(v, 64)
+	return int64(f), err
 }
 
 // procStatus reads a kB field of /proc/PID/status in bytes.
