@@ -213,7 +213,16 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sb.DeletionTimestamp.IsZero() {
-		// The Pods go with it (they are its own).
+		// The Pods go with it (they are its own). A Sandbox that no node
+		// ever took may carry the finalizer the admission policy gives a
+		// new one (config/admission/finalizer_policy.yaml); no node's
+		// controller will remove it, so this does. The patch holds only
+		// against the version read: a node named meanwhile fails it.
+		if sb.Node() == "" && controllerutil.ContainsFinalizer(&sb, v1alpha1.Finalizer) {
+			if err := patchFinalizer(ctx, p.Client, &sb, false); err != nil {
+				return requeueOnConflict(client.IgnoreNotFound(err))
+			}
+		}
 		return ctrl.Result{}, nil
 	}
 	var pods corev1.PodList

@@ -119,11 +119,43 @@ write_overlay() {
   } >"$overlay/kustomization.yaml"
 }
 
+# The finalizer policy (config/admission) mutates a new Sandbox once the API
+# server has loaded the Sandbox's schema for it, a few seconds after the
+# CRD is established; until then the API server refuses a new Sandbox as
+# unavailable. Wait for that with a dry run (which stores nothing), so that
+# what is applied next is taken. Any other answer (a class refusing the
+# probe) ends the wait too: the policy is in force.
+wait_sandboxes_admitted() {
+  local i out
+  say "waiting until the API server takes new Sandboxes (the finalizer policy loads their schema)"
+  for i in $(seq 1 90); do
+    if out=$("$kubectl" create --dry-run=server -o name -f - 2>&1 <<EOF
+apiVersion: sandbox.cireilclaw.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: deploy-probe
+  namespace: $namespace
+spec:
+  agent: deploy-probe
+EOF
+    ); then
+      return 0
+    fi
+    case $out in
+    *"(ServiceUnavailable)"*) sleep 1 ;;
+    *) return 0 ;;
+    esac
+  done
+  say "the API server still refuses new Sandboxes as unavailable after 90s: $out"
+  exit 1
+}
+
 deploy() {
   write_overlay
   say "applying config/default (image ${IMG:-sandbox-controller:dev}, backends bwrap${BACKENDS:+,$BACKENDS}) to $server"
   "$kubectl" apply --server-side --field-manager=sandbox-controller-deploy -k "$overlay"
   "$kubectl" wait --for=condition=Established --timeout=60s crd -l app.kubernetes.io/part-of=sandbox-controller
+  wait_sandboxes_admitted
   say "done. The image must be on every node (imported, or in a registry the nodes pull from)."
   say "The controller's pods: $kubectl -n $namespace get pods -o wide"
 }

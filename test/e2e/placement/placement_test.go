@@ -35,6 +35,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/config/admission"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
@@ -149,6 +150,9 @@ var _ = BeforeSuite(func() {
 	env = testharness.Start()
 	k8s = env.Client
 	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS}})).To(Succeed())
+	// As make deploy installs it: a new unpinned Sandbox carries the
+	// finalizer from its create, and no node's controller writes it.
+	Expect(admission.InstallFinalizer(ctx, k8s, systemNS, testharness.Timeout)).To(Succeed())
 	addNode("node-a", "a")
 	addNode("node-b", "b")
 	scheduler = env.StartScheduler()
@@ -365,6 +369,31 @@ var _ = Describe("Placement", Ordered, func() {
 			HaveField("Message", ContainSubstring("pod affinity"))))
 		Consistently(nodeOf(ns, "ctrd"), 3*time.Second).Should(BeEmpty())
 		remove(ns, "ctrd")
+	})
+
+	It("lets a Sandbox that no node took go when it is deleted, though the admission policy gave it the finalizer", func() {
+		sb := sandbox(ns, "never-placed", func(sb *v1alpha1.Sandbox) {
+			sb.Spec.Resources = nil
+			sb.Spec.Backend = v1alpha1.BackendContainerd
+			sb.Spec.Containerd = &v1alpha1.ContainerdSpec{Image: "example.test/agent:1"}
+		})
+		Expect(sb.Finalizers).To(ContainElement(v1alpha1.Finalizer), "the policy should give a new Sandbox the finalizer as it is stored")
+		Eventually(readyOf(ns, "never-placed"), testharness.Timeout).Should(HaveField("Reason", v1alpha1.ReasonUnschedulable))
+		// No node's controller will remove it; the placer does.
+		remove(ns, "never-placed")
+	})
+
+	It("leaves the finalizer of a Sandbox pinned to a node to that node's controller, so one pinned to no node's is deleted at once", func() {
+		sb := sandbox(ns, "pinned-nowhere", func(sb *v1alpha1.Sandbox) { sb.Spec.NodeName = "node-z" })
+		Expect(sb.Finalizers).To(BeEmpty())
+		remove(ns, "pinned-nowhere")
+		pinned := sandbox(ns, "pinned-a", func(sb *v1alpha1.Sandbox) { sb.Spec.NodeName = "node-a"; sb.Spec.Resources = nil })
+		Expect(pinned.Finalizers).To(BeEmpty())
+		Eventually(func() ([]string, error) {
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(pinned), pinned)
+			return pinned.Finalizers, err
+		}, testharness.Timeout).Should(ContainElement(v1alpha1.Finalizer), "node-a's controller should add the finalizer of a Sandbox pinned to it")
+		remove(ns, "pinned-a")
 	})
 
 	It("reports a ResourceQuota's refusal in the API server's words, and places the Sandbox once the quota allows it", func() {

@@ -33,6 +33,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
+	"github.com/cireilclaw/sandbox-controller/config/admission"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -87,10 +88,36 @@ var _ = AfterSuite(func() {
 	env.Stop()
 })
 
+var _ = Describe("The finalizer policy", func() {
+	It("gives a new Sandbox the controller's finalizer as it is stored, and the controller runs it without writing its metadata", func() {
+		ns := env.NewNamespace()
+		// A class of its own: once other specs made classes, a Sandbox
+		// naming none is refused.
+		cls := teamA("finalizer-test")
+		Expect(k8s.Create(ctx, cls)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(cls) })
+		sb := sandbox(ns, "finalized-at-create", cls.Name, nil, v1alpha1.Devices{})
+		tenant := client.WithFieldOwner(k8s, "tenant")
+		Expect(tenant.Create(ctx, sb)).To(Succeed())
+		Expect(sb.Finalizers).To(ContainElement(v1alpha1.Finalizer), "the create's answer should carry the finalizer")
+		Expect(k8s.Create(ctx, testharness.NewClaim(ns, "finalized-at-create-claim", sb.Name))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		// Whoever writes the object itself (not its status) owns fields
+		// of it: only the tenant's create did.
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(sb), sb)).To(Succeed())
+		for _, e := range sb.ManagedFields {
+			if e.Subresource == "" {
+				Expect(e.Manager).To(Equal("tenant"), "only the create should have written the Sandbox's metadata")
+			}
+		}
+		env.DeleteAndWait(sb)
+	})
+})
+
 // installAdmission applies config/admission as an administrator would.
 func installAdmission() {
 	dir := filepath.Join("..", "..", "..", "config", "admission")
-	for _, f := range []string{"sandboxclass_policy.yaml", "sandboxclass_binding.yaml", "node_policy.yaml"} {
+	for _, f := range []string{"sandboxclass_policy.yaml", "sandboxclass_binding.yaml", "node_policy.yaml", "finalizer_policy.yaml", "finalizer_binding.yaml"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		Expect(err).NotTo(HaveOccurred())
 		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
@@ -103,6 +130,9 @@ func installAdmission() {
 			Expect(k8s.Create(ctx, u)).To(Succeed(), f)
 		}
 	}
+	// The finalizer policy is in force once a new Sandbox has the
+	// finalizer (both are there: this only waits).
+	Expect(admission.InstallFinalizer(ctx, k8s, "default", testharness.Timeout)).To(Succeed())
 }
 
 // teamA allows bwrap with mounts below srv/projects/team-a only, TZ and
@@ -184,10 +214,10 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Eventually(func() error {
 			// The policy takes a moment to see a new class; a Sandbox
 			// mounting / is the probe.
+			// A dry run: an admitted probe is not stored, so the next try
+			// meets the policy again, not the name taken.
 			probe := sandbox(ns, "probe", "team-a", mount("/"), v1alpha1.Devices{})
-			err := k8s.Create(ctx, probe)
-			if err == nil {
-				_ = k8s.Delete(ctx, probe)
+			if err := k8s.Create(ctx, probe, client.DryRunAll); err == nil {
 				return fmt.Errorf("admitted")
 			}
 			return nil
@@ -260,12 +290,10 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		DeferCleanup(func() { env.DeleteAndWait(def) })
 		sb := sandbox(ns, "no-class", "", mount("/etc"), v1alpha1.Devices{})
 		Eventually(func() string {
-			err := k8s.Create(ctx, sb)
-			if err == nil {
-				_ = k8s.Delete(ctx, sb)
-				return "admitted"
+			if err := k8s.Create(ctx, sb.DeepCopy(), client.DryRunAll); err != nil {
+				return err.Error()
 			}
-			return err.Error()
+			return "admitted"
 		}, testharness.Timeout).Should(ContainSubstring(expected(def, sb)))
 	})
 

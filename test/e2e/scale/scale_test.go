@@ -46,6 +46,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/config/admission"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -64,10 +65,14 @@ type figures struct {
 	floor time.Duration
 	// withWrites is the same clients creating the same objects and then
 	// making, each for its own Sandbox and claim, the writes the
-	// controller makes (a metadata patch of the Sandbox, its status, the
-	// claim's status), with no controller: what the API server needs for
-	// all of it, the floor of any controller that writes as much.
-	withWrites              time.Duration
+	// controller makes (a metadata patch of the Sandbox unless the
+	// finalizer policy gave it the finalizer, its status, the claim's
+	// status), with no controller: what the API server needs for all of
+	// it, the floor of any controller that writes as much.
+	withWrites time.Duration
+	// policy says whether the finalizer policy of config/admission was
+	// installed (SCALE_FINALIZER_POLICY=0 leaves it out).
+	policy                  bool
 	idleRSS, readyRSS, peak int64
 	readyAnon, readyFile    int64
 	idleHeap, readyHeap     int64
@@ -127,7 +132,7 @@ func TestScale(t *testing.T) {
 		for _, b := range bins {
 			f := measure(t, b.path, b.profile, n)
 			f.label = b.label
-			t.Logf("%s: controller writes a Sandbox %s", b.label, writesLine(f))
+			t.Logf("%s: %s; controller writes a Sandbox %s", b.label, policyLine(f), writesLine(f))
 			t.Logf("%s: %d claims Ready in %s (%.2f× the API server's %s to create them, %.2f× its %s to create them and take the controller's writes); controller CPU %s (%.1f ms a Sandbox); RSS idle %s, all Ready %s (anonymous %s, file %s), peak %s; heap in use idle %s, all Ready %s%s",
 				f.label, n, f.allReady.Round(time.Second), ratio(f.allReady, f.floor), f.floor.Round(100*time.Millisecond),
 				ratio(f.allReady, f.withWrites), f.withWrites.Round(100*time.Millisecond), f.cpu.Round(100*time.Millisecond),
@@ -219,10 +224,24 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 
 	var f figures
 	f.n = n
+	// The finalizer policy, as `make deploy` installs it, before the
+	// floors: its cost at each create is the API server's, in the floors
+	// too.
+	if os.Getenv("SCALE_FINALIZER_POLICY") != "0" {
+		if err := admission.InstallFinalizer(context.Background(), c, "default", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		f.policy = true
+	}
 	// The floor first, before the controller starts: the same creates in
 	// a namespace of their own, deleted again (nothing holds them yet;
 	// envtest runs no namespace controller, so the objects are deleted
 	// one kind at a time and the namespace is left, empty).
+	// A first round warms the API server and the clients up (the first
+	// creates of a kind in a fresh API server cost more), so that neither
+	// floor pays for it: 100 pairs, made and deleted.
+	createAll(t, c, "warm-up", min(n, 100), nil)
+	deleteAll(t, c, "warm-up")
 	f.floor = createAll(t, c, "floor", n, nil)
 	deleteAll(t, c, "floor")
 	f.withWrites = createAll(t, c, "floor-writes", n, controllerWrites)
@@ -403,15 +422,39 @@ func createAll(t *testing.T, c client.Client, ns string, n int, then func(client
 	return time.Since(start)
 }
 
+// policyLine says whether the finalizer policy was installed for f.
+func policyLine(f figures) string {
+	if f.policy {
+		return "the finalizer policy of config/admission installed"
+	}
+	return "no finalizer policy (SCALE_FINALIZER_POLICY=0)"
+}
+
 // deleteAll deletes the Sandboxes and claims of the floor's namespace ns
 // and waits until they are gone. envtest runs no namespace controller, so
 // the objects are deleted one kind at a time and the namespace is left,
-// empty.
+// empty. The finalizer the policy gave the Sandboxes is taken off, as no
+// controller runs to do it.
 func deleteAll(t *testing.T, c client.Client, ns string) {
 	t.Helper()
 	for _, o := range []client.Object{&v1alpha1.SessionClaim{}, &v1alpha1.Sandbox{}} {
 		if err := c.DeleteAllOf(context.Background(), o, client.InNamespace(ns)); err != nil {
 			t.Fatalf("deleting the floor's objects: %v", err)
+		}
+	}
+	var held v1alpha1.SandboxList
+	if err := c.List(context.Background(), &held, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range held.Items {
+		sb := &held.Items[i]
+		if !slices.Contains(sb.Finalizers, v1alpha1.Finalizer) {
+			continue
+		}
+		before := sb.DeepCopy()
+		sb.Finalizers = slices.DeleteFunc(sb.Finalizers, func(f string) bool { return f == v1alpha1.Finalizer })
+		if err := c.Patch(context.Background(), sb, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+			t.Fatalf("letting the floor's Sandbox %s go: %v", sb.Name, err)
 		}
 	}
 	NewWithT(t).Eventually(func() (int, error) {
@@ -423,17 +466,20 @@ func deleteAll(t *testing.T, c client.Client, ns string) {
 }
 
 // controllerWrites makes, for a Sandbox and its claim just created, the
-// three writes the controller makes for them (the page lists them: a
-// metadata patch of the Sandbox, its status, the claim's status), with
-// the status a running Sandbox and a Ready claim show. The metadata patch
-// sets an annotation where the controller sets its finalizer, which would
-// hold the floor's objects once deleted with no controller to let them go.
+// writes the controller makes for them (the page lists them: a metadata
+// patch of the Sandbox where its create did not give it the finalizer, its
+// status, the claim's status), with the status a running Sandbox and a
+// Ready claim show. The metadata patch sets an annotation where the
+// controller sets its finalizer, which would hold the floor's objects once
+// deleted with no controller to let them go.
 func controllerWrites(c client.Client, sb *v1alpha1.Sandbox, claim *v1alpha1.SessionClaim) error {
 	ctx := context.Background()
 	before := sb.DeepCopy()
-	sb.Annotations = map[string]string{"bench.sandbox.cireilclaw.dev/floor": "written"}
-	if err := c.Patch(ctx, sb, client.MergeFrom(before)); err != nil {
-		return err
+	if !slices.Contains(sb.Finalizers, v1alpha1.Finalizer) {
+		sb.Annotations = map[string]string{"bench.sandbox.cireilclaw.dev/floor": "written"}
+		if err := c.Patch(ctx, sb, client.MergeFrom(before)); err != nil {
+			return err
+		}
 	}
 	now := metav1.Now()
 	cond := func(typ, reason, msg string) metav1.Condition {
@@ -792,7 +838,7 @@ caches synced, before the first Sandbox.
 	}
 	b.WriteString("\nThe controller's API writes a Sandbox and its claim, from idle to all Ready (the API server's request counts, less the test's two creates), and its passes (reconciles) a Sandbox by controller:\n\n")
 	for _, f := range all {
-		fmt.Fprintf(&b, "- %s, %d: %s\n", f.label, f.n, writesLine(f))
+		fmt.Fprintf(&b, "- %s, %d, %s: %s\n", f.label, f.n, policyLine(f), writesLine(f))
 	}
 	if len(all) > 0 {
 		fmt.Fprintf(&b, "\nManaged fields of one Sandbox on the server (what the cache no longer keeps): %d bytes.\n", all[0].managedFieldsBytesServer)
