@@ -1,24 +1,17 @@
 // Package localcp runs a throw-away local control plane (a real
 // kube-apiserver and etcd, the binaries envtest uses) with the project's
-// CRDs and its finalizer policy installed, for `make run` and for trying the controller without a
+// CRDs installed, for `make run` and for trying the controller without a
 // cluster. It is not for production: its data lives in a temporary
 // directory and goes when it stops.
 package localcp
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-
-	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
-	"github.com/cireilclaw/sandbox-controller/config/admission"
 )
 
 // ControlPlane is a running local control plane.
@@ -31,8 +24,7 @@ type ControlPlane struct {
 }
 
 // Start starts kube-apiserver and etcd from assetsDir, installs the CRDs in
-// crdDir and the finalizer policy of config/admission (as make deploy
-// does: the controller then writes no finalizer of a new Sandbox) and writes an administrator kubeconfig to kubeconfigPath.
+// crdDir and writes an administrator kubeconfig to kubeconfigPath.
 func Start(assetsDir, crdDir, kubeconfigPath string) (*ControlPlane, error) {
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(assetsDir, b)); err != nil {
@@ -49,10 +41,6 @@ func Start(assetsDir, crdDir, kubeconfigPath string) (*ControlPlane, error) {
 		return nil, fmt.Errorf("starting the local control plane: %w", err)
 	}
 	cp := &ControlPlane{env: env, Config: cfg, Kubeconfig: kubeconfigPath}
-	if err := installFinalizerPolicy(cfg); err != nil {
-		_ = cp.Stop()
-		return nil, err
-	}
 	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		_ = cp.Stop()
@@ -77,21 +65,4 @@ func Start(assetsDir, crdDir, kubeconfigPath string) (*ControlPlane, error) {
 // Stop stops the API server and etcd and removes their data.
 func (cp *ControlPlane) Stop() error {
 	return cp.env.Stop()
-}
-
-// installFinalizerPolicy installs the finalizer policy and waits until the
-// API server applies it.
-func installFinalizerPolicy(cfg *rest.Config) error {
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return err
-	}
-	if err := admission.InstallFinalizer(context.Background(), c, "default", time.Minute); err != nil {
-		return fmt.Errorf("local control plane: %w", err)
-	}
-	return nil
 }
