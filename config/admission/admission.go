@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,18 +23,23 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
 
+// files are the policy and its binding. Read in name order, the binding
+// comes first, which the API server takes: a binding may name a policy
+// not made yet.
+//
 //go:embed finalizer_policy.yaml finalizer_binding.yaml
 var files embed.FS
 
-// finalizerFiles are the policy and its binding, in the order they are made.
-var finalizerFiles = []string{"finalizer_policy.yaml", "finalizer_binding.yaml"}
-
-// Finalizer returns the MutatingAdmissionPolicy that gives a new Sandbox
-// the controller's finalizer, and its binding.
-func Finalizer() ([]*unstructured.Unstructured, error) {
+// finalizerObjects returns the MutatingAdmissionPolicy that gives a new
+// Sandbox the controller's finalizer, and its binding.
+func finalizerObjects() ([]*unstructured.Unstructured, error) {
+	entries, err := fs.ReadDir(files, ".")
+	if err != nil {
+		return nil, err
+	}
 	var out []*unstructured.Unstructured
-	for _, f := range finalizerFiles {
-		b, err := files.ReadFile(f)
+	for _, e := range entries {
+		b, err := files.ReadFile(e.Name())
 		if err != nil {
 			return nil, err
 		}
@@ -43,7 +49,7 @@ func Finalizer() ([]*unstructured.Unstructured, error) {
 			if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
 				break
 			} else if err != nil {
-				return nil, fmt.Errorf("%s: %w", f, err)
+				return nil, fmt.Errorf("%s: %w", e.Name(), err)
 			}
 			out = append(out, u)
 		}
@@ -56,7 +62,7 @@ func Finalizer() ([]*unstructured.Unstructured, error) {
 // server takes a new policy up a moment after it is stored. It probes with
 // a dry-run create of a Sandbox in namespace, which stores nothing.
 func InstallFinalizer(ctx context.Context, c client.Client, namespace string, timeout time.Duration) error {
-	objs, err := Finalizer()
+	objs, err := finalizerObjects()
 	if err != nil {
 		return err
 	}

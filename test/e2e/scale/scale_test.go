@@ -233,15 +233,15 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 		}
 		f.policy = true
 	}
-	// The floor first, before the controller starts: the same creates in
-	// a namespace of their own, deleted again (nothing holds them yet;
-	// envtest runs no namespace controller, so the objects are deleted
-	// one kind at a time and the namespace is left, empty).
 	// A first round warms the API server and the clients up (the first
 	// creates of a kind in a fresh API server cost more), so that neither
 	// floor pays for it: 100 pairs, made and deleted.
 	createAll(t, c, "warm-up", min(n, 100), nil)
 	deleteAll(t, c, "warm-up")
+	// The floor first, before the controller starts: the same creates in
+	// a namespace of their own, deleted again (nothing holds them yet;
+	// envtest runs no namespace controller, so the objects are deleted
+	// one kind at a time and the namespace is left, empty).
 	f.floor = createAll(t, c, "floor", n, nil)
 	deleteAll(t, c, "floor")
 	f.withWrites = createAll(t, c, "floor-writes", n, controllerWrites)
