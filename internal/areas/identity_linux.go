@@ -120,7 +120,7 @@ func (a *Identities) For(agent string) (uint32, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := ensureDir(a.root, true); err != nil {
+	if _, err := ensureDir(a.root, true); err != nil {
 		return 0, err
 	}
 	unlock, err := lockFile(filepath.Join(a.root, ".identities.lock"))

@@ -14,7 +14,7 @@ import (
 // than something to follow or clear away. Directories it creates below the
 // areas root belong to owner (uid and gid) when owner is not 0.
 func Layout(dir string, names []string, owner uint32) error {
-	if err := ensureDir(filepath.Dir(dir), true); err != nil {
+	if _, err := ensureDir(filepath.Dir(dir), true); err != nil {
 		return err
 	}
 	if err := ensureOwnedDir(dir, owner); err != nil {
@@ -29,10 +29,17 @@ func Layout(dir string, names []string, owner uint32) error {
 }
 
 func ensureOwnedDir(path string, owner uint32) error {
-	if err := ensureDir(path, false); err != nil {
+	fi, err := ensureDir(path, false)
+	if err != nil {
 		return err
 	}
 	if owner == 0 {
+		return nil
+	}
+	// A directory that already belongs to the agent is left as it is: a
+	// change of owner is a write of the inode even when nothing changes,
+	// and the Sandbox reconciler lays the areas out at every pass.
+	if ownedBy(fi, owner) {
 		return nil
 	}
 	// Lchown: path was checked to be a directory above, but a link put in
@@ -43,15 +50,17 @@ func ensureOwnedDir(path string, owner uint32) error {
 	return nil
 }
 
-func ensureDir(path string, parents bool) error {
+// ensureDir makes path a directory when it is missing, and returns what
+// it found there; nil when it made it.
+func ensureDir(path string, parents bool) (fs.FileInfo, error) {
 	fi, err := os.Lstat(path)
 	switch {
 	case err == nil && fi.IsDir():
-		return nil
+		return fi, nil
 	case err == nil:
-		return fmt.Errorf("laying out agent areas: %s exists and is not a directory (%s); refusing to use or replace it", path, fi.Mode().Type())
+		return nil, fmt.Errorf("laying out agent areas: %s exists and is not a directory (%s); refusing to use or replace it", path, fi.Mode().Type())
 	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("laying out agent areas: %w", err)
+		return nil, fmt.Errorf("laying out agent areas: %w", err)
 	}
 	if parents {
 		err = os.MkdirAll(path, 0o755)
@@ -59,7 +68,7 @@ func ensureDir(path string, parents bool) error {
 		err = os.Mkdir(path, 0o755)
 	}
 	if err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("laying out agent areas: %w", err)
+		return nil, fmt.Errorf("laying out agent areas: %w", err)
 	}
-	return nil
+	return nil, nil
 }

@@ -22,8 +22,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/internal/startns"
@@ -138,11 +141,13 @@ const nixSystemProfile = "/run/current-system/sw/bin"
 
 // Runtime is the bwrap driver.
 type Runtime struct {
-	stateDir  string
-	bwrap     string
-	lookupEnv func(string) (string, bool)
-	warnings  io.Writer
-	host      Host
+	stateDir string
+	bwrap    string
+	// bwrapFound is where bwrap was last found on PATH (bubblewrap).
+	bwrapFound atomic.Pointer[string]
+	lookupEnv  func(string) (string, bool)
+	warnings   io.Writer
+	host       Host
 
 	// trees holds each instance's workspace mount tree (mounttree), in a
 	// private mount of its own; empty when the driver is not root and
@@ -254,6 +259,29 @@ func New(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
+// bubblewrap is the path of the bwrap every Ensure checks for and every
+// command runs: looked up on PATH once, and again only when the file found
+// is no longer an executable there (moved by an upgrade, uninstalled).
+// Each lookup tries the directories of PATH in turn, a system call each:
+// looked up at every pass and command, that was a dozen on a usual PATH.
+// A bwrap installed later earlier on PATH is taken once the one found
+// goes.
+func (r *Runtime) bubblewrap() (string, error) {
+	if p := r.bwrapFound.Load(); p != nil && unix.Faccessat(unix.AT_FDCWD, *p, unix.X_OK, unix.AT_EACCESS) == nil {
+		return *p, nil
+	}
+	p, err := exec.LookPath(r.bwrap)
+	if err != nil {
+		r.bwrapFound.Store(nil)
+		return "", err
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		p = abs
+	}
+	r.bwrapFound.Store(&p)
+	return p, nil
+}
+
 // CgroupName is the name of the cgroup a driver over stateDir makes, with
 // the default parent, below its own cgroup to hold its instances' cgroups.
 func CgroupName(stateDir string) string { return cgroupName(stateDir) }
@@ -334,7 +362,7 @@ func (rec *record) state() runtimes.State {
 
 // Ensure lays out the agent's areas and records the instance as running.
 func (r *Runtime) Ensure(_ context.Context, in runtimes.Instance) (runtimes.State, error) {
-	if _, err := exec.LookPath(r.bwrap); err != nil {
+	if _, err := r.bubblewrap(); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonUnavailable, "ensuring", in.Name,
 			"bubblewrap (%s) is not installed or not on PATH: install the bubblewrap package", r.bwrap)
 	}
@@ -520,7 +548,13 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 			c.GitDirs = append(c.GitDirs, d.Bind.Target)
 			extra = append(extra, d.Dir)
 		}
-		cmd = exec.CommandContext(ctx, r.bwrap, r.Args(rec.Instance, c)...)
+		bin, err := r.bubblewrap()
+		if err != nil {
+			// exec looks again and says why it cannot start it.
+			bin = r.bwrap
+		}
+		cmd = exec.CommandContext(ctx, bin, r.Args(rec.Instance, c)...)
+		cmd.Args[0] = r.bwrap
 		cmd.Env = []string{}
 		if view != nil {
 			// The image's descriptors first, as Args numbers them.
