@@ -568,6 +568,13 @@ func readFile(path string) (string, error) {
 			return string(buf), nil
 		}
 		buf = buf[:len(buf)+n]
+		if len(buf) < cap(buf) {
+			// A cgroup file is a seq_file printed whole at each read: a
+			// read that leaves room is at its end, and a second read
+			// only to be told so is a system call an instance, a file
+			// and a pass.
+			return string(buf), nil
+		}
 	}
 }
 
