@@ -263,7 +263,7 @@ func (m *Manager) Ensure(name string, l Limits) error {
 		if cur, err := readFile(p); err == nil && strings.TrimSpace(cur) == value {
 			continue
 		}
-		if err := os.WriteFile(p, []byte(value), 0); err != nil {
+		if err := writeFile(p, value); err != nil {
 			return fmt.Errorf("setting %s of %s to %s: %w", base, name, value, err)
 		}
 	}
@@ -576,6 +576,26 @@ func readFile(path string) (string, error) {
 			return string(buf), nil
 		}
 	}
+}
+
+// writeFile writes value to a cgroup interface file, without the
+// runtime's poller and its refused tries that os.WriteFile adds.
+func writeFile(path, value string) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	for {
+		_, err = unix.Write(fd, []byte(value))
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		return &fs.PathError{Op: "write", Path: path, Err: err}
+	}
+	return nil
 }
 
 // readUsage reads a cgroup's usage; dir names its directory of each v1
