@@ -354,8 +354,15 @@ func readRecord(path string) ([]byte, error) {
 			return buf, nil
 		}
 		buf = buf[:len(buf)+n]
+		if len(buf) > maxRecord {
+			return nil, fmt.Errorf("%s is larger than an instance record can be (%d bytes)", path, maxRecord)
+		}
 	}
 }
+
+// maxRecord bounds an instance record: a few kilobytes, more with many
+// mounts and binaries.
+const maxRecord = 16 << 20
 
 func (r *Runtime) save(rec *record) error {
 	b, err := json.MarshalIndent(rec, "", "  ")

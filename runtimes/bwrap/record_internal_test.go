@@ -27,4 +27,12 @@ func TestReadRecordReadsItWhole(t *testing.T) {
 	if _, err := readRecord(dir); err == nil {
 		t.Fatal("a directory read as a record")
 	}
+	// Bounded: a file past any record's size is refused, not read whole.
+	big := filepath.Join(dir, "big.json")
+	if err := os.WriteFile(big, make([]byte, maxRecord+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readRecord(big); err == nil {
+		t.Fatalf("a %d-byte file read as a record (%d bytes)", maxRecord+1, len(got))
+	}
 }
