@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cireilclaw/sandbox-controller/internal/fdfile"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/internal/startns"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -329,35 +330,10 @@ func (r *Runtime) load(name string) (*record, error) {
 	return &rec, nil
 }
 
-// readRecord reads the instance record at path. Every pass, Ensure and
-// command reads one: os.ReadFile would add six system calls to each (the
-// runtime's poller tries the descriptor and is refused, a file's size is
-// asked for), where an open, reads to the end and a close will do.
+// readRecord reads the instance record at path (every pass, Ensure and
+// command reads one) through its descriptor alone.
 func readRecord(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	buf := make([]byte, 0, 4096)
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		switch {
-		case errors.Is(err, unix.EINTR):
-			continue
-		case err != nil:
-			return nil, &fs.PathError{Op: "read", Path: path, Err: err}
-		case n == 0:
-			return buf, nil
-		}
-		buf = buf[:len(buf)+n]
-		if len(buf) > maxRecord {
-			return nil, fmt.Errorf("%s is larger than an instance record can be (%d bytes)", path, maxRecord)
-		}
-	}
+	return fdfile.Read(path, make([]byte, 0, 4096), maxRecord, false)
 }
 
 // maxRecord bounds an instance record: a few kilobytes, more with many
@@ -583,8 +559,8 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 			c.GitDirs = append(c.GitDirs, d.Bind.Target)
 			extra = append(extra, d.Dir)
 		}
-		bin, err := r.bubblewrap()
-		if err != nil {
+		bin, lookErr := r.bubblewrap()
+		if lookErr != nil {
 			// exec looks again and says why it cannot start it.
 			bin = r.bwrap
 		}

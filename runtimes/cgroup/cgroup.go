@@ -30,6 +30,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/fdfile"
 )
 
 // Mount is where the cgroup file systems are mounted.
@@ -263,7 +265,7 @@ func (m *Manager) Ensure(name string, l Limits) error {
 		if cur, err := readFile(p); err == nil && strings.TrimSpace(cur) == value {
 			continue
 		}
-		if err := writeFile(p, value); err != nil {
+		if err := fdfile.Write(p, []byte(value)); err != nil {
 			return fmt.Errorf("setting %s of %s to %s: %w", base, name, value, err)
 		}
 	}
@@ -546,57 +548,17 @@ func ProcessUsage(procDir string, pid int, top func(path string) string) (Usage,
 // interval, is five such files an instance. The path is the controller's
 // own (a cgroup it made below its parent), so it is opened as it is.
 func readFile(path string) (string, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", &fs.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
 	var small [1024]byte
-	buf := small[:0]
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return "", &fs.PathError{Op: "read", Path: path, Err: err}
-		}
-		if n == 0 {
-			return string(buf), nil
-		}
-		buf = buf[:len(buf)+n]
-		if len(buf) < cap(buf) {
-			// A cgroup file is a seq_file printed whole at each read: a
-			// read that leaves room is at its end, and a second read
-			// only to be told so is a system call an instance, a file
-			// and a pass.
-			return string(buf), nil
-		}
+	b, err := fdfile.Read(path, small[:0], maxInterfaceFile, true)
+	if err != nil {
+		return "", err
 	}
+	return string(b), nil
 }
 
-// writeFile writes value to a cgroup interface file, without the
-// runtime's poller and its refused tries that os.WriteFile adds.
-func writeFile(path, value string) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return &fs.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	for {
-		_, err = unix.Write(fd, []byte(value))
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	if err != nil {
-		return &fs.PathError{Op: "write", Path: path, Err: err}
-	}
-	return nil
-}
+// maxInterfaceFile bounds what readFile takes of a cgroup interface file
+// (a few lines).
+const maxInterfaceFile = 1 << 20
 
 // readUsage reads a cgroup's usage; dir names its directory of each v1
 // controller (any on v2).
