@@ -340,3 +340,51 @@ func quantile(d []time.Duration, q float64) time.Duration {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+
+// BenchmarkStartStopped measures what the controller's pass does for a
+// stopped Sandbox that gets a claim, and for one that has none left:
+// Ensure lays out the areas, builds the mount tree, makes the cgroups and
+// records the instance as running; Stop takes the tree and the cgroups
+// down again. The CPU time of the process is reported beside the wall
+// time: at a thousand Sandboxes the controller's CPU is mostly such
+// system calls (docs/benchmarks-scale.md).
+func BenchmarkStartStopped(b *testing.B) {
+	testenv.Binary(b, "bwrap", "install bubblewrap (hack/install-deps.sh)")
+	if os.Geteuid() != 0 {
+		testenv.Missing(b, "root", "mount trees and cgroups are made only as root; CI runs as root")
+	}
+	dir := b.TempDir()
+	state := filepath.Join(dir, "state")
+	rt, err := New(Config{StateDir: state})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := DetachTrees(state); err != nil {
+			b.Error(err)
+		}
+	})
+	spec := &v1alpha1.SandboxSpec{Agent: "bench", Binaries: []v1alpha1.BinaryName{"true"}}
+	in, err := instance.Standalone(spec, instance.Host{AreasRoot: filepath.Join(dir, "areas")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	start := cpu()
+	for b.Loop() {
+		if _, err := rt.Ensure(ctx, in); err != nil {
+			b.Fatal(err)
+		}
+		if err := rt.Stop(ctx, in.Name); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cpu()-start)/float64(b.N)/1e3, "cpu-µs/op")
+}

@@ -37,8 +37,9 @@ import (
 )
 
 // DefaultTreesDir is where mount trees live by default: below /run, so that
-// every agent id can search the path to them, and they go with a reboot
-// like the mounts in them.
+// every agent id can search the path to them, in a tmpfs mounted there
+// (mounttree.MakeTreesMount), so that they go with a reboot like the
+// mounts in them, even where /run is on disk.
 const DefaultTreesDir = "/run/sandbox-controller/trees"
 
 // OutputDrain is how long a command's output may keep arriving after the
@@ -219,9 +220,10 @@ func New(cfg Config) (*Runtime, error) {
 		if r.trees == "" {
 			r.trees = defaultTrees(cfg.StateDir)
 		}
-		// Unbindable: a command's start namespace, a clone of the host's
-		// mounts, leaves every tree out (internal/startns).
-		if err := mounttree.MakeUnbindable(filepath.Dir(r.trees)); err != nil {
+		// A tmpfs of its own, unbindable: a command's start namespace, a
+		// clone of the host's mounts, leaves every tree out
+		// (internal/startns).
+		if err := mounttree.MakeTreesMount(filepath.Dir(r.trees)); err != nil {
 			return nil, fmt.Errorf("preparing the bwrap mount tree directory: %w", err)
 		}
 		// The Pods' containers' root file systems, one mount each, come

@@ -20,6 +20,7 @@ package mounttree
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -454,14 +455,11 @@ func MakePrivate(dir string) error {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
-	var self, parent unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &self); err != nil {
-		return fmt.Errorf("inspecting %s: %w", dir, err)
+	own, err := isMountRoot(dir)
+	if err != nil {
+		return err
 	}
-	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(dir), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &parent); err != nil {
-		return fmt.Errorf("inspecting %s: %w", filepath.Dir(dir), err)
-	}
-	if self.Mnt_id == parent.Mnt_id {
+	if !own {
 		if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("binding %s on itself: %w", dir, err)
 		}
@@ -470,6 +468,94 @@ func MakePrivate(dir string) error {
 		return fmt.Errorf("making %s private: %w", dir, err)
 	}
 	return nil
+}
+
+// isMountRoot says whether dir is the root of a mount of its own.
+func isMountRoot(dir string) (bool, error) {
+	var self, parent unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &self); err != nil {
+		return false, fmt.Errorf("inspecting %s: %w", dir, err)
+	}
+	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(dir), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &parent); err != nil {
+		return false, fmt.Errorf("inspecting %s: %w", filepath.Dir(dir), err)
+	}
+	return self.Mnt_id != parent.Mnt_id, nil
+}
+
+// treesTmpfsOptions are the options of the tmpfs trees are built in: it
+// holds only directories (the mount points) and each driver's small owner
+// file, and only root writes it; agents search it on the way to their
+// areas.
+const treesTmpfsOptions = "mode=0711,size=16m"
+
+// MakeTreesMount makes dir the mount trees are built below: private and
+// unbindable (MakeUnbindable), and a tmpfs of its own when it is not a
+// mount yet and holds nothing. Building a tree makes a directory for each
+// of its mount points, and a directory made on a disk's file system costs
+// its journal and its inode tables (on the hosts of docs/benchmarks-scale.md
+// twenty times what it costs in a tmpfs); trees never outlive a reboot
+// anyway, like the mounts in them, and a tmpfs makes sure their
+// directories do not either, wherever dir is. A dir that already holds
+// something, or is already a mount (as an earlier version left it: bound
+// on itself, with its trees), is kept as it is: a tmpfs over it would hide
+// trees still in use. The check and the mount are made under a lock on
+// dir's parent, so that two processes starting at once mount one tmpfs.
+func MakeTreesMount(dir string) error {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	unlock, err := lockDir(filepath.Dir(dir))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	own, err := isMountRoot(dir)
+	if err != nil {
+		return err
+	}
+	if !own {
+		empty, err := isEmptyDir(dir)
+		if err != nil {
+			return err
+		}
+		if empty {
+			if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, treesTmpfsOptions); err != nil {
+				return fmt.Errorf("mounting a tmpfs for mount trees at %s: %w", dir, err)
+			}
+		}
+	}
+	return MakeUnbindable(dir)
+}
+
+// lockDir holds an exclusive lock on the directory dir until the returned
+// function is called.
+func lockDir(dir string) (func(), error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s to lock it: %w", dir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("locking %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// isEmptyDir says whether dir has no entries.
+func isEmptyDir(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, fmt.Errorf("listing %s: %w", dir, err)
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("listing %s: %w", dir, err)
+	}
+	return len(names) == 0, nil
 }
 
 // MakeUnbindable is MakePrivate, and makes dir's mount unbindable: a
