@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
@@ -120,12 +121,23 @@ func (n readyNotice) holds(version string) bool {
 	return version != "" && (n.versions[0] == version || n.versions[1] == version)
 }
 
-// ownWrites remembers, for each claim this process has just written, the
-// resourceVersion its write was computed from. A pass that reads that
-// version again reads from a cache that has not seen the write yet: it
-// would derive the same status and send it again. With notices this is
-// common: the Sandbox's status write comes back right after the claim's
-// own write and brings the claim back before its cache has that write.
+// ownWrites remembers, for each object this process has just written
+// (a claim's status; a Sandbox's finalizer and status), the
+// resourceVersion its write was computed from and the one it stored.
+//
+// A pass that reads the version a write was computed from again reads
+// from a cache that has not seen the write yet: it would derive the same
+// status and send it again (stale). With notices this is common: the
+// Sandbox's status write comes back right after the claim's own write and
+// brings the claim back before its cache has that write.
+//
+// And the watch event of the write itself, from the version read to the
+// version stored, tells the reconciler nothing it does not know: the pass
+// that wrote derived its status from everything the object said before,
+// and the write changed nothing else. Such an event starts no pass
+// (echoes). Without the filter every Sandbox and every claim made one pass
+// more after each of its writes, each reading its runtime (the instance's
+// record, tree and usage) or its Sandbox again to find nothing to do.
 type ownWrites struct {
 	mu   sync.Mutex
 	from map[types.UID]ownWrite
@@ -135,9 +147,13 @@ type ownWrites struct {
 	sweepAt int
 }
 
+// ownWrite is an object's last write, and the write of the same pass
+// before it (a Sandbox's finalizer, then its status), whose event may come
+// after the last one is recorded.
 type ownWrite struct {
-	version string
-	at      time.Time
+	version, stored        string
+	earlier, earlierStored string
+	at                     time.Time
 }
 
 // ownWriteAge is how long a record is kept at most: a cache is never
@@ -148,13 +164,13 @@ const ownWriteAge = time.Minute
 // looks again; the watch event of that write usually comes first.
 const staleRetry = 50 * time.Millisecond
 
-// stale says the cached o is the version an earlier write of this process
+// stale says the cached o is a version an earlier write of this process
 // was computed from; a newer one drops the record.
 func (w *ownWrites) stale(o client.Object) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	from, ok := w.from[o.GetUID()]
-	if ok && from.version == o.GetResourceVersion() {
+	r, ok := w.from[o.GetUID()]
+	if v := o.GetResourceVersion(); ok && (r.version == v || (r.earlier != "" && r.earlier == v)) {
 		return true
 	}
 	delete(w.from, o.GetUID())
@@ -162,7 +178,9 @@ func (w *ownWrites) stale(o client.Object) bool {
 }
 
 // wrote records a write computed from read that stored after; nothing
-// when no write happened.
+// when no write happened. A write computed from what the object's last
+// recorded write stored is that one's follower in the same pass: both are
+// kept.
 func (w *ownWrites) wrote(read, after client.Object) {
 	if read.GetResourceVersion() == after.GetResourceVersion() {
 		return
@@ -181,5 +199,41 @@ func (w *ownWrites) wrote(read, after client.Object) {
 		}
 		w.sweepAt = 2 * len(w.from)
 	}
-	w.from[after.GetUID()] = ownWrite{version: read.GetResourceVersion(), at: now}
+	rec := ownWrite{version: read.GetResourceVersion(), stored: after.GetResourceVersion(), at: now}
+	if prev, ok := w.from[after.GetUID()]; ok && prev.stored == rec.version {
+		rec.earlier, rec.earlierStored = prev.version, prev.stored
+	}
+	w.from[after.GetUID()] = rec
+}
+
+// echo says whether an update from before to after is one of this
+// process's recorded writes coming back through the watch, and nothing
+// else. The last write's event drops the record: the cache has it now.
+func (w *ownWrites) echo(before, after client.Object) bool {
+	if before == nil || after == nil || before.GetUID() != after.GetUID() {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, ok := w.from[after.GetUID()]
+	if !ok {
+		return false
+	}
+	from, to := before.GetResourceVersion(), after.GetResourceVersion()
+	switch {
+	case from == r.version && to == r.stored:
+		delete(w.from, after.GetUID())
+		return true
+	case r.earlier != "" && from == r.earlier && to == r.earlierStored:
+		return true
+	}
+	return false
+}
+
+// echoes filters out the watch events of this process's own writes
+// (ownWrites.echo); every other event passes.
+func (w *ownWrites) echoes() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return !w.echo(e.ObjectOld, e.ObjectNew)
+	}}
 }

@@ -6,6 +6,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 )
@@ -131,5 +132,53 @@ func TestOwnWritesTellAStaleCache(t *testing.T) {
 	w.wrote(claim("5"), claim("6"))
 	if len(w.from) != 1 {
 		t.Errorf("after a sweep %d records are left, want the newest only", len(w.from))
+	}
+}
+
+// The watch event of a write of this process, and only that event, starts
+// no pass: a Sandbox's finalizer then its status in one pass, each event
+// in its turn; an event from a version the pass did not read (another
+// writer came between) and a later change on top of ours pass through.
+func TestOwnWritesFilterTheirOwnEchoes(t *testing.T) {
+	var w ownWrites
+	sb := func(version string) *v1alpha1.Sandbox {
+		return &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "sb", UID: "uid-sb", ResourceVersion: version}}
+	}
+	echo := func(from, to string) bool {
+		return !w.echoes().Update(event.UpdateEvent{ObjectOld: sb(from), ObjectNew: sb(to)})
+	}
+	if echo("1", "2") {
+		t.Fatal("an update this process did not write was taken for its own")
+	}
+	// The finalizer (1 to 2), then the status (2 to 3), in one pass.
+	w.wrote(sb("1"), sb("2"))
+	w.wrote(sb("2"), sb("3"))
+	if echo("1", "3") {
+		t.Error("an event spanning both writes, with whatever came between, was filtered")
+	}
+	if !echo("1", "2") {
+		t.Error("the finalizer write's own event started a pass")
+	}
+	if !echo("2", "3") {
+		t.Error("the status write's own event started a pass")
+	}
+	if echo("2", "3") {
+		t.Error("the record outlived the last write's event: a later identical event would be lost")
+	}
+
+	// Another writer came between the read and the write: the event runs
+	// from its version, and the pass must see what it did.
+	w.wrote(sb("5"), sb("7"))
+	if echo("6", "7") {
+		t.Error("an event from another writer's version was filtered")
+	}
+	// A change on top of ours passes.
+	if echo("7", "8") {
+		t.Error("a change after this process's write was filtered")
+	}
+	// A create, a delete and a generic event always pass.
+	p := w.echoes()
+	if !p.Create(event.CreateEvent{Object: sb("9")}) || !p.Delete(event.DeleteEvent{Object: sb("9")}) || !p.Generic(event.GenericEvent{Object: sb("9")}) {
+		t.Error("the filter dropped an event that is not an update")
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -49,6 +50,9 @@ type SandboxReconciler struct {
 	// queued are the Sandboxes waiting for their first pass
 	// (queuedSandboxes); nil: none is told.
 	queued *queuedSandboxes
+	// own are this process's recent writes of Sandboxes (ownWrites),
+	// whose watch events start no pass.
+	own ownWrites
 }
 
 // The controller's own rights, least privilege: it writes a Sandbox only to
@@ -79,12 +83,13 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(usage); err != nil {
 		return fmt.Errorf("adding the usage watcher: %w", err)
 	}
-	var forOpts []builder.ForOption
+	// One WithPredicates: a second one replaces the first.
+	forPredicates := []predicate.Predicate{r.own.echoes()}
 	if r.queued != nil {
-		forOpts = append(forOpts, builder.WithPredicates(r.queued.created()))
+		forPredicates = append(forPredicates, r.queued.created())
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.Sandbox{}, forOpts...).
+		For(&v1alpha1.Sandbox{}, builder.WithPredicates(forPredicates...)).
 		Watches(&v1alpha1.SessionClaim{}, &claimsOfSandbox{reader: mgr.GetClient()}, builder.WithPredicates(claimChangesForSandbox)).
 		// A Sandbox that loses the agent name to another one must hear when
 		// that one goes.
@@ -157,9 +162,11 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		// The pass goes on with the object as the patch stored it: a new
 		// Sandbox with a claim starts in this pass, not in one more trip
 		// through the queue behind every other new Sandbox.
+		before := sb.DeepCopy()
 		if err := patchFinalizer(ctx, r.Client, sb, true); err != nil {
 			return requeueOnConflict(err)
 		}
+		r.own.wrote(before, sb)
 	}
 
 	read := sb.DeepCopy()
@@ -179,7 +186,9 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		if err := r.status.writeStatus(ctx, read, sb, mergeConditions); err != nil {
 			r.notices.withdraw(sb)
 			retErr = errors.Join(retErr, err)
+			return
 		}
+		r.own.wrote(read, sb)
 	}()
 
 	if err := r.loadClaims(ctx, s); err != nil {

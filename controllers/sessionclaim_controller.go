@@ -51,7 +51,7 @@ type SessionClaimReconciler struct {
 func (r *SessionClaimReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	retries := newRetryLimiter()
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.SessionClaim{}).
+		For(&v1alpha1.SessionClaim{}, builder.WithPredicates(r.own.echoes())).
 		Watches(&v1alpha1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(r.claimsOf), builder.WithPredicates(sandboxChangesForClaims))
 	if r.notices != nil {
 		b = b.WatchesRawSource(source.Channel(r.notices.claims, &handler.EnqueueRequestForObject{}))
