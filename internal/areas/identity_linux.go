@@ -15,6 +15,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/fdfile"
 )
 
 // IDRange is a block of host user and group ids handed to agents, one id
@@ -351,15 +353,7 @@ func (a *Identities) ensureIndex() (*indexMemo, error) {
 }
 
 func lockFile(path string) (func(), error) {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening lock %s: %w", path, err)
-	}
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	return func() { unix.Close(fd) }, nil
+	return fdfile.Lock(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW, 0o600)
 }
 
 // giveTree makes id the owner of dir and everything beneath it, through

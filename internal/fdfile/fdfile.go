@@ -2,7 +2,8 @@
 // every pass and command (instance records, cgroup interface files)
 // through their descriptor alone. os.ReadFile and os.WriteFile add six
 // system calls to each such file: the runtime's poller tries the
-// descriptor and is refused, and the file's size is asked for.
+// descriptor and is refused, and the file's size is asked for. Lock holds
+// an exclusive lock on a file or a directory.
 package fdfile
 
 import (
@@ -64,4 +65,20 @@ func Write(path string, b []byte) error {
 		return &fs.PathError{Op: "write", Path: path, Err: err}
 	}
 	return nil
+}
+
+// Lock opens path with flags (O_CLOEXEC is added; mode for a file
+// O_CREAT makes) and holds an exclusive flock on it until the returned
+// function is called. flags decide what path may be: a lock file
+// (O_RDWR|O_CREAT|O_NOFOLLOW) or a directory (O_RDONLY|O_DIRECTORY).
+func Lock(path string, flags int, mode uint32) (func(), error) {
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s to lock it: %w", path, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() { unix.Close(fd) }, nil
 }

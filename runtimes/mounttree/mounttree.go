@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/fdfile"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -504,7 +505,7 @@ func MakeTreesMount(dir string) error {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
-	unlock, err := lockDir(filepath.Dir(dir))
+	unlock, err := fdfile.Lock(filepath.Dir(dir), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return err
 	}
@@ -525,20 +526,6 @@ func MakeTreesMount(dir string) error {
 		}
 	}
 	return MakeUnbindable(dir)
-}
-
-// lockDir holds an exclusive lock on the directory dir until the returned
-// function is called.
-func lockDir(dir string) (func(), error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("opening %s to lock it: %w", dir, err)
-	}
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("locking %s: %w", dir, err)
-	}
-	return func() { unix.Close(fd) }, nil
 }
 
 // isEmptyDir says whether dir has no entries.
