@@ -59,7 +59,7 @@ type Namespaces struct {
 }
 
 // New returns the maker of start namespaces whose tree mounts are below
-// top (an unbindable mount on the host, mounttree.MakeUnbindable), or
+// top (an unbindable mount on the host, mounttree.MakeTreesMount), or
 // none when top is empty. A start namespace goes without the mounts at
 // and below each of drop: mounts that cannot be made unbindable on the
 // host (a mount that receives the host's, such as the node runtime's

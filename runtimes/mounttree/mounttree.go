@@ -461,12 +461,32 @@ func MakePrivate(dir string) error {
 		return err
 	}
 	if !own {
-		if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("binding %s on itself: %w", dir, err)
+		if err := bindOnItself(dir); err != nil {
+			return err
 		}
 	}
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("making %s private: %w", dir, err)
+	return setPropagation(dir, unix.MS_PRIVATE)
+}
+
+// bindOnItself makes dir a mount of its own: a recursive bind of itself.
+func bindOnItself(dir string) error {
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("binding %s on itself: %w", dir, err)
+	}
+	return nil
+}
+
+// setPropagation sets the propagation of the mount at dir to each of
+// flags in turn (MS_PRIVATE, MS_UNBINDABLE).
+func setPropagation(dir string, flags ...uintptr) error {
+	for _, f := range flags {
+		if err := unix.Mount("", dir, "", f, ""); err != nil {
+			what := "private"
+			if f == unix.MS_UNBINDABLE {
+				what = "unbindable"
+			}
+			return fmt.Errorf("making %s %s: %w", dir, what, err)
+		}
 	}
 	return nil
 }
@@ -489,18 +509,22 @@ func isMountRoot(dir string) (bool, error) {
 // areas.
 const treesTmpfsOptions = "mode=0711,size=16m"
 
-// MakeTreesMount makes dir the mount trees are built below: private and
-// unbindable (MakeUnbindable), and a tmpfs of its own when it is not a
-// mount yet and holds nothing. Building a tree makes a directory for each
-// of its mount points, and a directory made on a disk's file system costs
-// its journal and its inode tables (on the hosts of docs/benchmarks-scale.md
-// twenty times what it costs in a tmpfs); trees never outlive a reboot
-// anyway, like the mounts in them, and a tmpfs makes sure their
-// directories do not either, wherever dir is. A dir that already holds
-// something, or is already a mount (as an earlier version left it: bound
-// on itself, with its trees), is kept as it is: a tmpfs over it would hide
-// trees still in use. The check and the mount are made under a lock on
-// dir's parent, so that two processes starting at once mount one tmpfs.
+// MakeTreesMount makes dir the mount trees are built below, private and
+// unbindable (a recursive clone or bind of the mounts above it, open_tree
+// with AT_RECURSIVE or MS_BIND|MS_REC, leaves it and everything below it
+// out), and a tmpfs of its own when it is not a mount yet and holds
+// nothing. Building a tree makes a directory for each of its mount
+// points, and a directory made on a disk's file system costs its journal
+// and its inode tables (on the hosts of docs/benchmarks-scale.md twenty
+// times what it costs in a tmpfs); trees never outlive a reboot anyway,
+// like the mounts in them, and a tmpfs makes sure their directories do not
+// either, wherever dir is. A dir that already holds something, or is
+// already a mount (as an earlier version left it: bound on itself, with
+// its trees), is kept as it is: a tmpfs over it would hide trees still in
+// use. Where no tmpfs can be mounted, dir is bound on itself, as before:
+// the tmpfs saves time, the trees do not need it. The check and the mount
+// are made under a lock on dir's parent, so that two processes starting
+// at once mount one tmpfs.
 func MakeTreesMount(dir string) error {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
@@ -519,13 +543,14 @@ func MakeTreesMount(dir string) error {
 		if err != nil {
 			return err
 		}
-		if empty {
-			if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, treesTmpfsOptions); err != nil {
-				return fmt.Errorf("mounting a tmpfs for mount trees at %s: %w", dir, err)
+		mounted := empty && unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, treesTmpfsOptions) == nil
+		if !mounted {
+			if err := bindOnItself(dir); err != nil {
+				return err
 			}
 		}
 	}
-	return MakeUnbindable(dir)
+	return setPropagation(dir, unix.MS_PRIVATE, unix.MS_UNBINDABLE)
 }
 
 // isEmptyDir says whether dir has no entries.
@@ -543,19 +568,6 @@ func isEmptyDir(dir string) (bool, error) {
 		return false, fmt.Errorf("listing %s: %w", dir, err)
 	}
 	return len(names) == 0, nil
-}
-
-// MakeUnbindable is MakePrivate, and makes dir's mount unbindable: a
-// recursive clone or bind of the mounts above it (open_tree with
-// AT_RECURSIVE, MS_BIND|MS_REC) leaves it and everything below it out.
-func MakeUnbindable(dir string) error {
-	if err := MakePrivate(dir); err != nil {
-		return err
-	}
-	if err := unix.Mount("", dir, "", unix.MS_UNBINDABLE, ""); err != nil {
-		return fmt.Errorf("making %s unbindable: %w", dir, err)
-	}
-	return nil
 }
 
 // Blocker is a component an agent left on the way to a custom mount's
