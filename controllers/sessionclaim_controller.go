@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,6 +39,12 @@ type SessionClaimReconciler struct {
 	queued *queuedSandboxes
 	// own are this process's recent status writes (ownWrites).
 	own ownWrites
+	// checkedOut holds, by claim UID, the worktree status this process
+	// wrote when it checked a claim's worktree out. A pass whose cache has
+	// not seen that write yet (a status read before it, whatever brought
+	// the pass) takes it from here: adding the worktree and resetting it
+	// again would wipe what the agent did in it since.
+	checkedOut sync.Map
 }
 
 // A claim with a worktree is updated for its finalizer and owner

@@ -114,6 +114,11 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 	}
 	name := worktreeName(c)
 	wt := worktree.For(cr.repo, name)
+	if st := c.Status.Worktree; st == nil || !st.CheckedOut {
+		if v, ok := r.checkedOut.Load(c.UID); ok && v.(*v1alpha1.WorktreeStatus).HostPath == wt.HostPath {
+			c.Status.Worktree = v.(*v1alpha1.WorktreeStatus).DeepCopy()
+		}
+	}
 	added := false
 	if st := c.Status.Worktree; st == nil || !st.CheckedOut || st.HostPath != wt.HostPath {
 		// Once checked out the worktree is never made again: if it breaks,
@@ -154,6 +159,7 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 			return ctrl.Result{}, err
 		}
 		st.CheckedOut = true
+		r.checkedOut.Store(c.UID, st.DeepCopy())
 		log.FromContext(ctx).Info("worktree checked out", "path", st.Path, "branch", st.Branch, "head", st.Head)
 	}
 	f.worktree, f.worktreeMessage = worktreeCheckedOut, fmt.Sprintf("worktree %s checked out at %s", st.Path, describeRef(st))
@@ -205,6 +211,7 @@ func describeRef(st *v1alpha1.WorktreeStatus) string {
 // dirty one (or one whose state cannot be read) on disk. The claim's
 // deletion completes either way.
 func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) {
+	r.checkedOut.Delete(c.UID)
 	st := c.Status.Worktree
 	if c.Spec.Worktree == nil || st == nil {
 		return
