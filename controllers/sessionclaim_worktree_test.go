@@ -129,6 +129,31 @@ var _ = Describe("Session worktree health", Ordered, func() {
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
 	})
 
+	It("checks a worktree out once: a status that says it is not (as a cache behind the checkout's write does) does not reset the agent's work", func() {
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		wt := c.Status.Worktree.Path
+		code, _, stderr := sandboxRun(agent, "sh", "-c", "cd "+wt+" && echo draft > draft.txt && git add -N draft.txt && echo edited >> README")
+		Expect(code).To(Equal(0), stderr)
+
+		Eventually(func() error {
+			var c v1alpha1.SessionClaim
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c); err != nil {
+				return err
+			}
+			c.Status.Worktree.CheckedOut = false
+			return k8s.Status().Update(ctx, &c)
+		}, timeout).Should(Succeed())
+		Eventually(claimStatus(ns, "s1"), timeout).Should(HaveField("Worktree.CheckedOut", BeTrue()))
+		code, out, stderr := sandboxRun(agent, "git", "-C", wt, "status", "--porcelain")
+		Expect(code).To(Equal(0), stderr)
+		Expect(out).To(And(ContainSubstring("draft.txt"), ContainSubstring("README")),
+			"the pass that read the old status must not check the worktree out again over the agent's work")
+
+		code, _, stderr = sandboxRun(agent, "sh", "-c", "cd "+wt+" && git reset -q --hard && git clean -fq")
+		Expect(code).To(Equal(0), stderr)
+	})
+
 	It("takes a worktree with relative links as it is: no git directory at its host path, git works through the mount", func() {
 		var s1 v1alpha1.SessionClaim
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &s1)).To(Succeed())
