@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
+	"sort"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -224,5 +226,103 @@ func TestRuntimeProbeReadsOnlyTheSandboxesThatWait(t *testing.T) {
 	}
 	if reader.listed != 2 {
 		t.Fatalf("the probe read %d Sandboxes to find the 2 that wait", reader.listed)
+	}
+}
+
+// daemonRuntime is a driver that works through a daemon (runtimes.Pinger)
+// whose answers the test turns on and off.
+type daemonRuntime struct {
+	downRuntime
+	pings atomic.Int32
+}
+
+func (d *daemonRuntime) Ping(context.Context) error {
+	d.pings.Add(1)
+	if !d.up.Load() {
+		return runtimes.Errorf(runtimes.ReasonUnavailable, "pinging", "", "daemon is down")
+	}
+	return nil
+}
+
+// A running instance outlives its daemon (containerd's shims, Incus's
+// containers), and a Sandbox whose status no longer changes has no pass to
+// notice the daemon is gone: the probe pings the daemon every interval and,
+// when it stops answering, sends every Sandbox of that backend on this node
+// that does not report RuntimeUnavailable yet, once.
+func TestRuntimeProbeSendsTheSandboxesOfADaemonThatGoes(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	sandbox := func(name string, backend v1alpha1.Backend, reason, node string) *v1alpha1.Sandbox {
+		sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+			Spec: v1alpha1.SandboxSpec{Agent: name, Backend: backend, NodeName: node}}
+		c := &conditionChanges{generation: 1}
+		c.set(v1alpha1.ConditionRuntimeReady, reason == v1alpha1.ReasonRunning, reason, "m")
+		applyConditions(&sb.Status.Conditions, c.list)
+		return sb
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithIndex(&v1alpha1.Sandbox{}, indexSandboxWaitingRuntime, runtimeWaiting).WithObjects(
+		sandbox("running", v1alpha1.BackendContainerd, v1alpha1.ReasonRunning, ""),
+		sandbox("stopped", v1alpha1.BackendContainerd, v1alpha1.ReasonStopped, ""),
+		sandbox("says-so", v1alpha1.BackendContainerd, v1alpha1.ReasonRuntimeUnavailable, ""),
+		sandbox("other-node", v1alpha1.BackendContainerd, v1alpha1.ReasonRunning, "elsewhere"),
+		sandbox("bwrap", v1alpha1.BackendBwrap, v1alpha1.ReasonRunning, ""),
+	).Build()
+	daemon := &daemonRuntime{}
+	noDaemon := &downRuntime{}
+	noDaemon.up.Store(true)
+	out := make(chan event.GenericEvent, 16)
+	p := &runtimeProbe{reader: c, interval: time.Second, out: out, sent: map[types.NamespacedName]bool{},
+		runtimes: map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendContainerd: daemon, v1alpha1.BackendBwrap: noDaemon}}
+	ctx := context.Background()
+	sent := func() []string {
+		var names []string
+		for {
+			select {
+			case ev := <-out:
+				names = append(names, ev.Object.GetName())
+			default:
+				sort.Strings(names)
+				return names
+			}
+		}
+	}
+
+	daemon.up.Store(true)
+	p.probe(ctx)
+	if got := sent(); len(got) != 1 || got[0] != "says-so" {
+		t.Fatalf("daemon up: sent %v, want only the Sandbox that waits for it", got)
+	}
+	if daemon.pings.Load() == 0 || daemon.lists.Load() != 0 {
+		t.Fatalf("daemon up: %d pings and %d lists, want pings only", daemon.pings.Load(), daemon.lists.Load())
+	}
+	daemon.up.Store(false)
+	p.probe(ctx)
+	if got := sent(); !slices.Equal(got, []string{"running", "stopped"}) {
+		t.Fatalf("daemon gone: sent %v, want [running stopped] (this node's, of its backend, not saying so yet)", got)
+	}
+	p.probe(ctx)
+	if got := sent(); len(got) != 0 {
+		t.Fatalf("daemon still gone: sent %v again, want nothing (the passes report it, the back-off retries)", got)
+	}
+	daemon.up.Store(true)
+	p.probe(ctx)
+	if got := sent(); !slices.Equal(got, []string{"says-so"}) {
+		t.Fatalf("daemon back: sent %v, want [says-so] (the one that waits)", got)
+	}
+	daemon.up.Store(false)
+	p.probe(ctx)
+	if got := sent(); !slices.Equal(got, []string{"running", "stopped"}) {
+		t.Fatalf("daemon gone a second time: sent %v, want [running stopped] again", got)
+	}
+
+	// A daemon that never answered has nothing to lose: the first passes
+	// after the start report it.
+	fresh := &runtimeProbe{reader: c, interval: time.Second, out: out, sent: map[types.NamespacedName]bool{},
+		runtimes: map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendContainerd: &daemonRuntime{}}}
+	fresh.probe(ctx)
+	if got := sent(); len(got) != 0 {
+		t.Fatalf("daemon down from the start: sent %v, want nothing", got)
 	}
 }

@@ -15,15 +15,19 @@ import (
 )
 
 // runtimeProbeInterval is how often a runtime that Sandboxes report
-// unavailable is asked whether it is back.
+// unavailable is asked whether it is back, and a daemon whether it is
+// still there.
 const runtimeProbeInterval = time.Second
 
 // runtimeProbe re-queues the Sandboxes that report RuntimeUnavailable as
 // soon as their runtime answers again, rather than when their back-off
-// ends: while any Sandbox of a backend says RuntimeUnavailable, it calls
-// that driver's List (cheap: it answers only when the daemon does) every
-// runtimeProbeInterval, and on an answer sends each such Sandbox once to
-// the Sandbox controller.
+// ends: while any Sandbox of a backend says RuntimeUnavailable, it asks
+// that driver (Ping for a daemon's, else List: each answers only when the
+// runtime does) every runtimeProbeInterval, and on an answer sends each
+// such Sandbox once to the Sandbox controller.
+//
+// It also notices a daemon going away (watchDaemons), which no event
+// would tell the Sandboxes whose instances outlive it.
 type runtimeProbe struct {
 	reader   client.Reader
 	runtimes map[v1alpha1.Backend]runtimes.Runtime
@@ -34,12 +38,18 @@ type runtimeProbe struct {
 	// one that is still unavailable after its reconcile is left to the
 	// back-off instead of being sent every interval.
 	sent map[client.ObjectKey]bool
+	// up says, for each backend whose driver works through a daemon
+	// (runtimes.Pinger), whether the daemon answered the last ping.
+	up map[v1alpha1.Backend]bool
 }
 
 func (p *runtimeProbe) NeedLeaderElection() bool { return false }
 
 func (p *runtimeProbe) Start(ctx context.Context) error {
 	p.sent = map[client.ObjectKey]bool{}
+	p.up = map[v1alpha1.Backend]bool{}
+	// A daemon that answers now is one that can go before the first tick.
+	p.watchDaemons(ctx)
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
 	for {
@@ -66,6 +76,7 @@ func runtimeWaiting(o client.Object) []string {
 }
 
 func (p *runtimeProbe) probe(ctx context.Context) {
+	p.watchDaemons(ctx)
 	waiting := map[v1alpha1.Backend][]*v1alpha1.Sandbox{}
 	waitingKeys := map[client.ObjectKey]bool{}
 	for backend := range p.runtimes {
@@ -114,10 +125,67 @@ func (p *runtimeProbe) probe(ctx context.Context) {
 	}
 }
 
-// answers calls the driver's List with a deadline of one interval.
+// watchDaemons pings, every interval, each driver that works through a
+// daemon. A running instance outlives its daemon, and a Sandbox whose
+// status no longer changes has no pass to find out: when a daemon that
+// answered stops answering, every Sandbox of that backend on this node
+// that does not say so yet is sent, and its pass reports
+// RuntimeUnavailable (after which the probe waits for the daemon's return
+// as for any other).
+func (p *runtimeProbe) watchDaemons(ctx context.Context) {
+	if p.up == nil {
+		p.up = map[v1alpha1.Backend]bool{}
+	}
+	for backend, rt := range p.runtimes {
+		pinger, ok := rt.(runtimes.Pinger)
+		if !ok {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, p.interval)
+		err := pinger.Ping(pctx)
+		cancel()
+		was := p.up[backend]
+		p.up[backend] = err == nil
+		if err == nil || !was {
+			continue
+		}
+		log.FromContext(ctx).Info("runtime stopped answering; re-queueing its Sandboxes", "backend", backend, "error", err.Error())
+		p.sendAll(ctx, backend)
+	}
+}
+
+// sendAll sends every Sandbox of backend on this node that does not
+// report RuntimeUnavailable yet. It reads every Sandbox, and runs only
+// when a daemon goes away.
+func (p *runtimeProbe) sendAll(ctx context.Context, backend v1alpha1.Backend) {
+	var list v1alpha1.SandboxList
+	// Only keys leave this function: the cache's objects are not copied.
+	if err := p.reader.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		log.FromContext(ctx).Error(err, "listing Sandboxes whose runtime stopped answering", "backend", backend)
+		return
+	}
+	for i := range list.Items {
+		sb := &list.Items[i]
+		if sb.Spec.BackendOrDefault() != backend || !onNode(sb, p.node) || runtimeUnavailable(sb.Status.Conditions) {
+			continue
+		}
+		key := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: sb.Namespace, Name: sb.Name}}
+		select {
+		case p.out <- event.GenericEvent{Object: key}:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// answers pings a driver that works through a daemon, and calls any
+// other's List, with a deadline of one interval.
 func (p *runtimeProbe) answers(ctx context.Context, rt runtimes.Runtime) bool {
 	ctx, cancel := context.WithTimeout(ctx, p.interval)
 	defer cancel()
+	if pinger, ok := rt.(runtimes.Pinger); ok {
+		return pinger.Ping(ctx) == nil
+	}
 	_, err := rt.List(ctx)
 	return err == nil
 }

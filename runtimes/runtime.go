@@ -92,6 +92,14 @@ type Usage struct {
 	PidsLimited int64
 }
 
+// Pinger is a Runtime that works through a daemon of its own, which can go
+// away while its instances run on (containerd's tasks keep their shims,
+// Incus's containers their monitors). Ping says whether the daemon
+// answers, and costs one round trip.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // UsageReader is a Runtime that can say what an instance uses.
 type UsageReader interface {
 	Usage(name string) (Usage, error)

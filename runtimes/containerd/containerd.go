@@ -112,7 +112,10 @@ type Runtime struct {
 	treesNS *os.File
 }
 
-var _ runtimes.Runtime = (*Runtime)(nil)
+var (
+	_ runtimes.Runtime = (*Runtime)(nil)
+	_ runtimes.Pinger  = (*Runtime)(nil)
+)
 
 // New returns a containerd driver. It fails only on a configuration that
 // can never work; a daemon that is down is reported by each call instead.

@@ -464,6 +464,20 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (runtimes.State, err
 	return st, nil
 }
 
+// Ping asks the daemon its version: the cheapest call that answers only
+// when containerd does.
+func (r *Runtime) Ping(ctx context.Context) error {
+	const op = "asking the version of containerd at"
+	ctx, c, err := r.connect(ctx, op, r.cfg.Address)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Version(ctx); err != nil {
+		return r.fail(op, r.cfg.Address, err)
+	}
+	return nil
+}
+
 // List reports every container in the namespace that carries the owner label.
 func (r *Runtime) List(ctx context.Context) ([]runtimes.State, error) {
 	const op = "listing containers in namespace"

@@ -185,7 +185,10 @@ type Runtime struct {
 	projects map[string]string
 }
 
-var _ runtimes.Runtime = (*Runtime)(nil)
+var (
+	_ runtimes.Runtime = (*Runtime)(nil)
+	_ runtimes.Pinger  = (*Runtime)(nil)
+)
 
 // New returns an Incus driver. It fails only on a configuration that can
 // never work; a daemon that is down is reported by each call instead.

@@ -488,6 +488,15 @@ func gitDirsMissing(ctx context.Context, cl *incusapi.Client, in runtimes.Instan
 	return false
 }
 
+// Ping reads the server's description, which incusd serves only while it
+// runs.
+func (r *Runtime) Ping(ctx context.Context) error {
+	if _, err := r.client.Server(ctx); err != nil {
+		return r.fail("asking incusd at", r.client.Socket(), err)
+	}
+	return nil
+}
+
 // List reports the instances this driver made, in every project.
 func (r *Runtime) List(ctx context.Context) ([]runtimes.State, error) {
 	list, err := r.client.ListInstances(ctx, true)

@@ -331,6 +331,15 @@ func (r *Recorder) NetworkNamespace(ctx context.Context, name string) (string, e
 	return rep.NetworkNamespace(ctx, name)
 }
 
+// Ping passes through to a driver that works through a daemon; any other
+// always answers.
+func (r *Recorder) Ping(ctx context.Context) error {
+	if p, ok := r.Runtime.(runtimes.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
 // Usage passes through to the wrapped driver when it reports usage.
 func (r *Recorder) Usage(name string) (runtimes.Usage, error) {
 	ur, ok := r.Runtime.(runtimes.UsageReader)

@@ -44,8 +44,10 @@ var _ = Describe("containerd killed and restarted", Ordered, func() {
 		DeferCleanup(private.Close)
 		// The spec's containers go, with their mount trees, before the
 		// daemon stops: stopping it kills the tasks but leaves the trees
-		// mounted on the host.
+		// mounted on the host. A spec that failed while the daemon was
+		// down brings it back first (start is a no-op when it runs).
 		DeferCleanup(func() {
+			containerdScript(daemonEnv, "start")
 			states, err := private.List(ctx)
 			Expect(err).NotTo(HaveOccurred())
 			for _, st := range states {
