@@ -135,17 +135,7 @@ func TestRuntimeProbeRequeuesUnavailableSandboxesOncePerRecovery(t *testing.T) {
 	p := &runtimeProbe{reader: c, runtimes: map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: rt},
 		interval: time.Second, out: out, sent: map[types.NamespacedName]bool{}}
 	ctx := context.Background()
-	sent := func() []string {
-		var names []string
-		for {
-			select {
-			case ev := <-out:
-				names = append(names, ev.Object.GetName())
-			default:
-				return names
-			}
-		}
-	}
+	sent := func() []string { return sentNames(out) }
 
 	p.probe(ctx)
 	if got := sent(); len(got) != 0 || rt.lists.Load() != 1 {
@@ -229,6 +219,20 @@ func TestRuntimeProbeReadsOnlyTheSandboxesThatWait(t *testing.T) {
 	}
 }
 
+// sentNames drains what a probe sent, by name, sorted.
+func sentNames(out chan event.GenericEvent) []string {
+	var names []string
+	for {
+		select {
+		case ev := <-out:
+			names = append(names, ev.Object.GetName())
+		default:
+			sort.Strings(names)
+			return names
+		}
+	}
+}
+
 // daemonRuntime is a driver that works through a daemon (runtimes.Pinger)
 // whose answers the test turns on and off.
 type daemonRuntime struct {
@@ -276,18 +280,7 @@ func TestRuntimeProbeSendsTheSandboxesOfADaemonThatGoes(t *testing.T) {
 	p := &runtimeProbe{reader: c, interval: time.Second, out: out, sent: map[types.NamespacedName]bool{},
 		runtimes: map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendContainerd: daemon, v1alpha1.BackendBwrap: noDaemon}}
 	ctx := context.Background()
-	sent := func() []string {
-		var names []string
-		for {
-			select {
-			case ev := <-out:
-				names = append(names, ev.Object.GetName())
-			default:
-				sort.Strings(names)
-				return names
-			}
-		}
-	}
+	sent := func() []string { return sentNames(out) }
 
 	daemon.up.Store(true)
 	p.probe(ctx)
