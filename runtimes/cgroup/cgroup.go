@@ -84,6 +84,8 @@ type Manager struct {
 	// command, sparing the 5 to 15 ms of moving a stopped child by its
 	// pid. Empty: the stopped child is moved.
 	Starter string
+	// usage keeps the instances' usage files open (usageFiles).
+	usage *usageFiles
 }
 
 // New prepares the parent named name: below this process's own cgroup
@@ -98,7 +100,7 @@ func New(name, parent string) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Manager{V2: v2, dirs: map[string]string{}}
+	m := &Manager{V2: v2, dirs: map[string]string{}, usage: newUsageFiles()}
 	if m.V2 {
 		return m, m.newV2(name, parent, own[""])
 	}
@@ -250,6 +252,9 @@ func (m *Manager) Ensure(name string, l Limits) error {
 			return fmt.Errorf("creating the cgroup of %s: %w", name, err)
 		}
 	}
+	// Files kept open from a cgroup of the same name that went and was
+	// made again would read the old one.
+	m.forgetUsageFiles(name)
 	if m.V2 {
 		// The parent may have been made again since New (Remove prunes it).
 		if err := enable(m.dirs[""]); err != nil {
@@ -494,9 +499,26 @@ type Usage struct {
 	PidsMax  int64
 }
 
-// Usage reads instance name's usage.
+// Usage reads instance name's usage, through its files kept open when it
+// can (usageFiles).
 func (m *Manager) Usage(name string) (Usage, error) {
-	return readUsage(m.V2, func(c string) string { return m.Dir(c, name) })
+	dir := func(c string) string { return m.Dir(c, name) }
+	var f *openFiles
+	if m.usage != nil {
+		f = m.usage.take(name)
+	}
+	if f == nil {
+		return readUsage(m.V2, dir)
+	}
+	f.mu.Lock()
+	u, err := readUsageWith(m.V2, dir, f.read)
+	f.mu.Unlock()
+	if err != nil {
+		// Gone, or made again by someone else: the files by path say.
+		m.usage.dropIf(name, f)
+		return readUsage(m.V2, dir)
+	}
+	return u, nil
 }
 
 // ProcessUsage reads the usage of the cgroup process pid is in, as procDir
@@ -620,6 +642,7 @@ func readUsageWith(v2 bool, dir func(c string) string, readFile func(string) (st
 // the parent too when no other instance has a cgroup there, so that the
 // host keeps no empty cgroups of ours.
 func (m *Manager) Remove(name string) error {
+	m.forgetUsageFiles(name)
 	var errs []error
 	for c := range m.dirs {
 		dir := filepath.Join(m.dirs[c], name)
@@ -633,6 +656,14 @@ func (m *Manager) Remove(name string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forgetUsageFiles closes instance name's usage files, if it keeps any
+// open.
+func (m *Manager) forgetUsageFiles(name string) {
+	if m.usage != nil {
+		m.usage.drop(name)
+	}
 }
 
 // RemoveAll removes every instance's cgroup (their processes killed) and

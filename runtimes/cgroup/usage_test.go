@@ -5,11 +5,14 @@ package cgroup
 import (
 	"errors"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // A file longer than readFile's first buffer is read whole, and a missing
@@ -66,14 +69,120 @@ func TestUsageReadsTheInstanceCgroup(t *testing.T) {
 	}
 }
 
+// Usage through the files kept open reads what the cgroup holds now, not
+// what it held when they were opened; a cgroup removed and made again is
+// read anew, and one removed behind the manager's back is read by path
+// (not running); the descriptors are close-on-exec.
+func TestUsageFilesKeptOpenReadTheCgroupAsItIsNow(t *testing.T) {
+	m := newManager(t)
+	if u, err := m.Usage("inst"); err != nil || u.Pids != 0 {
+		t.Fatalf("usage of an empty cgroup: %+v, %v", u, err)
+	}
+	if m.usage.count() != 1 {
+		t.Fatalf("%d instances keep files open after a read, want 1", m.usage.count())
+	}
+	cmd := exec.Command("sh", "-c", `sleep 30 & echo held; wait`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start("inst", cmd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if _, err := out.Read(make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := m.Usage("inst"); err != nil || u.Pids != 2 {
+		t.Fatalf("usage through the kept files with a shell and a sleep inside: %+v, %v; want 2 processes", u, err)
+	}
+	f := m.usage.take("inst")
+	f.mu.Lock()
+	fds := maps.Clone(f.fds)
+	f.mu.Unlock()
+	if len(fds) == 0 {
+		t.Fatal("no file kept open")
+	}
+	for path, fd := range fds {
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err != nil || flags&unix.FD_CLOEXEC == 0 {
+			t.Fatalf("%s kept open without close-on-exec (flags %#x, %v): a command started would inherit it", path, flags, err)
+		}
+	}
+
+	// Removed and made again: the new cgroup's counters, not the old
+	// one's, and the old descriptors closed.
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if err := m.Remove("inst"); err != nil {
+		t.Fatal(err)
+	}
+	for path, fd := range fds {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); !errors.Is(err, unix.EBADF) {
+			t.Fatalf("%s still open after Remove", path)
+		}
+	}
+	if err := m.Ensure("inst", Limits{Pids: 64}); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := m.Usage("inst"); err != nil || u.Pids != 0 || u.CPUSeconds != 0 {
+		t.Fatalf("usage of the cgroup made again: %+v, %v; want a fresh one", u, err)
+	}
+
+	// Removed by someone else while its files are open: read by path,
+	// which says it is gone.
+	for _, d := range m.Dirs("inst") {
+		if err := unix.Rmdir(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.Usage("inst"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("usage of a cgroup removed behind the manager: %v; want fs.ErrNotExist", err)
+	}
+	if m.usage.count() != 0 {
+		t.Fatalf("the removed cgroup's files are still kept")
+	}
+	if err := m.Ensure("inst", Limits{Pids: 64}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// No more instances keep files open than the limit; the others are read
+// by path.
+func TestUsageFilesKeptOpenForAtMostTheLimit(t *testing.T) {
+	m := newManager(t)
+	m.usage.limit = 1
+	if err := m.Ensure("other", Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Remove("other") })
+	for _, name := range []string{"inst", "other"} {
+		if _, err := m.Usage(name); err != nil {
+			t.Fatalf("usage of %s: %v", name, err)
+		}
+	}
+	if m.usage.count() != 1 {
+		t.Fatalf("%d instances keep files open, want the limit's 1", m.usage.count())
+	}
+}
+
 // BenchmarkUsage reads an instance's usage as the controller does (every
-// pass of a running Sandbox and every health interval for each), beside
-// the same files read with os.ReadFile, the baseline of the same run.
+// pass of a running Sandbox and every health interval for each): through
+// the files kept open, and by path with readFile and with os.ReadFile,
+// the baselines of the same run.
 func BenchmarkUsage(b *testing.B) {
 	m := newManager(b)
-	b.Run("readFile", func(b *testing.B) {
+	dir := func(c string) string { return m.Dir(c, "inst") }
+	b.Run("kept open", func(b *testing.B) {
 		for b.Loop() {
 			if _, err := m.Usage("inst"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("readFile", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := readUsage(m.V2, dir); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -84,7 +193,7 @@ func BenchmarkUsage(b *testing.B) {
 			return string(b), err
 		}
 		for b.Loop() {
-			if _, err := readUsageWith(m.V2, func(c string) string { return m.Dir(c, "inst") }, osRead); err != nil {
+			if _, err := readUsageWith(m.V2, dir, osRead); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,0 +1,143 @@
+//go:build linux
+
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// usageFiles keeps the interface files of each instance whose usage was
+// read open, so that reading it again (every pass of its Sandbox, every
+// health interval, every metrics scrape) is one pread a file instead of
+// an open, a read and a close. On these hosts opening a cgroup file is
+// most of what reading one costs (BenchmarkUsage), and at 10,000 running
+// instances the usage watcher alone read 50,000 files every interval.
+//
+// The descriptors are the controller's, opened close-on-exec: nothing it
+// starts inherits them. An instance's files are closed when its cgroup is
+// made again (Ensure) or removed (Remove); a read through them that fails
+// (the cgroup went another way) closes them and reads the files by path,
+// so the caller sees what reading by path says. At most limit instances
+// keep files open, a quarter of the descriptors the process may hold;
+// the others are read by path.
+type usageFiles struct {
+	mu     sync.Mutex
+	byName map[string]*openFiles
+	limit  int
+}
+
+// openFiles are one instance's open interface files, by path.
+type openFiles struct {
+	mu     sync.Mutex
+	fds    map[string]int
+	closed bool
+}
+
+// filesPerInstance is how many interface files a usage read opens at most
+// (cgroup v1's five; v2 reads five too).
+const filesPerInstance = 5
+
+// newUsageFiles sizes the cache by the process's descriptor limit.
+func newUsageFiles() *usageFiles {
+	var rl unix.Rlimit
+	limit := 0
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil {
+		limit = int(min(rl.Cur/4/filesPerInstance, 1<<20))
+	}
+	return &usageFiles{byName: map[string]*openFiles{}, limit: limit}
+}
+
+// take is instance name's open files, new when it has none; nil when the
+// cache is full.
+func (u *usageFiles) take(name string) *openFiles {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if f, ok := u.byName[name]; ok {
+		return f
+	}
+	if len(u.byName) >= u.limit {
+		return nil
+	}
+	f := &openFiles{fds: map[string]int{}}
+	u.byName[name] = f
+	return f
+}
+
+// drop closes instance name's files, if it has any open.
+func (u *usageFiles) drop(name string) {
+	u.mu.Lock()
+	f, ok := u.byName[name]
+	delete(u.byName, name)
+	u.mu.Unlock()
+	if ok {
+		f.close()
+	}
+}
+
+// dropIf closes f and forgets it, unless name has other files by now.
+func (u *usageFiles) dropIf(name string, f *openFiles) {
+	u.mu.Lock()
+	if u.byName[name] == f {
+		delete(u.byName, name)
+	}
+	u.mu.Unlock()
+	f.close()
+}
+
+// count is how many instances keep files open.
+func (u *usageFiles) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.byName)
+}
+
+func (f *openFiles) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closeLocked()
+}
+
+func (f *openFiles) closeLocked() {
+	for _, fd := range f.fds {
+		_ = unix.Close(fd)
+	}
+	f.fds, f.closed = nil, true
+}
+
+// errClosed says the files were closed under the reader: read by path.
+var errClosed = errors.New("the cgroup's open files were closed")
+
+// read reads the interface file at path from offset 0, opening it the
+// first time. The caller holds f.mu.
+func (f *openFiles) read(path string) (string, error) {
+	if f.closed {
+		return "", errClosed
+	}
+	fd, ok := f.fds[path]
+	if !ok {
+		var err error
+		if fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			return "", &fs.PathError{Op: "open", Path: path, Err: err}
+		}
+		f.fds[path] = fd
+	}
+	// A read at offset 0 makes the kernel print the file anew.
+	var buf [1024]byte
+	for {
+		n, err := unix.Pread(fd, buf[:], 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return "", &fs.PathError{Op: "read", Path: path, Err: err}
+		case n == len(buf):
+			return "", &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("larger than the %d bytes a usage file holds", len(buf))}
+		}
+		return string(buf[:n]), nil
+	}
+}
