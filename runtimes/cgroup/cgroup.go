@@ -510,9 +510,7 @@ func (m *Manager) Usage(name string) (Usage, error) {
 	if f == nil {
 		return readUsage(m.V2, dir)
 	}
-	f.mu.Lock()
-	u, err := readUsageWith(m.V2, dir, f.read)
-	f.mu.Unlock()
+	u, err := f.readAll(m.V2, dir)
 	if err != nil {
 		// Gone, or made again by someone else: the files by path say.
 		m.usage.dropIf(name, f)

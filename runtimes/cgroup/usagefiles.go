@@ -31,10 +31,16 @@ type usageFiles struct {
 	limit  int
 }
 
-// openFiles are one instance's open interface files, by path.
+// openFiles are one instance's open interface files, in the order a
+// usage read reads them (readUsageWith reads the same files of the same
+// cgroup in the same order every time, so the n-th file read is the n-th
+// kept; no path is kept, which at 10,000 instances was megabytes).
 type openFiles struct {
 	mu     sync.Mutex
-	fds    map[string]int
+	fds    [filesPerInstance]int
+	opened int
+	// next is the file the read under way is at.
+	next   int
 	closed bool
 }
 
@@ -63,7 +69,7 @@ func (u *usageFiles) take(name string) *openFiles {
 	if len(u.byName) >= u.limit {
 		return nil
 	}
-	f := &openFiles{fds: map[string]int{}}
+	f := &openFiles{}
 	u.byName[name] = f
 	return f
 }
@@ -103,29 +109,43 @@ func (f *openFiles) close() {
 }
 
 func (f *openFiles) closeLocked() {
-	for _, fd := range f.fds {
+	for _, fd := range f.fds[:f.opened] {
 		_ = unix.Close(fd)
 	}
-	f.fds, f.closed = nil, true
+	f.opened, f.closed = 0, true
+}
+
+// readAll reads a usage through f: readUsageWith with f.read.
+func (f *openFiles) readAll(v2 bool, dir func(c string) string) (Usage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.next = 0
+	return readUsageWith(v2, dir, f.read)
 }
 
 // errClosed says the files were closed under the reader: read by path.
 var errClosed = errors.New("the cgroup's open files were closed")
 
-// read reads the interface file at path from offset 0, opening it the
-// first time. The caller holds f.mu.
+// read reads the next interface file, at path, from offset 0, opening it
+// the first time. The caller holds f.mu.
 func (f *openFiles) read(path string) (string, error) {
 	if f.closed {
 		return "", errClosed
 	}
-	fd, ok := f.fds[path]
-	if !ok {
-		var err error
-		if fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+	i := f.next
+	f.next++
+	switch {
+	case i >= len(f.fds):
+		return "", fmt.Errorf("reading %s: more than the %d files a usage reads", path, len(f.fds))
+	case i == f.opened:
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
 			return "", &fs.PathError{Op: "open", Path: path, Err: err}
 		}
-		f.fds[path] = fd
+		f.fds[i] = fd
+		f.opened++
 	}
+	fd := f.fds[i]
 	// A read at offset 0 makes the kernel print the file anew.
 	var buf [1024]byte
 	for {
