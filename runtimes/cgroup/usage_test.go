@@ -40,12 +40,11 @@ func TestReadFileReadsAllAndSaysWhatIsMissing(t *testing.T) {
 	}
 }
 
-// Usage reads what a real cgroup holds: a shell in the instance that
-// holds 8 MB in a variable while a sleep runs beside it is two processes
-// using at least that.
-func TestUsageReadsTheInstanceCgroup(t *testing.T) {
-	m := newManager(t)
-	cmd := exec.Command("sh", "-c", `x=$(head -c 8000000 /dev/zero | tr '\0' a); sleep 30 & echo held; wait`)
+// startHeld starts script in the instance's cgroup and returns once it
+// printed "held"; the test's end kills it.
+func startHeld(t *testing.T, m *Manager, script string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +56,15 @@ func TestUsageReadsTheInstanceCgroup(t *testing.T) {
 	if _, err := out.Read(make([]byte, 5)); err != nil {
 		t.Fatal(err)
 	}
+	return cmd
+}
+
+// Usage reads what a real cgroup holds: a shell in the instance that
+// holds 8 MB in a variable while a sleep runs beside it is two processes
+// using at least that.
+func TestUsageReadsTheInstanceCgroup(t *testing.T) {
+	m := newManager(t)
+	startHeld(t, m, `x=$(head -c 8000000 /dev/zero | tr '\0' a); sleep 30 & echo held; wait`)
 	u, err := m.Usage("inst")
 	if err != nil {
 		t.Fatal(err)
@@ -81,18 +89,7 @@ func TestUsageFilesKeptOpenReadTheCgroupAsItIsNow(t *testing.T) {
 	if m.usage.count() != 1 {
 		t.Fatalf("%d instances keep files open after a read, want 1", m.usage.count())
 	}
-	cmd := exec.Command("sh", "-c", `sleep 30 & echo held; wait`)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start("inst", cmd); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	if _, err := out.Read(make([]byte, 5)); err != nil {
-		t.Fatal(err)
-	}
+	cmd := startHeld(t, m, `sleep 30 & echo held; wait`)
 	if u, err := m.Usage("inst"); err != nil || u.Pids != 2 {
 		t.Fatalf("usage through the kept files with a shell and a sleep inside: %+v, %v; want 2 processes", u, err)
 	}
