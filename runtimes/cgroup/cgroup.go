@@ -510,13 +510,19 @@ func (m *Manager) Usage(name string) (Usage, error) {
 	if f == nil {
 		return readUsage(m.V2, dir)
 	}
-	u, err := f.readAll(m.V2, dir)
-	if err != nil {
+	u, byPath, err := f.readAll(m.V2, dir)
+	switch {
+	case err == nil:
+		return u, nil
+	case byPath:
+		// No cgroup (a stopped instance): said as a read by path says it.
+		m.usage.dropIf(name, f)
+		return Usage{}, err
+	default:
 		// Gone, or made again by someone else: the files by path say.
 		m.usage.dropIf(name, f)
 		return readUsage(m.V2, dir)
 	}
-	return u, nil
 }
 
 // ProcessUsage reads the usage of the cgroup process pid is in, as procDir

@@ -40,8 +40,11 @@ type openFiles struct {
 	fds    [filesPerInstance]int
 	opened int
 	// next is the file the read under way is at.
-	next   int
-	closed bool
+	next int
+	// openFailed says the read under way failed opening a file by its
+	// path: its error is the one a read by path gives.
+	openFailed bool
+	closed     bool
 }
 
 // filesPerInstance is how many interface files a usage read opens at most
@@ -115,12 +118,15 @@ func (f *openFiles) closeLocked() {
 	f.opened, f.closed = 0, true
 }
 
-// readAll reads a usage through f: readUsageWith with f.read.
-func (f *openFiles) readAll(v2 bool, dir func(c string) string) (Usage, error) {
+// readAll reads a usage through f: readUsageWith with f.read. byPath
+// says a failure was in opening a file by its path, which a read by path
+// would meet the same way (a stopped instance has no cgroup).
+func (f *openFiles) readAll(v2 bool, dir func(c string) string) (u Usage, byPath bool, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.next = 0
-	return readUsageWith(v2, dir, f.read)
+	f.next, f.openFailed = 0, false
+	u, err = readUsageWith(v2, dir, f.read)
+	return u, f.openFailed, err
 }
 
 // errClosed says the files were closed under the reader: read by path.
@@ -140,6 +146,7 @@ func (f *openFiles) read(path string) (string, error) {
 	case i == f.opened:
 		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
+			f.openFailed = true
 			return "", &fs.PathError{Op: "open", Path: path, Err: err}
 		}
 		f.fds[i] = fd
