@@ -15,6 +15,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
+	uberzap "go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/lazylog"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
@@ -69,6 +71,7 @@ func buildVersion() string {
 // loggerOptions turns --log-format and --log-level into zap options. The
 // defaults are for production (JSON, info, RFC 3339 times a log collector
 // parses); console keeps the development mode a person reads at a terminal.
+// Either way a logger's fields are encoded when it first writes.
 func loggerOptions(format, level string) ([]zap.Opts, error) {
 	var opts []zap.Opts
 	switch format {
@@ -83,7 +86,9 @@ func loggerOptions(format, level string) ([]zap.Opts, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(opts, zap.Level(lvl)), nil
+	// A reconciler's pass gets a logger with five fields; they are encoded
+	// only if the pass logs (internal/lazylog).
+	return append(opts, zap.Level(lvl), zap.RawZapOpts(uberzap.WrapCore(lazylog.Wrap))), nil
 }
 
 // parseLogLevel maps a level name or a logr verbosity N to zap's level;

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/rest"
 
+	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -57,6 +58,35 @@ func TestLoggerDefaults(t *testing.T) {
 				t.Errorf("V(4) line written: %v, want %v (output %q)", got, tc.wantV4, out)
 			}
 		})
+	}
+}
+
+// encodings counts how often a log field is encoded.
+type encodings int
+
+func (n *encodings) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	*n++
+	enc.AddString("name", "agent-1")
+	return nil
+}
+
+// A pass's logger carries the object and a reconcile ID; a pass that logs
+// nothing at the level does not encode them.
+func TestLoggerEncodesFieldsOnlyToWrite(t *testing.T) {
+	opts, err := loggerOptions("json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	var n encodings
+	log := zap.New(append(opts, zap.WriteTo(&buf))...).WithValues("controller", "sandbox").WithValues("Sandbox", &n, "reconcileID", "1")
+	log.V(1).Info("below the level")
+	if n != 0 {
+		t.Fatalf("the fields were encoded %d times before anything was written", n)
+	}
+	log.Info("written")
+	if n != 1 || !strings.Contains(buf.String(), `"Sandbox":{"name":"agent-1"},"reconcileID":"1"`) {
+		t.Fatalf("fields encoded %d times; output %q", n, buf.String())
 	}
 }
 
