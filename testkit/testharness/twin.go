@@ -147,6 +147,9 @@ func (e *Env) installTwin() {
 	Expect(yaml.UnmarshalStrict(data, crd)).To(Succeed())
 	crd.Spec.Group = twinGroup
 	crd.Name = crd.Spec.Names.Plural + "." + twinGroup
+	// Its own names only: kubectl's short names and categories stay the
+	// real SessionClaim's.
+	crd.Spec.Names.ShortNames, crd.Spec.Names.Categories = nil, nil
 	s := runtime.NewScheme()
 	Expect(apiextv1.AddToScheme(s)).To(Succeed())
 	c, err := client.New(e.Config, client.Options{Scheme: s})
