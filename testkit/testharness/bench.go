@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -52,29 +53,51 @@ const answeredKey = "bench.sandbox.cireilclaw.dev/answered"
 // its status. A claim can be Ready no sooner than the API server takes to
 // write an object, tell a watcher, take the watcher's write and tell the
 // client: Sample measures exactly that.
-type Answerer struct {
-	e      *Env
-	ns     string
-	stop   context.CancelFunc
-	failed chan error
-}
+type Answerer struct{ *answering }
 
 // StartAnswerer starts the watcher; Stop ends it.
 func (e *Env) StartAnswerer() *Answerer {
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+answeredKey+`":"true"}}}`))
+	return &Answerer{e.startAnswering(func() client.ObjectList { return &corev1.ConfigMapList{} }, "ConfigMap",
+		func(ctx context.Context, o client.Object) error { return e.Client.Patch(ctx, o, patch) })}
+}
+
+// Sample creates the ConfigMap name and returns the time until a watch
+// of the client's tells it was answered.
+func (a *Answerer) Sample(name string) time.Duration {
+	return a.sample(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: a.ns, Name: name}}, func(o runtime.Object) bool {
+		cm, isCM := o.(*corev1.ConfigMap)
+		return isCM && cm.Annotations[answeredKey] != ""
+	})
+}
+
+// answering is a watch on a namespace of its own that answers each object
+// added there with one write; the floors of the claim benchmark.
+type answering struct {
+	e       *Env
+	ns      string
+	what    string
+	newList func() client.ObjectList
+	stop    context.CancelFunc
+	failed  chan error
+}
+
+// startAnswering watches the objects newList lists in a new namespace and
+// calls answer for each one added.
+func (e *Env) startAnswering(newList func() client.ObjectList, what string, answer func(context.Context, client.Object) error) *answering {
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &Answerer{e: e, ns: e.NewNamespace(), stop: cancel, failed: make(chan error, 1)}
-	w, err := e.watchClient().Watch(ctx, &corev1.ConfigMapList{}, client.InNamespace(a.ns))
+	a := &answering{e: e, ns: e.NewNamespace(), what: what, newList: newList, stop: cancel, failed: make(chan error, 1)}
+	w, err := e.watchClient().Watch(ctx, newList(), client.InNamespace(a.ns))
 	Expect(err).NotTo(HaveOccurred())
 	go func() {
 		defer w.Stop()
-		patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+answeredKey+`":"true"}}}`))
 		for ev := range w.ResultChan() {
-			cm, isCM := ev.Object.(*corev1.ConfigMap)
-			if !isCM || ev.Type != watch.Added {
+			o, ok := ev.Object.(client.Object)
+			if !ok || ev.Type != watch.Added {
 				continue
 			}
-			if err := e.Client.Patch(ctx, cm, patch); err != nil && ctx.Err() == nil {
-				a.fail(fmt.Errorf("answering ConfigMap %s: %w", cm.Name, err))
+			if err := answer(ctx, o); err != nil && ctx.Err() == nil {
+				a.fail(fmt.Errorf("answering %s %s: %w", what, o.GetName(), err))
 			}
 		}
 		if ctx.Err() == nil {
@@ -84,40 +107,41 @@ func (e *Env) StartAnswerer() *Answerer {
 	return a
 }
 
-// fail hands Sample the first reason the Answerer stopped answering.
-func (a *Answerer) fail(err error) {
+// fail hands sample the first reason the watch stopped answering.
+func (a *answering) fail(err error) {
 	select {
 	case a.failed <- err:
 	default:
 	}
 }
 
-// Sample creates the ConfigMap name and returns the time until a watch
-// of the client's tells it was answered.
-func (a *Answerer) Sample(name string) time.Duration {
-	w, err := a.e.watchClient().Watch(context.Background(), &corev1.ConfigMapList{}, client.InNamespace(a.ns), client.MatchingFields{"metadata.name": name})
+// sample creates obj and returns the time until a watch of it tells
+// answered of what it sees.
+func (a *answering) sample(obj client.Object, answered func(runtime.Object) bool) time.Duration {
+	name := obj.GetName()
+	w, err := a.e.watchClient().Watch(context.Background(), a.newList(), client.InNamespace(a.ns), client.MatchingFields{"metadata.name": name})
 	Expect(err).NotTo(HaveOccurred())
 	defer w.Stop()
 	start := time.Now()
-	Expect(a.e.Client.Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: a.ns, Name: name}})).To(Succeed())
+	Expect(a.e.Client.Create(context.Background(), obj)).To(Succeed())
 	timeout := time.After(Timeout)
 	for {
 		select {
 		case ev, ok := <-w.ResultChan():
-			Expect(ok).To(BeTrue(), "the watch of ConfigMap %s ended before its answer", name)
-			if cm, isCM := ev.Object.(*corev1.ConfigMap); isCM && cm.Annotations[answeredKey] != "" {
+			Expect(ok).To(BeTrue(), "the watch of %s %s ended before its answer", a.what, name)
+			if answered(ev.Object) {
 				return time.Since(start)
 			}
 		case err := <-a.failed:
 			Fail(err.Error())
 		case <-timeout:
-			Fail(fmt.Sprintf("ConfigMap %s was not answered within %s", name, Timeout))
+			Fail(fmt.Sprintf("%s %s was not answered within %s", a.what, name, Timeout))
 		}
 	}
 }
 
-// Stop ends the Answerer's watch.
-func (a *Answerer) Stop() { a.stop() }
+// Stop ends the watch.
+func (a *answering) Stop() { a.stop() }
 
 // APIBurst is the floor of a burst figure: n objects written and read
 // back by n concurrent clients; each duration runs from the burst's start

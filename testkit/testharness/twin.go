@@ -3,12 +3,10 @@ package testharness
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
-	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -36,14 +33,7 @@ var twinGVK = schema.GroupVersionKind{Group: twinGroup, Version: v1alpha1.GroupV
 // status would: the least the API server needs for a claim on a running
 // Sandbox (its create, its status write, and the two watch events), with
 // the claim's own schema and status.
-type ClaimTwin struct {
-	e      *Env
-	ns     string
-	stop   context.CancelFunc
-	failed chan error
-	// status is the status each answer writes.
-	status map[string]any
-}
+type ClaimTwin struct{ *answering }
 
 // StartClaimTwin installs the twin CRD (once) and starts answering; each
 // answer writes status, the status of a real claim, as it was stored.
@@ -51,82 +41,44 @@ func (e *Env) StartClaimTwin(status v1alpha1.SessionClaimStatus) *ClaimTwin {
 	e.installTwin()
 	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&status)
 	Expect(err).NotTo(HaveOccurred())
-	ctx, cancel := context.WithCancel(context.Background())
-	t := &ClaimTwin{e: e, ns: e.NewNamespace(), stop: cancel, failed: make(chan error, 1), status: raw}
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(twinGVK.GroupVersion().WithKind("SessionClaimList"))
-	w, err := e.watchClient().Watch(ctx, list, client.InNamespace(t.ns))
+	// The merge patch of a status write, as the controller's status
+	// writer sends it.
+	body, err := json.Marshal(map[string]any{"status": raw})
 	Expect(err).NotTo(HaveOccurred())
-	go func() {
-		defer w.Stop()
-		for ev := range w.ResultChan() {
-			o, ok := ev.Object.(*unstructured.Unstructured)
-			if !ok || ev.Type != watch.Added {
-				continue
-			}
-			if err := e.Client.Status().Patch(ctx, o, twinAnswer(t.status)); err != nil && ctx.Err() == nil {
-				t.fail(fmt.Errorf("answering twin %s: %w", o.GetName(), err))
-			}
-		}
-		if ctx.Err() == nil {
-			t.fail(fmt.Errorf("the answering watch on namespace %s ended", t.ns))
-		}
-	}()
+	answer := client.RawPatch(types.MergePatchType, body)
+	t := &ClaimTwin{e.startAnswering(newTwinList, "twin", func(ctx context.Context, o client.Object) error {
+		return e.Client.Status().Patch(ctx, o, answer)
+	})}
 	// The first round trip of a new group pays for the clients' discovery
 	// of it: not timed.
 	t.Sample("warm-up", "none")
 	return t
 }
 
-// twinAnswer is the merge patch of a status write, as the controller's
-// status writer sends it.
-func twinAnswer(status map[string]any) client.Patch {
-	body, err := json.Marshal(map[string]any{"status": status})
-	Expect(err).NotTo(HaveOccurred())
-	return client.RawPatch(types.MergePatchType, body)
-}
-
-func (t *ClaimTwin) fail(err error) {
-	select {
-	case t.failed <- err:
-	default:
-	}
+func newTwinList() client.ObjectList {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(twinGVK.GroupVersion().WithKind("SessionClaimList"))
+	return list
 }
 
 // Sample creates a twin named name on Sandbox sandbox and returns the time
 // until its answer is seen.
 func (t *ClaimTwin) Sample(name, sandbox string) time.Duration {
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(twinGVK.GroupVersion().WithKind("SessionClaimList"))
-	w, err := t.e.watchClient().Watch(context.Background(), list, client.InNamespace(t.ns), client.MatchingFields{"metadata.name": name})
-	Expect(err).NotTo(HaveOccurred())
-	defer w.Stop()
 	o := &unstructured.Unstructured{}
 	o.SetGroupVersionKind(twinGVK)
 	o.SetNamespace(t.ns)
 	o.SetName(name)
 	o.Object["spec"] = map[string]any{"sandboxName": sandbox, "session": name}
-	start := time.Now()
-	Expect(t.e.Client.Create(context.Background(), o)).To(Succeed())
-	timeout := time.After(Timeout)
-	for {
-		select {
-		case ev, ok := <-w.ResultChan():
-			Expect(ok).To(BeTrue(), "the watch of twin %s ended before its answer", name)
-			if u, isU := ev.Object.(*unstructured.Unstructured); isU && twinReady(u) {
-				return time.Since(start)
-			}
-		case err := <-t.failed:
-			Fail(err.Error())
-		case <-timeout:
-			Fail(fmt.Sprintf("twin %s was not answered within %s", name, Timeout))
-		}
-	}
+	return t.sample(o, twinReady)
 }
 
 // twinReady says whether the twin's status has been written: its Ready
 // condition is there.
-func twinReady(u *unstructured.Unstructured) bool {
+func twinReady(obj runtime.Object) bool {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return false
+	}
 	var st v1alpha1.SessionClaimStatus
 	raw, _, _ := unstructured.NestedMap(u.Object, "status")
 	if raw == nil || runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &st) != nil {
@@ -134,9 +86,6 @@ func twinReady(u *unstructured.Unstructured) bool {
 	}
 	return meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady) != nil
 }
-
-// Stop stops answering.
-func (t *ClaimTwin) Stop() { t.stop() }
 
 // installTwin creates the twin CRD from the SessionClaim CRD's manifest
 // and waits until it is served.
