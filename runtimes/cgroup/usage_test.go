@@ -196,3 +196,55 @@ func BenchmarkUsage(b *testing.B) {
 		}
 	})
 }
+
+// The kept files are matched to a usage read by position (openFiles): the
+// n-th file a read opens is the n-th kept. That holds only while a read
+// asks for the same files in the same order whatever they say, stopping
+// at most early at a failure. A read that chose its files by their
+// contents would read one file through another's descriptor.
+func TestUsageReadsTheSameFilesInTheSameOrder(t *testing.T) {
+	dir := func(c string) string { return filepath.Join("/cg", c, "inst") }
+	// failAt answers "1" to every file but the k-th, which fails.
+	failAt := func(k int) func(int) (string, error) {
+		return func(i int) (string, error) {
+			if i == k {
+				return "", errors.New("gone")
+			}
+			return "1\n", nil
+		}
+	}
+	contents := map[string]func(i int) (string, error){
+		"numbers":      func(int) (string, error) { return "7\n", nil },
+		"keyed lines":  func(int) (string, error) { return "usage_usec 5\noom_kill 1\nmax 2\n", nil },
+		"empty":        func(int) (string, error) { return "", nil },
+		"not a number": func(int) (string, error) { return "x\n", nil },
+		"first fails":  failAt(0),
+		"second fails": failAt(1),
+		"fourth fails": failAt(3),
+		"last fails":   failAt(filesPerInstance - 1),
+	}
+	for _, v2 := range []bool{true, false} {
+		var full []string
+		for name, content := range contents {
+			var paths []string
+			_, _ = readUsageWith(v2, dir, func(path string) (string, error) {
+				paths = append(paths, path)
+				return content(len(paths) - 1)
+			})
+			if len(paths) > filesPerInstance {
+				t.Fatalf("v2=%v, %s: a read opened %d files, more than the %d kept", v2, name, len(paths), filesPerInstance)
+			}
+			if len(paths) > len(full) {
+				if !slices.Equal(paths[:len(full)], full) {
+					t.Fatalf("v2=%v, %s: read %v, not in the order %v", v2, name, paths, full)
+				}
+				full = paths
+			} else if !slices.Equal(paths, full[:len(paths)]) {
+				t.Fatalf("v2=%v, %s: read %v, not in the order %v", v2, name, paths, full)
+			}
+		}
+		if len(full) != filesPerInstance || len(slices.Compact(slices.Sorted(slices.Values(full)))) != len(full) {
+			t.Fatalf("v2=%v: a whole read opened %v, want %d distinct files", v2, full, filesPerInstance)
+		}
+	}
+}

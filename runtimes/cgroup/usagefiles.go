@@ -34,7 +34,8 @@ type usageFiles struct {
 // openFiles are one instance's open interface files, in the order a
 // usage read reads them (readUsageWith reads the same files of the same
 // cgroup in the same order every time, so the n-th file read is the n-th
-// kept; no path is kept, which at 10,000 instances was megabytes).
+// kept; TestUsageReadsTheSameFilesInTheSameOrder holds readUsageWith to
+// that. No path is kept, which at 10,000 instances was megabytes).
 type openFiles struct {
 	mu     sync.Mutex
 	fds    [filesPerInstance]int
