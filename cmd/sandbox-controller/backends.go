@@ -7,10 +7,13 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/go-logr/logr"
+
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/backend"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 )
 
 // driverList is the backends whose drivers this build links, as --backends
@@ -76,4 +79,27 @@ func enableBackends(ctx context.Context, f flags, stateDir string) (map[v1alpha1
 		rts[name] = rt
 	}
 	return rts, closeAll, nil
+}
+
+// logCgroupStarts says how each backend that chooses starts its commands
+// inside their cgroups on cgroup v1 (bwrap.Runtime.CgroupV1Start), and
+// what it measured to choose.
+func logCgroupStarts(log logr.Logger, rts map[v1alpha1.Backend]runtimes.Runtime) {
+	for name, rt := range rts {
+		s, ok := rt.(interface {
+			CgroupV1Start() (string, *cgroup.StartCosts)
+		})
+		if !ok {
+			continue
+		}
+		how, costs := s.CgroupV1Start()
+		if how == "" {
+			continue
+		}
+		if costs != nil {
+			log.Info("commands start inside their cgroups (cgroup v1)", "backend", name, "start", how, "measured", costs.String())
+		} else {
+			log.Info("commands start inside their cgroups (cgroup v1)", "backend", name, "start", how)
+		}
+	}
 }

@@ -364,6 +364,7 @@ Ctrl-C stops the controller and the control plane.
 		return err
 	}
 	log.Info("starting manager", "areasRoot", areasRoot, "backends", f.backends, "node", f.nodeName)
+	logCgroupStarts(log, rts)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
 	}

@@ -103,7 +103,21 @@ type Config struct {
 	// otherwise commands are stopped at their start and moved in. Unused
 	// on cgroup v2 and with JoinCgroupToStart.
 	Starter string
+	// CgroupV1Start chooses between the starter and moving stopped
+	// commands in, on cgroup v1: StartAuto (or empty) measures both at
+	// New, once a process (cgroup.MeasureStarts, about 0.1 s), and takes
+	// the starter unless moving commands in is the faster here;
+	// StartStarter always takes the starter (when there is one);
+	// StartMove always moves commands in.
+	CgroupV1Start string
 }
+
+// The values of Config.CgroupV1Start.
+const (
+	StartAuto    = "auto"
+	StartStarter = "starter"
+	StartMove    = "move"
+)
 
 // Host is where the driver finds things on the host.
 type Host struct {
@@ -174,6 +188,9 @@ type Runtime struct {
 	joinToStart bool
 	// starter is the cgroup v1 starter (Config.Starter); "" for none.
 	starter string
+	// startCosts are the v1 starts' costs New measured to choose
+	// between them (Config.CgroupV1Start); nil when it did not.
+	startCosts *cgroup.StartCosts
 	// starts makes the namespaces commands start in (internal/startns);
 	// nil without mount trees.
 	starts *startns.Namespaces
@@ -195,8 +212,13 @@ func New(cfg Config) (*Runtime, error) {
 	if !filepath.IsAbs(cfg.StateDir) {
 		return nil, fmt.Errorf("bwrap state directory %q must be an absolute path", cfg.StateDir)
 	}
+	switch cfg.CgroupV1Start {
+	case "", StartAuto, StartStarter, StartMove:
+	default:
+		return nil, fmt.Errorf("the bwrap cgroup v1 start (CgroupV1Start, --bwrap-cgroup-v1-start) %q: must be %s, %s or %s", cfg.CgroupV1Start, StartAuto, StartStarter, StartMove)
+	}
 	var starter string
-	if !cfg.JoinCgroupToStart {
+	if !cfg.JoinCgroupToStart && cfg.CgroupV1Start != StartMove {
 		var err error
 		if starter, err = findStarter(cfg.Starter, warningsOr(cfg.Warnings)); err != nil {
 			return nil, err
@@ -241,8 +263,13 @@ func New(cfg Config) (*Runtime, error) {
 			}
 		}
 	}
-	r.starter = starter
 	r.cgroups, r.cgroupErr = cgroup.New(cgroupName(cfg.StateDir), cfg.CgroupParent)
+	if starter != "" && r.cgroups != nil && !r.cgroups.V2 && (cfg.CgroupV1Start == "" || cfg.CgroupV1Start == StartAuto) {
+		var costs cgroup.StartCosts
+		starter, costs = chooseStart(starter, warningsOr(cfg.Warnings))
+		r.startCosts = &costs
+	}
+	r.starter = starter
 	if r.cgroups != nil {
 		r.cgroups.JoinToStart = cfg.JoinCgroupToStart
 		r.cgroups.Starter = r.starter

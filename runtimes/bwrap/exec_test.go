@@ -33,6 +33,13 @@ type sandbox struct {
 // test's tools. env is the runtime's own environment as the driver sees it.
 func newSandbox(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, host bwrap.Host) *sandbox {
 	t.Helper()
+	return newSandboxStarting(t, spec, env, host, "")
+}
+
+// newSandboxStarting is newSandbox with the driver's cgroup v1 start
+// (bwrap.Config.CgroupV1Start).
+func newSandboxStarting(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, host bwrap.Host, start string) *sandbox {
+	t.Helper()
 	testenv.Binary(t, "bwrap", "install bubblewrap (hack/install-deps.sh); in CI a missing bwrap fails these tests")
 	dir := testenv.SharedDir(t)
 	warnings := &bytes.Buffer{}
@@ -41,8 +48,10 @@ func newSandbox(t *testing.T, spec v1alpha1.SandboxSpec, env map[string]string, 
 		LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
 		Warnings:  warnings,
 		Host:      host,
-		// As the controller starts commands: through the starter.
-		Starter: testenv.Starter(t),
+		// As the controller starts commands: with the starter beside
+		// it, through it or moved in, whichever is faster here.
+		Starter:       testenv.Starter(t),
+		CgroupV1Start: start,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"time"
 
 	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/internal/startns"
@@ -212,6 +213,44 @@ func findStarter(configured string, warnings io.Writer) (string, error) {
 		fmt.Fprintf(warnings, "sandbox: not using the cgroup starter beside this binary (commands start 5 to 15 ms slower on cgroup v1): %v\n", err)
 	}
 	return p, nil
+}
+
+// startProbes and startProbeSpacing are how chooseStart measures.
+const (
+	startProbes       = 3
+	startProbeSpacing = 20 * time.Millisecond
+)
+
+// chooseStart is the starter commands start through on this cgroup v1
+// host, or "" to move them in, whichever cgroup.MeasureStarts finds
+// faster, and the costs measured; the starter, with a warning, when the
+// measure fails.
+func chooseStart(starter string, warnings io.Writer) (string, cgroup.StartCosts) {
+	costs, err := cgroup.MeasureStarts(starter, startProbes, startProbeSpacing)
+	switch {
+	case err != nil:
+		fmt.Fprintf(warnings, "sandbox: commands start through the cgroup starter %s; which start is faster here could not be measured: %v\n", starter, err)
+		return starter, costs
+	case costs.PreferMove():
+		return "", costs
+	}
+	return starter, costs
+}
+
+// CgroupV1Start says how commands start inside their instance's cgroups
+// on cgroup v1 ("starter", "move" or "join"; "" on cgroup v2 or without
+// cgroups) and, when New measured the two starts to choose, what each
+// cost.
+func (r *Runtime) CgroupV1Start() (string, *cgroup.StartCosts) {
+	switch {
+	case r.cgroups == nil || r.cgroups.V2:
+		return "", r.startCosts
+	case r.joinToStart:
+		return "join", r.startCosts
+	case r.starter != "":
+		return StartStarter, r.startCosts
+	}
+	return StartMove, r.startCosts
 }
 
 // starterBeside is cgroup.StarterBeside for this executable.

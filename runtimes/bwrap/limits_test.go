@@ -23,14 +23,20 @@ import (
 // limited is a sandbox whose commands may have 64 processes and 128 MiB.
 func limited(t *testing.T) *sandbox {
 	t.Helper()
+	return limitedStarting(t, "")
+}
+
+// limitedStarting is limited with the driver's cgroup v1 start.
+func limitedStarting(t *testing.T, start string) *sandbox {
+	t.Helper()
 	testenv.Binary(t, "python3", "install python3")
-	return newSandbox(t, v1alpha1.SandboxSpec{
+	return newSandboxStarting(t, v1alpha1.SandboxSpec{
 		Binaries: []v1alpha1.BinaryName{"sh", "python3", "cat", "sleep"},
 		Resources: &v1alpha1.Resources{
 			PidsLimit: ptr.To[int64](64),
 			Limits:    v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("128Mi")), CPU: ptr.To(resource.MustParse("500m"))},
 		},
-	}, nil, bwrap.Host{})
+	}, nil, bwrap.Host{}, start)
 }
 
 func usage(t *testing.T, s *sandbox) runtimes.Usage {
@@ -77,8 +83,39 @@ func TestMemoryHogIsKilledAtTheMemoryLimit(t *testing.T) {
 
 // Every process of a command is in the instance's cgroup from its start:
 // the usage counts a command's processes while it runs.
+// On cgroup v1 commands start as the driver was told, or, left to choose,
+// as it measured to be faster on this host; each way, inside the
+// instance's cgroup.
 func TestCommandsRunInTheInstanceCgroup(t *testing.T) {
-	s := limited(t)
+	for _, start := range []string{bwrap.StartAuto, bwrap.StartStarter, bwrap.StartMove} {
+		t.Run(start, func(t *testing.T) {
+			s := limitedStarting(t, start)
+			how, costs := s.rt.CgroupV1Start()
+			switch {
+			case how == "":
+				// cgroup v2: cloned into the cgroup, nothing to choose.
+			case start != bwrap.StartAuto && (how != start || costs != nil):
+				t.Errorf("told to start commands by %q, the driver starts them by %q (measured: %v)", start, how, costs)
+			case start == bwrap.StartAuto && costs == nil:
+				t.Errorf("left to choose, the driver starts commands by %q without measuring", how)
+			case start == bwrap.StartAuto && (how == bwrap.StartMove) != costs.PreferMove():
+				t.Errorf("left to choose, the driver starts commands by %q where %v", how, costs)
+			}
+			commandsRunInTheInstanceCgroup(t, s)
+		})
+	}
+}
+
+// A cgroup v1 start the driver does not know is refused, naming the
+// setting and its values.
+func TestAnUnknownCgroupV1StartIsRefused(t *testing.T) {
+	_, err := bwrap.New(bwrap.Config{StateDir: filepath.Join(t.TempDir(), "state"), CgroupV1Start: "fork"})
+	if err == nil || !strings.Contains(err.Error(), "--bwrap-cgroup-v1-start") || !strings.Contains(err.Error(), "auto, starter or move") {
+		t.Fatalf("an unknown cgroup v1 start: %v; want a refusal naming the setting and its values", err)
+	}
+}
+
+func commandsRunInTheInstanceCgroup(t *testing.T, s *sandbox) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -1,0 +1,177 @@
+//go:build linux
+
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Which of the two cgroup v1 starts that keep the controller outside an
+// instance's cgroups is faster depends on the host. Moving a stopped
+// command in by its pid takes the kernel's global cgroup lock, and on
+// some kernels an RCU grace period with it: 5 to 15 ms a start on some
+// hosts, 0.2 ms on others. The starter costs the exec of a static binary
+// and its runtime's start: about 0.5 ms on some hosts, 6 to 7 ms on
+// others, where every page fault is slow. MeasureStarts measures both
+// where the controller runs, each as a start makes it.
+
+// StartCosts are what the two starts cost on this host. Both count one
+// fork and exec of the starter binary, which the starts they stand for
+// make of the command: they differ by what each adds.
+type StartCosts struct {
+	// Moved is one start stopped at its first instruction, moved into
+	// each hierarchy's cgroup by its pid (the cgroups it is already in:
+	// the kernel takes its locks and moves nothing) and let go, as
+	// startV1 does.
+	Moved time.Duration
+	// Starter is one start of the starter up to its exit: its runtime's
+	// start.
+	Starter time.Duration
+}
+
+// PreferMove says whether moving stopped commands in is the faster start.
+func (c StartCosts) PreferMove() bool {
+	return c.Moved < c.Starter
+}
+
+func (c StartCosts) String() string {
+	return fmt.Sprintf("a start moved in takes %v, through the starter %v", c.Moved.Round(10*time.Microsecond), c.Starter.Round(10*time.Microsecond))
+}
+
+// MeasureStarts measures each start probes times, running the starter
+// with no command to start (it exits at once, having said how it is
+// used), and keeps the medians; once a process, by starter. The moved starts come spacing apart, so
+// that each takes the kernel's locks alone, as a command's start does on
+// a controller that is not starting others.
+func MeasureStarts(starter string, probes int, spacing time.Duration) (StartCosts, error) {
+	measured.mu.Lock()
+	defer measured.mu.Unlock()
+	if c, ok := measured.costs[starter]; ok {
+		return c, nil
+	}
+	c, err := measureStarts(starter, probes, spacing)
+	if err == nil {
+		measured.costs[starter] = c
+	}
+	return c, err
+}
+
+// measured keeps what MeasureStarts found, by starter: what a start costs
+// on a host does not change in a process's life, and each driver a
+// process makes (a test makes many) would measure again.
+var measured = struct {
+	mu    sync.Mutex
+	costs map[string]StartCosts
+}{costs: map[string]StartCosts{}}
+
+func measureStarts(starter string, probes int, spacing time.Duration) (StartCosts, error) {
+	if probes < 1 {
+		return StartCosts{}, fmt.Errorf("measuring the cgroup v1 starts: %d probes", probes)
+	}
+	var moved, starts []time.Duration
+	for range probes {
+		d, err := measureStarter(starter)
+		if err != nil {
+			return StartCosts{}, err
+		}
+		starts = append(starts, d)
+	}
+	for range probes {
+		time.Sleep(spacing)
+		d, err := measureMoved(starter)
+		if err != nil {
+			return StartCosts{}, err
+		}
+		moved = append(moved, d)
+	}
+	return StartCosts{Moved: median(moved), Starter: median(starts)}, nil
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// probe is the starter run with no command to start.
+func probe(starter string) *exec.Cmd {
+	return exec.Command(starter, StarterVerb)
+}
+
+// measureStarter times one run of the starter to its exit.
+func measureStarter(starter string) (time.Duration, error) {
+	cmd := probe(starter)
+	start := time.Now()
+	err := cmd.Run()
+	d := time.Since(start)
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		return 0, fmt.Errorf("measuring the starter %s: %w", starter, err)
+	}
+	return d, nil
+}
+
+// measureMoved times one start of the probe stopped at its first
+// instruction, moved by its pid into the v1 cgroups of the thread that
+// forked it (where it already is) and let go.
+func measureMoved(starter string) (time.Duration, error) {
+	// The tracer is the thread that forked the child.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	own, err := threadCgroups()
+	if err != nil {
+		return 0, fmt.Errorf("measuring a start moved in: %w", err)
+	}
+	cmd := probe(starter)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Ptrace: true}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("measuring a start moved in, of %s: %w", starter, err)
+	}
+	pid := cmd.Process.Pid
+	d, err := func() (time.Duration, error) {
+		var ws unix.WaitStatus
+		for {
+			_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				return 0, err
+			}
+			break
+		}
+		if !ws.Stopped() {
+			return 0, fmt.Errorf("%s ended before it started (wait status %#x)", starter, uint32(ws))
+		}
+		proc := []byte(strconv.Itoa(pid))
+		for _, c := range v1Controllers {
+			if err := os.WriteFile(filepath.Join(Mount, c, own[c], "cgroup.procs"), proc, 0); err != nil {
+				return 0, err
+			}
+		}
+		if err := unix.PtraceDetach(pid); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}()
+	if err != nil {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = cmd.Wait()
+		return 0, fmt.Errorf("measuring a start moved in: %w", err)
+	}
+	_ = cmd.Wait()
+	return d, nil
+}
