@@ -96,9 +96,10 @@ type Config struct {
 	// processes.
 	JoinCgroupToStart bool
 	// Starter is the cgroup v1 starter (cmd/sandbox-holder) commands
-	// start through (cgroup.Manager.Starter): 5 to 15 ms faster a start
-	// than stopping the command and moving it in, without this process
-	// ever joining an instance's cgroups. Empty: the sandbox-holder beside
+	// may start through (cgroup.Manager.Starter, and CgroupV1Start): 5 to
+	// 15 ms faster a start than stopping the command and moving it in on
+	// hosts where a move waits for the kernel, without this process ever
+	// joining an instance's cgroups. Empty: the sandbox-holder beside
 	// this executable, when it is there and only root may change it;
 	// otherwise commands are stopped at their start and moved in. Unused
 	// on cgroup v2 and with JoinCgroupToStart.

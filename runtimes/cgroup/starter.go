@@ -24,10 +24,11 @@ import (
 // command's ids and becomes the command. A process moving itself (0 into
 // a hierarchy's tasks) takes neither the kernel's global cgroup lock nor
 // an RCU grace period, which moving another process by its pid waits for
-// (5 to 15 ms a start on these hosts); the starter costs one exec of a
-// small static binary (about 0.5 ms). The controller never joins an
-// instance's cgroups, and the command is inside them from its first
-// instruction.
+// (5 to 15 ms a start on some hosts); the starter costs one exec of a
+// small static binary (about 0.5 ms on those hosts, 7 ms where page
+// faults are slow: MeasureStarts tells which start is faster where the
+// controller runs). The controller never joins an instance's cgroups,
+// and the command is inside them from its first instruction.
 //
 // Its argument list, after StarterVerb:
 //
