@@ -450,16 +450,9 @@ func (m *Manager) startV1(name string, cmd *exec.Cmd) error {
 		_ = cmd.Wait()
 		return err
 	}
-	var ws unix.WaitStatus
-	for {
-		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return fail(fmt.Errorf("waiting for %s to stop at its start: %w", cmd.Path, err))
-		}
-		break
+	ws, err := waitStop(pid)
+	if err != nil {
+		return fail(fmt.Errorf("waiting for %s to stop at its start: %w", cmd.Path, err))
 	}
 	if !ws.Stopped() {
 		// Gone before its first instruction (killed meanwhile): cmd.Wait
@@ -485,6 +478,17 @@ func (m *Manager) startV1(name string, cmd *exec.Cmd) error {
 		_ = unix.Kill(pid, unix.Signal(sig))
 	}
 	return nil
+}
+
+// waitStop waits for the traced child pid to stop (or end), and says how.
+func waitStop(pid int) (unix.WaitStatus, error) {
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return ws, err
+		}
+	}
 }
 
 // Usage is what an instance's cgroup has used.

@@ -142,16 +142,9 @@ func measureMoved(starter string) (time.Duration, error) {
 	}
 	pid := cmd.Process.Pid
 	d, err := func() (time.Duration, error) {
-		var ws unix.WaitStatus
-		for {
-			_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if err != nil {
-				return 0, err
-			}
-			break
+		ws, err := waitStop(pid)
+		if err != nil {
+			return 0, err
 		}
 		if !ws.Stopped() {
 			return 0, fmt.Errorf("%s ended before it started (wait status %#x)", starter, uint32(ws))
