@@ -4,10 +4,14 @@ import (
 	"context"
 	"flag"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
+
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 )
 
 // Every registered backend's flags are on the command line under the
@@ -21,10 +25,13 @@ func TestBackendFlagsAreBound(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"cgroup-parent", "allow-unlimited-sandboxes", "containerd-address", "containerd-namespace",
-		"containerd-fifo-dir", "containerd-mount-namespace", "incus-socket"} {
+		"containerd-fifo-dir", "containerd-mount-namespace", "incus-socket", "bwrap-starter", "bwrap-cgroup-v1-start"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("--%s is not bound", name)
 		}
+	}
+	if f := fs.Lookup("bwrap-cgroup-v1-start"); f != nil && f.DefValue != "auto" {
+		t.Errorf("--bwrap-cgroup-v1-start defaults to %s, not auto", f.DefValue)
 	}
 	if f := fs.Lookup("allow-unlimited-sandboxes"); f != nil && f.DefValue != "false" {
 		t.Errorf("--allow-unlimited-sandboxes defaults to %s", f.DefValue)
@@ -85,5 +92,37 @@ func TestBuildTagsLeaveTheDriversOut(t *testing.T) {
 	}
 	if !slim["github.com/cireilclaw/sandbox-controller/runtimes/bwrap"] {
 		t.Errorf("the build without containerd and incus lost bwrap's driver")
+	}
+}
+
+// At start the controller says how bwrap commands start inside their
+// cgroups on cgroup v1, as told by --bwrap-cgroup-v1-start.
+func TestTheCgroupV1StartIsLogged(t *testing.T) {
+	fs := flag.NewFlagSet("sandbox-controller", flag.ContinueOnError)
+	f := flags{backends: "bwrap", drivers: bindBackendFlags(fs)}
+	if err := fs.Parse([]string{"--bwrap-cgroup-v1-start=move"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rts, closeAll, err := enableBackends(context.Background(), f, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	// Before the directory goes: the driver's trees are mounts.
+	t.Cleanup(func() {
+		if err := bwrap.DetachTrees(filepath.Join(dir, "bwrap")); err != nil {
+			t.Error(err)
+		}
+	})
+	var lines []string
+	logCgroupStarts(funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{}), rts)
+	how, _ := rts[v1alpha1.BackendBwrap].(*bwrap.Runtime).CgroupV1Start()
+	t.Logf("%q: %q", how, lines)
+	switch {
+	case how == "" && len(lines) != 0:
+		t.Errorf("with nothing to choose (cgroup v2, or no cgroups), the controller said: %q", lines)
+	case how != "" && (len(lines) != 1 || !strings.Contains(lines[0], `"start"="move"`)):
+		t.Errorf("told to move commands in, the controller said: %q", lines)
 	}
 }
