@@ -96,10 +96,10 @@ func logCgroupStarts(log logr.Logger, rts map[v1alpha1.Backend]runtimes.Runtime)
 		if how == "" {
 			continue
 		}
+		kv := []any{"backend", name, "start", how}
 		if costs != nil {
-			log.Info("commands start inside their cgroups (cgroup v1)", "backend", name, "start", how, "measured", costs.String())
-		} else {
-			log.Info("commands start inside their cgroups (cgroup v1)", "backend", name, "start", how)
+			kv = append(kv, "measured", costs.String())
 		}
+		log.Info("commands start inside their cgroups (cgroup v1)", kv...)
 	}
 }

@@ -432,6 +432,14 @@ func threadCgroups() (map[string]string, error) {
 // chosen by its OOM killer, and would be listed, and killed, with the
 // instance's processes.)
 func (m *Manager) startV1(name string, cmd *exec.Cmd) error {
+	return startStopped(cmd, func(c string) string { return m.Dir(c, name) }, name)
+}
+
+// startStopped starts cmd stopped at its first instruction, moves it by
+// its pid into dir(c) of each v1 hierarchy c and lets it go; owner names
+// those cgroups' owner in errors. A child that cannot be moved or let go
+// is killed and reaped.
+func startStopped(cmd *exec.Cmd, dir func(c string) string, owner string) error {
 	// The tracer is the thread that forked the child: ptrace calls must
 	// come from it.
 	runtime.LockOSThread()
@@ -467,12 +475,12 @@ func (m *Manager) startV1(name string, cmd *exec.Cmd) error {
 	}
 	proc := []byte(strconv.Itoa(pid))
 	for _, c := range v1Controllers {
-		if err := os.WriteFile(filepath.Join(m.Dir(c, name), "cgroup.procs"), proc, 0); err != nil {
-			return fail(fmt.Errorf("moving %s into the %s cgroup of %s: %w", cmd.Path, c, name, err))
+		if err := os.WriteFile(filepath.Join(dir(c), "cgroup.procs"), proc, 0); err != nil {
+			return fail(fmt.Errorf("moving %s into the %s cgroup of %s: %w", cmd.Path, c, owner, err))
 		}
 	}
 	if err := unix.PtraceDetach(pid); err != nil {
-		return fail(fmt.Errorf("letting %s go once in the cgroups of %s: %w", cmd.Path, name, err))
+		return fail(fmt.Errorf("letting %s go once in the cgroups of %s: %w", cmd.Path, owner, err))
 	}
 	if sig != 0 {
 		_ = unix.Kill(pid, unix.Signal(sig))

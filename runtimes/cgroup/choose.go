@@ -3,19 +3,15 @@
 package cgroup
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"sync"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Which of the two cgroup v1 starts that keep the controller outside an
@@ -52,9 +48,11 @@ func (c StartCosts) String() string {
 
 // MeasureStarts measures each start probes times, running the starter
 // with no command to start (it exits at once, having said how it is
-// used), and keeps the medians; once a process, by starter. The moved starts come spacing apart, so
-// that each takes the kernel's locks alone, as a command's start does on
-// a controller that is not starting others.
+// used), and keeps the medians; once a process, by starter. The moved
+// starts come spacing apart, so that each takes the kernel's locks
+// alone, as a command's start does on a controller that is not starting
+// others. A probe still running after probeTimeout is killed, and the
+// measure fails.
 func MeasureStarts(starter string, probes int, spacing time.Duration) (StartCosts, error) {
 	measured.mu.Lock()
 	defer measured.mu.Unlock()
@@ -67,6 +65,10 @@ func MeasureStarts(starter string, probes int, spacing time.Duration) (StartCost
 	}
 	return c, err
 }
+
+// probeTimeout bounds one probe: the starter, given no command, exits
+// as soon as its runtime has started.
+var probeTimeout = 5 * time.Second
 
 // measured keeps what MeasureStarts found, by starter: what a start costs
 // on a host does not change in a process's life, and each driver a
@@ -105,66 +107,52 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-// probe is the starter run with no command to start.
-func probe(starter string) *exec.Cmd {
-	return exec.Command(starter, StarterVerb)
+// probe is the starter run with no command to start, killed at its
+// deadline; cancel releases it.
+func probe(starter string) (cmd *exec.Cmd, cancel func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	return exec.CommandContext(ctx, starter, StarterVerb), cancel
 }
 
 // measureStarter times one run of the starter to its exit.
 func measureStarter(starter string) (time.Duration, error) {
-	cmd := probe(starter)
+	cmd, cancel := probe(starter)
+	defer cancel()
 	start := time.Now()
 	err := cmd.Run()
 	d := time.Since(start)
 	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		return 0, fmt.Errorf("measuring the starter %s: %w", starter, err)
+	switch {
+	case errors.As(err, &exit) && exit.Exited():
+	case err != nil:
+		return 0, fmt.Errorf("measuring the starter %s (a probe is killed after %v): %w", starter, probeTimeout, err)
 	}
 	return d, nil
 }
 
 // measureMoved times one start of the probe stopped at its first
 // instruction, moved by its pid into the v1 cgroups of the thread that
-// forked it (where it already is) and let go.
+// forked it (where it already is) and let go, as startV1 starts a
+// command.
 func measureMoved(starter string) (time.Duration, error) {
-	// The tracer is the thread that forked the child.
+	// The child is forked from this thread, into its cgroups.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	own, err := threadCgroups()
 	if err != nil {
 		return 0, fmt.Errorf("measuring a start moved in: %w", err)
 	}
-	cmd := probe(starter)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Ptrace: true}
+	cmd, cancel := probe(starter)
+	defer cancel()
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("measuring a start moved in, of %s: %w", starter, err)
-	}
-	pid := cmd.Process.Pid
-	d, err := func() (time.Duration, error) {
-		ws, err := waitStop(pid)
-		if err != nil {
-			return 0, err
-		}
-		if !ws.Stopped() {
-			return 0, fmt.Errorf("%s ended before it started (wait status %#x)", starter, uint32(ws))
-		}
-		proc := []byte(strconv.Itoa(pid))
-		for _, c := range v1Controllers {
-			if err := os.WriteFile(filepath.Join(Mount, c, own[c], "cgroup.procs"), proc, 0); err != nil {
-				return 0, err
-			}
-		}
-		if err := unix.PtraceDetach(pid); err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}()
+	err = startStopped(cmd, func(c string) string { return filepath.Join(Mount, c, own[c]) }, "this process")
+	d := time.Since(start)
 	if err != nil {
-		_ = unix.Kill(pid, unix.SIGKILL)
-		_ = cmd.Wait()
 		return 0, fmt.Errorf("measuring a start moved in: %w", err)
 	}
-	_ = cmd.Wait()
+	var exit *exec.ExitError
+	if err := cmd.Wait(); err != nil && (!errors.As(err, &exit) || !exit.Exited()) {
+		return 0, fmt.Errorf("measuring a start moved in: %s (a probe is killed after %v): %w", starter, probeTimeout, err)
+	}
 	return d, nil
 }

@@ -3,6 +3,7 @@
 package cgroup
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -57,5 +58,25 @@ func TestMeasureStartsNamesAStarterItCannotRun(t *testing.T) {
 	_, err := MeasureStarts(missing, 1, 0)
 	if err == nil || !strings.Contains(err.Error(), missing) {
 		t.Fatalf("measuring with a starter that is not there: %v; want an error naming it", err)
+	}
+}
+
+// A starter that does not exit is killed at the probe's deadline, and the
+// measure fails saying so, instead of holding the driver's start.
+func TestAProbeThatHangsIsKilledAtItsDeadline(t *testing.T) {
+	newManager(t)
+	hang := filepath.Join(t.TempDir(), StarterName)
+	if err := os.WriteFile(hang, []byte("#!/bin/sh\nexec sleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
+	probeTimeout = 200 * time.Millisecond
+	start := time.Now()
+	_, err := measureStarts(hang, 1, 0)
+	if err == nil || !strings.Contains(err.Error(), "killed after 200ms") {
+		t.Fatalf("measuring with a starter that hangs: %v; want the probe killed at its deadline", err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("the measure took %v with a probe deadline of %v", took, probeTimeout)
 	}
 }
