@@ -193,7 +193,7 @@ bench-execapi: ## Exec of true through the exec API (the node's endpoint), throu
 	$(BENCH_PAGE) KUBEBUILDER_ASSETS="$(ENVTEST_DIR)" go test -count=1 -timeout 20m ./test/e2e/execapi/ -ginkgo.label-filter=bench -ginkgo.v
 
 .PHONY: bench-scale
-bench-scale: image-binary ## 1,000 and 10,000 Sandboxes (SCALE_SANDBOXES, comma-separated) with a claim each: time to all Ready against the API server's own time to create them, the controller's CPU and memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build, SCALE_PPROF=1 saves a CPU profile of each run in bin/).
+bench-scale: image-binary ## 1,000 and 10,000 Sandboxes (SCALE_SANDBOXES, comma-separated) with a claim each: time to all Ready against the API server's own time to create them, the controller's CPU and memory; writes docs/benchmarks-scale.md (SCALE_BASELINE_BIN adds a row for another build, SCALE_PPROF=1 saves a CPU profile and a heap profile of each run in bin/, SCALE_PPROF=exact a heap profile of every allocation and no page).
 	@hack/install-deps.sh
 	@hack/envtest-assets.sh >/dev/null
 	$(BENCH_PAGE) SCALE_SANDBOXES=$(SCALE_SANDBOXES) SCALE_CONTROLLER_BIN="$(IMAGE_BIN)" SCALE_PPROF="$(SCALE_PPROF)" \
