@@ -78,7 +78,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("adding the runtime probe: %w", err)
 	}
 	usageChanged := make(chan event.GenericEvent)
-	usage := &usageWatcher{reader: mgr.GetClient(), runtimes: r.Runtimes, node: r.NodeName, interval: r.healthInterval(),
+	usage := &usageWatcher{informers: mgr.GetCache(), runtimes: r.Runtimes, node: r.NodeName, interval: r.healthInterval(),
 		recorder: r.Recorder, seen: map[string]runtimes.Usage{}, out: usageChanged}
 	if err := mgr.Add(usage); err != nil {
 		return fmt.Errorf("adding the usage watcher: %w", err)
