@@ -59,8 +59,7 @@ func TestUsageReadsTheCachedSandboxesWithoutCopyingThem(t *testing.T) {
 
 	// The store's list is a pointer a Sandbox (16 B); a List of the
 	// cache, even without deep copies, copies every Sandbox's struct.
-	var stats testing.BenchmarkResult
-	stats = testing.Benchmark(func(b *testing.B) {
+	stats := testing.Benchmark(func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			w.each(func(*v1alpha1.Sandbox, runtimes.Usage) {})
