@@ -108,15 +108,21 @@ func median(ds []time.Duration) time.Duration {
 }
 
 // probe is the starter run with no command to start, killed at its
-// deadline; cancel releases it.
-func probe(starter string) (cmd *exec.Cmd, cancel func()) {
+// deadline; cancel releases it, and failed says why a run of it failed.
+func probe(starter string) (cmd *exec.Cmd, failed func(error) error, cancel func()) {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	return exec.CommandContext(ctx, starter, StarterVerb), cancel
+	failed = func(err error) error {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("%s was killed after %v: it had not exited (%w)", starter, probeTimeout, err)
+		}
+		return err
+	}
+	return exec.CommandContext(ctx, starter, StarterVerb), failed, cancel
 }
 
 // measureStarter times one run of the starter to its exit.
 func measureStarter(starter string) (time.Duration, error) {
-	cmd, cancel := probe(starter)
+	cmd, failed, cancel := probe(starter)
 	defer cancel()
 	start := time.Now()
 	err := cmd.Run()
@@ -125,7 +131,7 @@ func measureStarter(starter string) (time.Duration, error) {
 	switch {
 	case errors.As(err, &exit) && exit.Exited():
 	case err != nil:
-		return 0, fmt.Errorf("measuring the starter %s (a probe is killed after %v): %w", starter, probeTimeout, err)
+		return 0, fmt.Errorf("measuring the starter %s: %w", starter, failed(err))
 	}
 	return d, nil
 }
@@ -142,7 +148,7 @@ func measureMoved(starter string) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("measuring a start moved in: %w", err)
 	}
-	cmd, cancel := probe(starter)
+	cmd, failed, cancel := probe(starter)
 	defer cancel()
 	start := time.Now()
 	err = startStopped(cmd, func(c string) string { return filepath.Join(Mount, c, own[c]) }, "this process")
@@ -152,7 +158,7 @@ func measureMoved(starter string) (time.Duration, error) {
 	}
 	var exit *exec.ExitError
 	if err := cmd.Wait(); err != nil && (!errors.As(err, &exit) || !exit.Exited()) {
-		return 0, fmt.Errorf("measuring a start moved in: %s (a probe is killed after %v): %w", starter, probeTimeout, err)
+		return 0, fmt.Errorf("measuring a start moved in: %w", failed(err))
 	}
 	return d, nil
 }
