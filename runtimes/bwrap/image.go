@@ -357,6 +357,12 @@ func (r *Runtime) imageMount(name string, root *os.File) (*os.File, error) {
 		_ = detachAll(m)
 		return nil, fmt.Errorf("making the image mount read-only: %w", err)
 	}
+	// A bind of a shared mount is one of its peers: private, so that
+	// nothing mounted or unmounted below it reaches the image's own mount.
+	if err := unix.Mount("", m, "", unix.MS_PRIVATE, ""); err != nil {
+		_ = detachAll(m)
+		return nil, fmt.Errorf("making the image mount private: %w", err)
+	}
 	f, err := openSame(m, &want)
 	if err != nil {
 		_ = detachAll(m)

@@ -66,8 +66,11 @@ func injectBind(pid uint32, dir *os.File, b runtimes.Bind) error {
 		return fmt.Errorf("cloning %s: %w", b.Source, err)
 	}
 	defer unix.Close(tree)
-	// The same options as the binds of the container's spec.
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	// The same options as the binds of the container's spec, and private:
+	// a clone of a shared host mount would be one of its peers, and what
+	// is mounted or unmounted below it in the container would be on the
+	// host too.
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
 	if b.ReadOnly {
 		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}

@@ -147,7 +147,15 @@ func (t Tree) bind(root int, b Bind) error {
 // attach resolves source once (areas.HostDir: beneath its anchor, no
 // magic links), clones the mount at that held directory (with its
 // submounts when recursive), makes the clone read-only when asked, always
-// nosuid and nodev, and hands the detached clone to place.
+// nosuid, nodev and private, and hands the detached clone to place.
+//
+// Private, because a clone of a shared mount (/ on a systemd host, the
+// areas volume of a Pod with Bidirectional propagation) joins its peer
+// group: a custom mount made in the tree then appeared at its destination
+// in the agent's area on the host as well, and detaching a tree unmounted
+// the host's own mounts below the area, and the custom mounts of the
+// agent's newer trees, which it could force by moving a destination's
+// directory until the trees' clean-up ran.
 func attach(source areas.HostDir, recursive, readOnly bool, place func(fd int) error) error {
 	held, err := source.Open()
 	if err != nil {
@@ -163,7 +171,7 @@ func attach(source areas.HostDir, recursive, readOnly bool, place func(fd int) e
 		return fmt.Errorf("cloning %s: %w", source, err)
 	}
 	defer unix.Close(fd)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
 	if readOnly {
 		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}
