@@ -54,7 +54,7 @@ type Area struct {
 // views included) beneath the area mounted at /workspace. Git directory
 // binds are not in it: they come and go while the sandbox runs.
 func For(in runtimes.Instance) Tree {
-	t := Tree{Workspace: strings.TrimPrefix(policy.SandboxHome, "/"), Owner: in.Identity.UID}
+	t := Tree{Workspace: strings.TrimPrefix(policy.SandboxHome, "/"), Owner: in.Identity.UID, Group: in.Identity.GID}
 	for _, a := range in.Areas {
 		t.Areas = append(t.Areas, Area{Name: strings.TrimPrefix(a.Target, "/"), Source: in.SourceDir(a), ReadOnly: a.ReadOnly})
 	}
@@ -78,6 +78,24 @@ type Tree struct {
 	// Owner is the agent's id: directories created as mount points in the
 	// workspace belong to it.
 	Owner uint32
+	// Group is the agent's group. With an Owner, Dir is root's and this
+	// group's alone to search (dirMode): the areas' own directories are
+	// open to every user, and the trees' directories above Dir are
+	// searchable by all (every agent reaches its own tree through them),
+	// so a tree open to all let any user of the host read every agent's
+	// areas, past the agent's own directory that keeps them out on the
+	// areas root.
+	Group uint32
+}
+
+// dirMode is the mode and group of Dir: searchable by root and the
+// agent's group alone when there is an agent's id, by all otherwise
+// (the agent's commands then run as root).
+func (t Tree) dirMode() (os.FileMode, uint32) {
+	if t.Owner == 0 {
+		return 0o711, 0
+	}
+	return 0o710, t.Group
 }
 
 // resolveNoLinks refuses every symbolic link and any escape from the root.
@@ -93,10 +111,14 @@ func (t Tree) Build() error {
 	if err := Remove(t.Dir); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(t.Dir, 0o711); err != nil {
+	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
 		return fmt.Errorf("creating mount tree directory %s: %w", t.Dir, err)
 	}
-	if err := os.Chmod(t.Dir, 0o711); err != nil {
+	mode, group := t.dirMode()
+	if err := os.Lchown(t.Dir, 0, int(group)); err != nil {
+		return fmt.Errorf("giving mount tree directory %s to group %d: %w", t.Dir, group, err)
+	}
+	if err := os.Chmod(t.Dir, mode); err != nil {
 		return fmt.Errorf("creating mount tree directory %s: %w", t.Dir, err)
 	}
 	for _, a := range t.Areas {
@@ -295,6 +317,14 @@ func (t Tree) verifyAreas() (int, error) {
 			unix.Close(root)
 		}
 		return -1, err
+	}
+	// A tree built open to every user (before dirMode) is built again.
+	var st unix.Stat_t
+	if err := unix.Lstat(t.Dir, &st); err != nil {
+		return fail(fmt.Errorf("mount tree %s: %w", t.Dir, err))
+	}
+	if mode, group := t.dirMode(); os.FileMode(st.Mode).Perm() != mode || st.Uid != 0 || st.Gid != group {
+		return fail(fmt.Errorf("mount tree %s is mode %o, owned by %d:%d, not %o and 0:%d", t.Dir, os.FileMode(st.Mode).Perm(), st.Uid, st.Gid, mode, group))
 	}
 	for _, a := range t.Areas {
 		fd, err := unix.Open(t.Path(a.Name), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
