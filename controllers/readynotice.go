@@ -34,6 +34,9 @@ type readyNotices struct {
 	// controller (a channel source); a full channel drops the event, and
 	// the watch brings the claim a moment later.
 	claims chan event.GenericEvent
+	// writes learns of the claim writes a notice sets off, which the
+	// Sandbox's own write waits for (claimWrites); nil: none.
+	writes *claimWrites
 }
 
 // readyNotice is a Sandbox's Ready condition not yet in the cache.
@@ -80,9 +83,14 @@ func (n *readyNotices) announce(versions [2]string, read, sb *v1alpha1.Sandbox, 
 		if r := findCondition(c.Status.Conditions, v1alpha1.ConditionReady); r != nil && r.Status == metav1.ConditionTrue {
 			continue
 		}
+		// Expected before it is sent: its pass may be over before this
+		// goes on.
+		key := client.ObjectKeyFromObject(c)
+		n.writes.expect(client.ObjectKeyFromObject(sb), key)
 		select {
 		case n.claims <- event.GenericEvent{Object: c.DeepCopy()}:
 		default:
+			n.writes.done(client.ObjectKeyFromObject(sb), key)
 		}
 	}
 }

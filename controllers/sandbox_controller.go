@@ -50,6 +50,9 @@ type SandboxReconciler struct {
 	// queued are the Sandboxes waiting for their first pass
 	// (queuedSandboxes); nil: none is told.
 	queued *queuedSandboxes
+	// writes are the claim writes under way, which a Sandbox's status
+	// write waits for (claimWrites); nil: it waits for none.
+	writes *claimWrites
 	// own are this process's recent writes of Sandboxes (ownWrites),
 	// whose watch events start no pass.
 	own ownWrites
@@ -149,6 +152,8 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		defer r.gate.leave()
 	}
 	defer r.queued.passed(req.NamespacedName)
+	r.writes.enter()
+	defer r.writes.leave()
 	sb := &v1alpha1.Sandbox{}
 	if err := r.Get(ctx, req.NamespacedName, sb); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -183,6 +188,8 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 			sb.Status.ObservedGeneration = sb.Generation
 		}
 		r.notices.announce([2]string{cached, read.ResourceVersion}, read, sb, s.claims)
+		// The claims' writes first: theirs is the Ready a user waits for.
+		r.writes.wait(ctx, req.NamespacedName)
 		if err := r.status.writeStatus(ctx, read, sb, mergeConditions); err != nil {
 			r.notices.withdraw(sb)
 			retErr = errors.Join(retErr, err)

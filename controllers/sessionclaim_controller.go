@@ -37,6 +37,9 @@ type SessionClaimReconciler struct {
 	// queued are the Sandboxes waiting for this process's first pass
 	// (queuedSandboxes); nil: none.
 	queued *queuedSandboxes
+	// writes are told of this controller's status writes, which its
+	// Sandbox's status write waits for (claimWrites); nil: none is told.
+	writes *claimWrites
 	// own are this process's recent status writes (ownWrites).
 	own ownWrites
 	// checkedOut holds, by claim UID, the worktree status this process
@@ -90,11 +93,15 @@ func (r *SessionClaimReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if err := r.Get(ctx, req.NamespacedName, claim); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	sbKey := types.NamespacedName{Namespace: claim.Namespace, Name: claim.Spec.SandboxName}
+	// Written or not, the pass is over: its Sandbox's status write need
+	// not wait for it any longer.
+	defer r.writes.done(sbKey, req.NamespacedName)
 	if r.own.stale(claim) {
 		return ctrl.Result{RequeueAfter: staleRetry}, nil
 	}
 	sb := &v1alpha1.Sandbox{}
-	err := r.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Spec.SandboxName}, sb)
+	err := r.Get(ctx, sbKey, sb)
 	found := err == nil
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, fmt.Errorf("reading Sandbox %s of claim %s: %w", claim.Spec.SandboxName, req, err)
@@ -253,6 +260,7 @@ func (r *SessionClaimReconciler) write(ctx context.Context, read, claim *v1alpha
 	if pass.err == nil && pass.complete {
 		claim.Status.ObservedGeneration = claim.Generation
 	}
+	r.writes.expect(types.NamespacedName{Namespace: claim.Namespace, Name: claim.Spec.SandboxName}, client.ObjectKeyFromObject(claim))
 	if err := r.status.writeStatus(ctx, read, claim, mergeConditions); err != nil {
 		return ctrl.Result{}, errors.Join(pass.err, err)
 	}
