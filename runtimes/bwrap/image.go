@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -347,6 +348,12 @@ func (r *Runtime) imageMount(name string, root *os.File) (*os.File, error) {
 		}
 	}
 	if err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("preparing the image mount: %w", err)
+	}
+	// The directory's time, under the mount, says when it was made: a
+	// mount not recorded yet is not stale for a while (FindStaleTrees).
+	now := time.Now()
+	if err := os.Chtimes(m, now, now); err != nil {
 		return nil, fmt.Errorf("preparing the image mount: %w", err)
 	}
 	src := "/proc/self/fd/" + strconv.Itoa(int(root.Fd()))

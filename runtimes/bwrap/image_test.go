@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -206,9 +207,15 @@ func TestImageRootMustBeTheMountedRootOfThatContainer(t *testing.T) {
 
 // An image mount whose instance is no longer recorded (a controller that
 // died between a command and the instance's removal) goes at the next
-// start, like a tree.
+// start, like a tree; but not one just made, whose instance a start in
+// another process is about to record.
 func TestUnrecordedImageMountsGoAtTheNextStart(t *testing.T) {
-	bundles, _ := imageBundles(t)
+	bundles, rootfs := imageBundles(t)
+	// The image is old: what is young is its mount.
+	long := time.Now().Add(-24 * time.Hour)
+	if err := os.Chtimes(rootfs, long, long); err != nil {
+		t.Fatal(err)
+	}
 	rt, in, err := imageSandbox(t, bundles, imageContainer)
 	if err != nil {
 		t.Fatal(err)
@@ -223,6 +230,14 @@ func TestUnrecordedImageMountsGoAtTheNextStart(t *testing.T) {
 	if err := os.Remove(filepath.Join(lastStateDir, in.Name+".json")); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := bwrap.New(bwrap.Config{StateDir: lastStateDir, Warnings: &bytes.Buffer{}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := testenv.MountsBelow(t, mounts); n != 1 {
+		t.Fatalf("%d mounts below %s after a start just after the mount was made, want the image's still", n, mounts)
+	}
+	// A minute on, nothing has recorded it.
+	defer bwrap.SetStaleClock(func() time.Time { return time.Now().Add(2 * time.Minute) })()
 	if _, err := bwrap.New(bwrap.Config{StateDir: lastStateDir, Warnings: &bytes.Buffer{}}); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/internal/osthread"
 	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mounttree"
 )
@@ -86,12 +89,7 @@ func FindStaleTrees(stateDir string) (StaleTrees, error) {
 			continue
 		}
 		if e.Name() == imagesDir {
-			mounts, _ := os.ReadDir(filepath.Join(own, imagesDir))
-			for _, m := range mounts {
-				if _, err := os.Lstat(filepath.Join(stateDir, m.Name()+".json")); errors.Is(err, fs.ErrNotExist) {
-					st.Images = append(st.Images, filepath.Join(own, imagesDir, m.Name()))
-				}
-			}
+			st.Images = append(st.Images, unrecordedImageMounts(stateDir, filepath.Join(own, imagesDir))...)
 			continue
 		}
 		if _, err := os.Lstat(filepath.Join(stateDir, e.Name()+".json")); !errors.Is(err, fs.ErrNotExist) {
@@ -105,6 +103,66 @@ func FindStaleTrees(stateDir string) (StaleTrees, error) {
 		}
 	}
 	return st, nil
+}
+
+// unrecordedImageMounts are the image mounts below dir whose instance
+// stateDir does not record, and has not for unrecordedGrace: a new
+// instance's image is mounted before its record is written, maybe by
+// another process over the same state directory.
+func unrecordedImageMounts(stateDir, dir string) []string {
+	mounts, _ := os.ReadDir(dir)
+	var unrecorded []string
+	for _, m := range mounts {
+		if _, err := os.Lstat(filepath.Join(stateDir, m.Name()+".json")); errors.Is(err, fs.ErrNotExist) {
+			unrecorded = append(unrecorded, m.Name())
+		}
+	}
+	if len(unrecorded) == 0 {
+		return nil
+	}
+	made := imageMountsMade(dir, unrecorded)
+	var out []string
+	for _, name := range unrecorded {
+		// A mount whose age cannot be told is left alone, as a tree
+		// whose owner cannot be.
+		if t, ok := made[name]; ok && now().Sub(t) >= unrecordedGrace {
+			out = append(out, filepath.Join(dir, name))
+		}
+	}
+	return out
+}
+
+// imageMountsMade says when the image mounts names below dir were made:
+// the time of the directory each covers, which imageMount sets just
+// before it mounts. Through its path a mount point shows the image's root
+// and its times, so the directories are read in a mount namespace of a
+// thread's own, all private, where the image mounts are taken away first;
+// the host's are untouched. Without that namespace, no time is known.
+func imageMountsMade(dir string, names []string) map[string]time.Time {
+	made := make(map[string]time.Time, len(names))
+	err := osthread.Disposable(func() error {
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			return err
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return err
+		}
+		for _, name := range names {
+			p := filepath.Join(dir, name)
+			if err := detachAll(p); err != nil {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Lstat(p, &st); err == nil {
+				made[name] = time.Unix(st.Mtim.Unix())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil
+	}
+	return made
 }
 
 // Remove detaches and removes the stale trees; it goes on past a tree it
