@@ -26,16 +26,44 @@ func waitReturns(ctx context.Context, w *claimWrites, sb types.NamespacedName) <
 	return out
 }
 
+// mustReturn fails the test unless returned is closed; a minute is more
+// than any wait here may take but the one with a bound of an hour.
+func mustReturn(t *testing.T, returned <-chan struct{}, failure string) {
+	t.Helper()
+	select {
+	case <-returned:
+	case <-time.After(time.Minute):
+		t.Fatal(failure)
+	}
+}
+
+// noneKept fails the test if w keeps any entry.
+func noneKept(t *testing.T, w *claimWrites) {
+	t.Helper()
+	w.mu.Lock()
+	left := len(w.pending)
+	w.mu.Unlock()
+	if left != 0 {
+		t.Errorf("expired entries kept: %d Sandboxes", left)
+	}
+}
+
 func TestClaimWritesGoFirst(t *testing.T) {
 	sb := types.NamespacedName{Namespace: "team", Name: "sb"}
 	other := types.NamespacedName{Namespace: "team", Name: "other"}
 	claim := types.NamespacedName{Namespace: "team", Name: "c"}
 	ctx := context.Background()
-
-	t.Run("a Sandbox's write waits for its claim's and goes when it is done", func(t *testing.T) {
+	// alone is the record of one Sandbox pass running, whose waits are
+	// bounded by an hour.
+	alone := func() *claimWrites {
 		w := newClaimWrites()
 		w.bound = long
 		w.enter()
+		return w
+	}
+
+	t.Run("a Sandbox's write waits for its claim's and goes when it is done", func(t *testing.T) {
+		w := alone()
 		w.expect(sb, claim)
 		w.expect(other, claim)
 		returned := waitReturns(ctx, w, sb)
@@ -47,38 +75,22 @@ func TestClaimWritesGoFirst(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 		w.done(sb, claim)
-		select {
-		case <-returned:
-		case <-time.After(time.Minute):
-			t.Fatal("the Sandbox's write still waits after its claim's was done")
-		}
+		mustReturn(t, returned, "the Sandbox's write still waits after its claim's was done")
 	})
 
 	t.Run("nothing under way: no wait", func(t *testing.T) {
-		w := newClaimWrites()
-		w.bound = long
-		w.enter()
+		w := alone()
 		w.expect(other, claim)
 		// A done of a claim never expected changes nothing.
 		w.done(sb, claim)
-		select {
-		case <-waitReturns(ctx, w, sb):
-		case <-time.After(time.Minute):
-			t.Fatal("waited with no claim write of its own under way")
-		}
+		mustReturn(t, waitReturns(ctx, w, sb), "waited with no claim write of its own under way")
 	})
 
 	t.Run("with other Sandbox passes running, no wait", func(t *testing.T) {
-		w := newClaimWrites()
-		w.bound = long
-		w.enter()
+		w := alone()
 		w.enter()
 		w.expect(sb, claim)
-		select {
-		case <-waitReturns(ctx, w, sb):
-		case <-time.After(time.Minute):
-			t.Fatal("held a worker while another Sandbox pass ran")
-		}
+		mustReturn(t, waitReturns(ctx, w, sb), "held a worker while another Sandbox pass ran")
 		w.leave()
 		if got := w.passes.Load(); got != 1 {
 			t.Errorf("passes: got %d, want 1", got)
@@ -90,35 +102,20 @@ func TestClaimWritesGoFirst(t *testing.T) {
 		w.bound = 20 * time.Millisecond
 		w.enter()
 		w.expect(sb, claim)
-		select {
-		case <-waitReturns(ctx, w, sb):
-		case <-time.After(time.Minute):
-			t.Fatal("the wait outlasted its bound")
-		}
+		mustReturn(t, waitReturns(ctx, w, sb), "the wait outlasted its bound")
 		// The entry whose pass never came has expired: the next wait drops
 		// it and goes at once.
 		w.wait(ctx, sb)
-		w.mu.Lock()
-		left := len(w.pending)
-		w.mu.Unlock()
-		if left != 0 {
-			t.Errorf("expired entries kept: %d Sandboxes", left)
-		}
+		noneKept(t, w)
 	})
 
 	t.Run("a cancelled pass does not wait", func(t *testing.T) {
-		w := newClaimWrites()
-		w.bound = long
-		w.enter()
+		w := alone()
 		w.expect(sb, claim)
 		cctx, cancel := context.WithCancel(ctx)
 		returned := waitReturns(cctx, w, sb)
 		cancel()
-		select {
-		case <-returned:
-		case <-time.After(time.Minute):
-			t.Fatal("waited past the pass's context")
-		}
+		mustReturn(t, returned, "waited past the pass's context")
 	})
 
 	t.Run("many Sandboxes' expired entries are swept", func(t *testing.T) {
@@ -130,12 +127,7 @@ func TestClaimWritesGoFirst(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		w.enter()
 		w.wait(ctx, sb)
-		w.mu.Lock()
-		left := len(w.pending)
-		w.mu.Unlock()
-		if left != 0 {
-			t.Errorf("expired entries kept: %d Sandboxes", left)
-		}
+		noneKept(t, w)
 	})
 }
 
