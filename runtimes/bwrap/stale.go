@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -76,7 +77,7 @@ func FindStaleTrees(stateDir string) (StaleTrees, error) {
 			// Not what this driver writes: left alone.
 			continue
 		}
-		if _, err := os.Lstat(owner); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Lstat(owner); errors.Is(err, fs.ErrNotExist) && !heldElsewhere(dir) {
 			st.Abandoned[dir] = owner
 		}
 	}
@@ -209,6 +210,7 @@ func removeTreesDir(dir string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	letGo(dir)
 	if err := os.Remove(filepath.Join(dir, ownerFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
@@ -244,13 +246,73 @@ func claimTrees(stateDir, trees string) error {
 	// Read first: every start of a one-shot run comes here, and the record
 	// is there and the same but the first time.
 	if b, err := os.ReadFile(owner); err != nil || !bytes.Equal(b, record) {
-		if err := os.WriteFile(owner, record, 0o644); err != nil {
+		if err := os.WriteFile(owner, record, 0o600); err != nil {
 			return fmt.Errorf("recording the owner of %s: %w", trees, err)
 		}
+	}
+	if err := holdTrees(trees); err != nil {
+		return fmt.Errorf("holding %s: %w", trees, err)
 	}
 	st, err := FindStaleTrees(stateDir)
 	if err != nil {
 		return err
 	}
 	return st.Remove()
+}
+
+// heldTrees are the directories of trees this process's drivers hold, by
+// directory: the owner file each holds a shared lock on (holdTrees).
+var heldTrees sync.Map
+
+// holdTrees locks the owner file of trees, shared, for as long as this
+// process lives. Another process may not see the state directory that
+// owns them (a service with a /tmp of its own, systemd's PrivateTmp, and
+// a state directory below the host's /tmp): the lock tells it that the
+// owner is alive, and its sweep leaves them (heldElsewhere).
+func holdTrees(trees string) error {
+	if _, ok := heldTrees.Load(trees); ok {
+		return nil
+	}
+	f, err := os.Open(filepath.Join(trees, ownerFile))
+	if err != nil {
+		return err
+	}
+	// Root's alone: a user who could open it could hold it too, and keep
+	// the trees of a state directory that is gone from every sweep. Made
+	// readable by all before, it is closed now.
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		return err
+	}
+	if _, loaded := heldTrees.LoadOrStore(trees, f); loaded {
+		f.Close()
+	}
+	return nil
+}
+
+// heldElsewhere says whether a live process other than this one holds the
+// directory of trees dir (holdTrees). In this process, a state directory
+// its own drivers no longer see is gone.
+func heldElsewhere(dir string) bool {
+	if _, ok := heldTrees.Load(dir); ok {
+		return false
+	}
+	f, err := os.Open(filepath.Join(dir, ownerFile))
+	if err != nil {
+		return false
+	}
+	// Closing the file lets go of the lock, if it was had.
+	defer f.Close()
+	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB), unix.EWOULDBLOCK)
+}
+
+// letGo drops this process's hold on the directory of trees dir.
+func letGo(dir string) {
+	if f, ok := heldTrees.LoadAndDelete(dir); ok {
+		f.(*os.File).Close()
+	}
 }
