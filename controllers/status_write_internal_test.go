@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -21,7 +22,7 @@ func apiServer(t *testing.T) client.Client {
 		testenv.Missing(t, "kube-apiserver and etcd", p)
 	}
 	env := &envtest.Environment{CRDDirectoryPaths: []string{testenv.CRDDir(1)}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
+	cfg, err := localcp.StartEnvironment(env)
 	if err != nil {
 		t.Fatalf("starting the API server: %v", err)
 	}

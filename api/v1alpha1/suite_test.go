@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -33,7 +34,7 @@ var _ = BeforeSuite(func() {
 	}
 	env = &envtest.Environment{CRDDirectoryPaths: []string{testenv.CRDDir(2)}, ErrorIfCRDPathMissing: true}
 	var err error
-	cfg, err = env.Start()
+	cfg, err = localcp.StartEnvironment(env)
 	Expect(err).NotTo(HaveOccurred())
 	scheme := runtime.NewScheme()
 	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())

@@ -6,6 +6,7 @@
 package localcp
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -36,7 +37,7 @@ func Start(assetsDir, crdDir, kubeconfigPath string) (*ControlPlane, error) {
 		CRDDirectoryPaths:     []string{crdDir},
 		ErrorIfCRDPathMissing: true,
 	}
-	cfg, err := env.Start()
+	cfg, err := StartEnvironment(env)
 	if err != nil {
 		return nil, fmt.Errorf("starting the local control plane: %w", err)
 	}
@@ -60,6 +61,22 @@ func Start(assetsDir, crdDir, kubeconfigPath string) (*ControlPlane, error) {
 		return nil, fmt.Errorf("writing the local kubeconfig: %w", err)
 	}
 	return cp, nil
+}
+
+// StartEnvironment starts env, and stops what it started when it fails:
+// envtest's own Start returns an error after kube-apiserver and etcd came
+// up (CRDs or webhooks that do not install, a default namespace that does
+// not appear) and leaves both running, with their data, past the process
+// that asked for them.
+func StartEnvironment(env *envtest.Environment) (*rest.Config, error) {
+	cfg, err := env.Start()
+	if err != nil {
+		if stopErr := env.Stop(); stopErr != nil {
+			return nil, errors.Join(err, fmt.Errorf("stopping what started: %w", stopErr))
+		}
+		return nil, err
+	}
+	return cfg, nil
 }
 
 // Stop stops the API server and etcd and removes their data.

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/procstat"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -59,7 +60,7 @@ type ControlPlane struct {
 // with the CRDs in crdDir, and writes a kubeconfig below dir.
 func StartControlPlane(crdDir, dir string) (*ControlPlane, error) {
 	env := &envtest.Environment{CRDDirectoryPaths: []string{crdDir}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
+	cfg, err := localcp.StartEnvironment(env)
 	if err != nil {
 		return nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
 	}

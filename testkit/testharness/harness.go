@@ -39,6 +39,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
 	"github.com/cireilclaw/sandbox-controller/controllers"
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -74,7 +75,7 @@ func Start() *Env {
 	e := &Env{Scheme: scheme}
 	e.env = &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(repoRoot(), "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
 	var err error
-	e.Config, err = e.env.Start()
+	e.Config, err = localcp.StartEnvironment(e.env)
 	Expect(err).NotTo(HaveOccurred())
 	e.Client, err = client.New(e.Config, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())

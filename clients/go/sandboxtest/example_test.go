@@ -39,6 +39,9 @@ func TestAPlatformSuite(t *testing.T) {
 	}
 	env := &envtest.Environment{CRDs: crds}
 	if _, err := env.Start(); err != nil {
+		// envtest leaves kube-apiserver and etcd running when it fails
+		// after starting them (a CRD that does not install).
+		_ = env.Stop()
 		t.Fatal(err)
 	}
 	defer func() { _ = env.Stop() }()

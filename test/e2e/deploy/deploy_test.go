@@ -54,6 +54,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/controllers"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -111,7 +112,7 @@ var _ = BeforeSuite(func() {
 
 	// No CRDs: installing them is what make deploy is for.
 	env = &envtest.Environment{}
-	cfg, err := env.Start()
+	cfg, err := localcp.StartEnvironment(env)
 	Expect(err).NotTo(HaveOccurred())
 	scheme := runtime.NewScheme()
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())

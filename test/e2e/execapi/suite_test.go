@@ -126,7 +126,7 @@ func startEnv() *testharness.Env {
 	dir, err := os.MkdirTemp("", "sandbox-execapi-")
 	Expect(err).NotTo(HaveOccurred())
 	configureFrontProxy(dir)
-	cfg, err := testEnv.Start()
+	cfg, err := localcp.StartEnvironment(testEnv)
 	Expect(err).NotTo(HaveOccurred())
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())

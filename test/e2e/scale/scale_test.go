@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cireilclaw/sandbox-controller/internal/localcp"
 	"github.com/cireilclaw/sandbox-controller/runtimes/bwrap"
 
 	"github.com/go-logr/logr"
@@ -226,7 +227,7 @@ func measure(t *testing.T, bin, profile string, n int) figures {
 		t.Fatal(err)
 	}
 	env := &envtest.Environment{CRDDirectoryPaths: []string{crds}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
+	cfg, err := localcp.StartEnvironment(env)
 	if err != nil {
 		t.Fatalf("starting the API server: %v", err)
 	}
