@@ -117,11 +117,13 @@ func parseLogLevel(level string) (zapcore.Level, error) {
 // whose managedFields are unset keeps the server's. The
 // last-applied-configuration annotation is kept although it is never read:
 // the controllers Update whole objects, and an Update without it would
-// remove it from the server, breaking the next `kubectl apply`.
+// remove it from the server, breaking the next `kubectl apply`. The
+// strings many Sandboxes and claims hold alike (conditions, finalizer,
+// namespace) are kept once (controllers.CacheTransform).
 func cacheOptions(cfg *rest.Config) cache.Options {
 	return cache.Options{
 		NewInformer:      controllers.NewInformerFor(cfg),
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: controllers.CacheTransform(),
 		// Only the Sandboxes' Pods (the placer's, --mode=api), not every
 		// Pod of the cluster.
 		ByObject: map[client.Object]cache.ByObject{
