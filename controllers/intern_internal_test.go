@@ -79,16 +79,19 @@ func cached[T any](t testing.TB, transform func(any) (any, error), data []byte, 
 
 func sameString(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
 
-// Two cached Sandboxes and two cached claims, decoded apart, hold one copy
-// of each string they have alike; what is an object's own stays its own,
-// and the managed fields are gone.
+// Two cached Sandboxes and two cached claims, decoded apart and with
+// garbage collections between them, hold one copy of each string they
+// have alike; what is an object's own stays its own, and the managed
+// fields are gone.
 func TestCachedObjectsShareTheStringsTheyHaveAlike(t *testing.T) {
 	transform := CacheTransform()
 	sb1, cl1 := pair(t, 1)
 	sb2, cl2 := pair(t, 2)
 	a := cached(t, transform, sb1, &v1alpha1.Sandbox{})
-	b := cached(t, transform, sb2, &v1alpha1.Sandbox{})
 	c := cached(t, transform, cl1, &v1alpha1.SessionClaim{})
+	runtime.GC()
+	runtime.GC()
+	b := cached(t, transform, sb2, &v1alpha1.Sandbox{})
 	d := cached(t, transform, cl2, &v1alpha1.SessionClaim{})
 
 	shared := map[string][2]string{
@@ -119,6 +122,22 @@ func TestCachedObjectsShareTheStringsTheyHaveAlike(t *testing.T) {
 		if len(o.GetManagedFields()) != 0 {
 			t.Errorf("%s kept its managed fields in the cache", o.GetName())
 		}
+	}
+}
+
+// The table of shared strings stays within its bound however many
+// different strings pass through it, and shares again after emptying.
+func TestSharedStringsAreBounded(t *testing.T) {
+	tab := &stringTable{held: map[string]string{}}
+	for i := range 3 * stringTableMax {
+		tab.intern(fmt.Sprintf("an error's message %d", i))
+		if len(tab.held) > stringTableMax {
+			t.Fatalf("the table holds %d strings, past its bound of %d", len(tab.held), stringTableMax)
+		}
+	}
+	first := tab.intern(string([]byte("Ready")))
+	if again := tab.intern(string([]byte("Ready"))); !sameString(first, again) {
+		t.Error("after emptying, the table no longer shares")
 	}
 }
 
