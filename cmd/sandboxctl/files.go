@@ -16,8 +16,9 @@ import (
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
-// maxCopy bounds one copy into the sandbox: the write is atomic, so the
-// whole file is held once in memory.
+// maxCopy bounds one copy: into the sandbox, where the write is atomic
+// and the whole file is held once in memory, and out of it, where the
+// sandbox decides how large the file is.
 const maxCopy = 1 << 30
 
 // instance describes the agent's sandbox from the configuration file.
@@ -82,7 +83,7 @@ func listFiles(f *sandboxFlags, p string, stdout, stderr io.Writer) int {
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	for _, e := range entries {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", e.Mode, e.Size, e.ModTime.Format("2006-01-02 15:04"), e.Name)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", e.Mode, e.Size, e.ModTime.Format("2006-01-02 15:04"), displayName(e.Name))
 	}
 	if err := tw.Flush(); err != nil {
 		return exitFailed
@@ -168,18 +169,18 @@ func copyOut(v *areas.View, sandboxPath, hostPath string) error {
 		return fmt.Errorf("copying %s out of the sandbox: %w", sandboxPath, err)
 	}
 	defer in.Close()
+	if fi, err := in.Stat(); err != nil {
+		return fmt.Errorf("copying %s out of the sandbox: %w", sandboxPath, err)
+	} else if err := tooLarge(fi.Size()); err != nil {
+		return fmt.Errorf("copying %s out of the sandbox: %w", sandboxPath, err)
+	}
 	if fi, err := os.Stat(hostPath); err == nil && fi.IsDir() {
 		hostPath = filepath.Join(hostPath, filepath.Base(sandboxPath))
 	}
-	out, err := os.Create(hostPath)
-	if err != nil {
+	if err := writeLocal(hostPath, in); err != nil {
 		return fmt.Errorf("copying %s to %s: %w", sandboxPath, hostPath, err)
 	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("copying %s to %s: %w", sandboxPath, hostPath, err)
-	}
-	return out.Close()
+	return nil
 }
 
 func copyIn(v *areas.View, hostPath, sandboxPath string) error {

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -29,6 +33,14 @@ func TestCopyAndListThroughContainedAccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	flags := []string{"--config", cfg, "--agent", "ada", "--areas-root", areasRoot}
+	// A copy that fails leaves the file it would have replaced as it was.
+	kept := filepath.Join(dir, "kept.txt")
+	if err := os.WriteFile(kept, []byte("kept\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A name the agent chose to forge a second entry and clear the
+	// terminal of whoever lists it.
+	const hostile = "a\n-rw-r--r--  0  2026-01-01 00:00  b\x1b[2J"
 
 	for _, tc := range []struct {
 		name     string
@@ -43,10 +55,28 @@ func TestCopyAndListThroughContainedAccess(t *testing.T) {
 		{"blocks refuse writes", append(append([]string{"cp"}, flags...), local, ":/blocks/notes.txt"), exitFailed, "", "read-only"},
 		{"an escaping link is refused", append(append([]string{"cp"}, flags...), ":/workspace/out/secret", filepath.Join(dir, "stolen")), exitFailed, "", "escapes"},
 		{"both sides local", append(append([]string{"cp"}, flags...), local, filepath.Join(dir, "x")), exitUsage, "", "exactly one"},
+		{"a file past the limit is refused", append(append([]string{"cp"}, flags...), ":/workspace/huge", kept), exitFailed, "", "limit of one copy"},
+		{"names are shown quoted, one entry a line", append(append([]string{"ls"}, flags...), "/workspace"), 0, strconv.Quote(hostile), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.name == "an escaping link is refused" {
-				if err := os.Symlink(outside, filepath.Join(areasRoot, "ada", "workspace", "out")); err != nil {
+			workspace := filepath.Join(areasRoot, "ada", "workspace")
+			switch tc.name {
+			case "an escaping link is refused":
+				if err := os.Symlink(outside, filepath.Join(workspace, "out")); err != nil {
+					t.Fatal(err)
+				}
+			case "a file past the limit is refused":
+				// The agent makes a sparse file one byte past the limit.
+				f, err := os.Create(filepath.Join(workspace, "huge"))
+				if err == nil {
+					err = f.Truncate(maxCopy + 1)
+					f.Close()
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			case "names are shown quoted, one entry a line":
+				if err := os.WriteFile(filepath.Join(workspace, hostile), nil, 0o644); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -61,6 +91,44 @@ func TestCopyAndListThroughContainedAccess(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "stolen")); !os.IsNotExist(err) {
 		t.Fatalf("a file was copied out through an escaping link: %v", err)
+	}
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "kept\n" {
+		t.Fatalf("the file a refused copy would have replaced: %q, %v", b, err)
+	}
+	code, out, _ := sandboxctl(t, "", append(append([]string{"ls"}, flags...), "/workspace")...)
+	entries, err := os.ReadDir(filepath.Join(areasRoot, "ada", "workspace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 || strings.Contains(out, "\x1b") || strings.Count(out, "\n") != len(entries) {
+		t.Fatalf("ls printed a name raw (%d entries):\n%s", len(entries), out)
+	}
+}
+
+// A copy out of the sandbox that fails part way leaves the host file it
+// was replacing as it was, and nothing of its own behind.
+func TestWriteLocalReplacesAFileWhole(t *testing.T) {
+	dir := t.TempDir()
+	dst := filepath.Join(dir, "report.md")
+	if err := os.WriteFile(dst, []byte("the user's report\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	cut := io.MultiReader(strings.NewReader("the first half of a"), iotest.ErrReader(io.ErrUnexpectedEOF))
+	if err := writeLocal(dst, cut); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a cut stream: %v, want the stream's error", err)
+	}
+	if b, err := os.ReadFile(dst); err != nil || string(b) != "the user's report\n" {
+		t.Fatalf("after a cut stream the file holds %q (%v), want it as it was", b, err)
+	}
+	if err := writeLocal(dst, strings.NewReader("new\n")); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(dst)
+	if b, _ := os.ReadFile(dst); err != nil || string(b) != "new\n" || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("a whole copy: %q, mode %v, %v; want \"new\\n\" keeping mode 0640", b, fi.Mode(), err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("the directory holds %d entries, want the file alone: %v", len(entries), entries)
 	}
 }
 

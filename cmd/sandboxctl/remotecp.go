@@ -90,18 +90,19 @@ func download(ctx context.Context, f *clusterFlags, claim, sandboxPath, local st
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		return fmt.Errorf("copying %s:%s: it is a directory; cp copies one file", claim, sandboxPath)
 	}
+	if err := tooLarge(resp.ContentLength); err != nil {
+		return fmt.Errorf("copying %s:%s: %w", claim, sandboxPath, err)
+	}
 	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
 		local = filepath.Join(local, path.Base(sandboxPath))
 	}
-	out, err := os.Create(local)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, resp.Body); err != nil {
-		out.Close()
+	// A body shorter than its Content-Length (the stream cut, the file
+	// truncated while it was sent) ends in an error, and the local file
+	// stays as it was.
+	if err := writeLocal(local, resp.Body); err != nil {
 		return fmt.Errorf("copying %s:%s to %s: %w", claim, sandboxPath, local, err)
 	}
-	return out.Close()
+	return nil
 }
 
 func upload(ctx context.Context, f *clusterFlags, local, claim, sandboxPath string) error {
