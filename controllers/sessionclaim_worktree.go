@@ -71,6 +71,13 @@ func (r *SessionClaimReconciler) resolveRepo(ctx context.Context, c *v1alpha1.Se
 		if err != nil {
 			return nil, fmt.Errorf("opening mount %s (%s): %w", m.Target, m.Source, err)
 		}
+		// What the controller reads, writes and removes in the mount
+		// (the worktree's administrative files, info/exclude, a clean
+		// worktree) it does as the agent: a file the agent cannot read
+		// (another user's, in a shared mount, or one swapped in by a
+		// link) never reaches a status message, and what it writes is
+		// the agent's.
+		root = root.As(areas.Identity{UID: in.Identity.UID, GID: in.Identity.GID})
 		return &claimRepo{
 			repo: worktree.Repo{
 				Mount: root, Rel: strings.TrimPrefix(strings.TrimPrefix(want, m.Target), "/"),

@@ -105,6 +105,38 @@ var _ = Describe("Session worktree health", Ordered, func() {
 			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
 	})
 
+	It("reads and writes the worktree's files as the agent: a file only root may read is not shown, the exclude file written is the agent's", func() {
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		agentDir, err := os.Stat(filepath.Join(env.AreasRoot, agent))
+		Expect(err).NotTo(HaveOccurred())
+		uid := agentDir.Sys().(*syscall.Stat_t).Uid
+		exclude, err := os.Stat(filepath.Join(repo, ".git", "info", "exclude"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(exclude.Sys().(*syscall.Stat_t).Uid).To(Equal(uid), "the exclude file the controller wrote belongs to uid %d", exclude.Sys().(*syscall.Stat_t).Uid)
+
+		// A locked file the agent cannot read: another user's, as a
+		// shared mount holds them, or one a link swapped in.
+		admin := filepath.Join(repo, ".git", "worktrees", filepath.Base(c.Status.Worktree.HostPath))
+		locked := filepath.Join(admin, "locked")
+		Expect(os.WriteFile(locked, []byte("TOPSECRET-of-root\n"), 0o600)).To(Succeed())
+		Expect(os.Chown(locked, 0, 0)).To(Succeed())
+		Eventually(func(g Gomega) {
+			var got v1alpha1.SessionClaim
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &got)).To(Succeed())
+			cond := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionGitHealthy)
+			g.Expect(cond).NotTo(BeNil())
+			g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(cond.Message).To(ContainSubstring("permission denied"))
+			for _, cond := range got.Status.Conditions {
+				g.Expect(cond.Message).NotTo(ContainSubstring("TOPSECRET"), cond.Type)
+			}
+		}, timeout).Should(Succeed())
+		Expect(os.Remove(locked)).To(Succeed())
+		Eventually(claimStatus(ns, "s1"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
+	})
+
 	It("reports ProbeFailed with the reason when git cannot run inside the sandbox though the host sees a healthy worktree", func() {
 		setBinaries := func(bins ...v1alpha1.BinaryName) {
 			// The controller writes the object too: retry on conflicts.
