@@ -4,9 +4,12 @@ package areas
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -110,5 +113,99 @@ func TestActingAsTheAgentLeavesNoThreadChanged(t *testing.T) {
 		if _, err := r.Read("root-only"); err != nil {
 			t.Fatalf("the controller lost its own access: %v", err)
 		}
+	}
+}
+
+// chain makes n nested directories named d below dir, owned by uid, and
+// returns the deepest.
+func chain(t *testing.T, dir string, n int, uid int) string {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := unix.Mkdirat(fd, "d", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fchownat(fd, "d", uid, uid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	return filepath.Join(dir, strings.Repeat("d/", n))
+}
+
+// The agent decides how deep a tree is. A recursive remove holds a
+// descriptor a level, so past its depth it stops with an error that says
+// so, and a failure deep down is said once, with its depth, not wrapped
+// again at every level above it (which grew as the square of the depth).
+func TestRemoveOfADeepTree(t *testing.T) {
+	r, dir := agentRoot(t)
+	as := r.As(Identity{UID: testAgentID, GID: testAgentID})
+
+	if err := os.Mkdir(filepath.Join(dir, "deep"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(dir, "deep"), testAgentID, testAgentID); err != nil {
+		t.Fatal(err)
+	}
+	chain(t, filepath.Join(dir, "deep"), maxRemoveDepth+4, testAgentID)
+	err := as.Remove("deep", true)
+	if !errors.Is(err, ErrTooDeep) || len(err.Error()) > 512 {
+		t.Fatalf("removing a tree %d deep: %v; want ErrTooDeep in a short message", maxRemoveDepth+4, err)
+	}
+
+	// Within the depth, a root-owned directory at the bottom the agent
+	// cannot empty.
+	if err := os.Mkdir(filepath.Join(dir, "held"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(dir, "held"), testAgentID, testAgentID); err != nil {
+		t.Fatal(err)
+	}
+	bottom := chain(t, filepath.Join(dir, "held"), maxRemoveDepth-2, testAgentID)
+	if err := os.Mkdir(filepath.Join(bottom, "root-dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bottom, "root-dir", "kept"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = as.Remove("held", true)
+	if !errors.Is(err, fs.ErrPermission) || len(err.Error()) > 512 || !strings.Contains(err.Error(), fmt.Sprintf("%d directories down", maxRemoveDepth)) {
+		t.Fatalf("removing a tree whose bottom the agent cannot empty: %.600v; want permission denied, its depth, in a short message", err)
+	}
+	if _, err := os.Stat(filepath.Join(bottom, "root-dir", "kept")); err != nil {
+		t.Fatal(err)
+	}
+	// As the controller, within the depth, the whole tree goes.
+	if err := r.Remove("held", true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A directory with many entries is removed a batch of names at a time.
+func TestRemoveOfAWideDirectory(t *testing.T) {
+	r, dir := agentRoot(t)
+	wide := filepath.Join(dir, "wide")
+	if err := os.Mkdir(wide, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3*removeDirBatch + 7 {
+		if err := os.WriteFile(filepath.Join(wide, strconv.Itoa(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Remove("wide", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(wide); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the wide directory is still there: %v", err)
 	}
 }

@@ -509,12 +509,42 @@ func (r *Root) remove(rel string, recursive bool) error {
 }
 
 // removeTree removes the directory name inside dirfd and everything in it.
-func removeTree(dirfd int, name string) error {
+//
+// The tree is the agent's, so its depth and width are too: each level holds
+// a descriptor while below it, so a tree deeper than maxRemoveDepth is
+// refused (at that depth; what was above it stays); a directory is read a
+// batch of names at a time, so one with millions of entries costs no more
+// memory than one with a thousand; and a failure deep down is said once,
+// with its depth, not wrapped again at every level above it.
+func removeTree(dirfd int, name string) error { return removeTreeAt(dirfd, name, 0) }
+
+// maxRemoveDepth bounds the directories a recursive remove descends.
+const maxRemoveDepth = 256
+
+// ErrTooDeep is wrapped when a recursive remove meets a tree deeper than
+// it descends.
+var ErrTooDeep = fmt.Errorf("more than %d directories deep", maxRemoveDepth)
+
+// removeDirBatch is how many names of a directory are read at once.
+const removeDirBatch = 512
+
+func removeTreeAt(dirfd int, name string, depth int) error {
+	// where says which entry failed, once: below the top, as the name and
+	// its depth (the top's own path is the caller's to say).
+	where := func(n string, d int, err error) error {
+		if d == 0 {
+			return err
+		}
+		return &treeError{name: n, depth: d, err: err}
+	}
+	if depth > maxRemoveDepth {
+		return where(name, depth, ErrTooDeep)
+	}
 	// O_NOFOLLOW: if name was swapped for a link since it was checked, the
 	// open fails instead of descending into the link's target.
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
 	if err != nil {
-		return fmt.Errorf("opening directory %q: %w", name, err)
+		return where(name, depth, fmt.Errorf("opening the directory: %w", err))
 	}
 	d := os.NewFile(uintptr(fd), name)
 	defer d.Close()
@@ -522,31 +552,58 @@ func removeTree(dirfd int, name string) error {
 	// bounded number of passes keeps a busy writer from holding us forever.
 	for range 8 {
 		if _, err := d.Seek(0, io.SeekStart); err != nil {
-			return fmt.Errorf("rereading directory %q: %w", name, err)
+			return where(name, depth, fmt.Errorf("rereading the directory: %w", err))
 		}
-		names, err := d.Readdirnames(-1)
-		if err != nil {
-			return fmt.Errorf("reading directory %q: %w", name, err)
-		}
-		for _, n := range names {
-			var st unix.Stat_t
-			err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW)
-			if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
-				err = removeTree(fd, n)
-			} else if err == nil {
-				err = unix.Unlinkat(fd, n, 0)
+		for {
+			names, rerr := d.Readdirnames(removeDirBatch)
+			for _, n := range names {
+				var st unix.Stat_t
+				err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW)
+				if err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+					// Already says where it failed.
+					if err := removeTreeAt(fd, n, depth+1); err != nil && !errors.Is(err, unix.ENOENT) {
+						return err
+					}
+					continue
+				}
+				if err == nil {
+					err = unix.Unlinkat(fd, n, 0)
+				}
+				if err != nil && !errors.Is(err, unix.ENOENT) {
+					return where(n, depth+1, err)
+				}
 			}
-			if err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("in %q: %w", name, err)
+			if errors.Is(rerr, io.EOF) || (rerr == nil && len(names) == 0) {
+				break
+			}
+			if rerr != nil {
+				return where(name, depth, fmt.Errorf("reading the directory: %w", rerr))
 			}
 		}
 		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
 		if !errors.Is(err, unix.ENOTEMPTY) {
-			return err
+			if err != nil {
+				return where(name, depth, err)
+			}
+			return nil
 		}
 	}
-	return fmt.Errorf("directory %q kept gaining entries while it was removed: %w", name, unix.ENOTEMPTY)
+	return where(name, depth, fmt.Errorf("the directory kept gaining entries while it was removed: %w", unix.ENOTEMPTY))
 }
+
+// treeError is a failure inside a tree being removed: the entry, how many
+// directories down it is, and why.
+type treeError struct {
+	name  string
+	depth int
+	err   error
+}
+
+func (e *treeError) Error() string {
+	return fmt.Sprintf("%q, %d directories down: %v", e.name, e.depth, e.err)
+}
+
+func (e *treeError) Unwrap() error { return e.err }
 
 func entryOf(name string, st *unix.Stat_t) Entry {
 	m := fileMode(st.Mode)
