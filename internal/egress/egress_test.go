@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -94,6 +95,9 @@ func TestReachable(t *testing.T) {
 		{"fd00::1", false},
 		{"fe80::1", false},
 		{"224.0.0.1", false},
+		// Azure's WireServer: public, and it hands a node its secrets.
+		{"168.63.129.16", false},
+		{"168.63.129.17", true},
 	} {
 		if got := def.Reachable(netip.MustParseAddr(tc.addr)); got != tc.want {
 			t.Errorf("Reachable(%s) = %v, want %v", tc.addr, got, tc.want)
@@ -601,4 +605,167 @@ func TestNewPolicyClosesRefusedTunnels(t *testing.T) {
 		t.Fatalf("the allowed tunnel after the new policy: %v", err)
 	}
 	_ = resp.Body.Close()
+}
+
+// withECH is a ClientHello record for serverName with an outer Encrypted
+// Client Hello extension appended: the name it shows is serverName, the
+// one an ECH-aware server would serve is sealed inside.
+func withECH(t *testing.T, serverName string) []byte {
+	t.Helper()
+	cli, srv := net.Pipe()
+	go func() {
+		_ = tls.Client(cli, &tls.Config{ServerName: serverName, InsecureSkipVerify: true}).Handshake()
+	}()
+	defer cli.Close()
+	defer srv.Close()
+	head := make([]byte, 5)
+	if _, err := io.ReadFull(srv, head); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, int(head[3])<<8|int(head[4]))
+	if _, err := io.ReadFull(srv, body); err != nil {
+		t.Fatal(err)
+	}
+	// An outer ECH extension: type 0 (outer), HKDF-SHA256, AES-128-GCM,
+	// config 7, an encapsulated key and a sealed inner hello.
+	payload := append([]byte{0, 0, 1, 0, 1, 7, 0, 32}, make([]byte, 32)...)
+	payload = append(payload, 0, 64)
+	payload = append(payload, bytes.Repeat([]byte{0xa5}, 64)...)
+	ext := append([]byte{0xfe, 0x0d, byte(len(payload) >> 8), byte(len(payload))}, payload...)
+	// The extensions end the ClientHello: their length is the last
+	// length field before them.
+	off := 4 + 2 + 32
+	off += 1 + int(body[off])
+	off += 2 + (int(body[off])<<8 | int(body[off+1]))
+	off += 1 + int(body[off])
+	extLen := int(body[off])<<8 | int(body[off+1]) + len(ext)
+	body[off], body[off+1] = byte(extLen>>8), byte(extLen)
+	body = append(body, ext...)
+	hsLen := len(body) - 4
+	body[1], body[2], body[3] = byte(hsLen>>16), byte(hsLen>>8), byte(hsLen)
+	return append([]byte{head[0], head[1], head[2], byte(len(body) >> 8), byte(len(body))}, body...)
+}
+
+// What a hostile client sends a tunnel: a ClientHello that hides the name
+// it asks for, and a host name sized to fill the controller's metrics.
+func TestTunnelRefusesWhatItCannotCheck(t *testing.T) {
+	h := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0)
+	connect := func(target string) (net.Conn, *http.Response) {
+		t.Helper()
+		c, err := net.Dial("tcp", h.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n", target)
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return c, resp
+	}
+
+	t.Run("an Encrypted Client Hello", func(t *testing.T) {
+		c, resp := connect(fmt.Sprintf("example.com:%d", port(t, h.tlsSrv)))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("CONNECT to an allowed host: %s", resp.Status)
+		}
+		if _, err := c.Write(withECH(t, "example.com")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatalf("the server answered an Encrypted Client Hello through the tunnel (%d bytes)", n)
+		}
+		var seen bool
+		for _, d := range h.denied() {
+			seen = seen || strings.Contains(d.Reason, "Encrypted Client Hello")
+		}
+		if !seen {
+			t.Fatalf("no refusal names the Encrypted Client Hello: %+v", h.denied())
+		}
+	})
+
+	t.Run("a host name of 16 KB", func(t *testing.T) {
+		_, resp := connect(strings.Repeat("\xff", 12<<10) + ":443")
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("CONNECT to 12 KiB of 0xff: %s, want 400", resp.Status)
+		}
+		for _, d := range h.denied() {
+			if len(d.Host) > 253 || len(d.Reason) > 512 {
+				t.Fatalf("a refusal reports %d bytes of host and %d of reason to the metrics and Events", len(d.Host), len(d.Reason))
+			}
+		}
+	})
+}
+
+// A plain request's body streams for as long as bytes move; a new policy
+// that refuses its host ends it, as it ends a tunnel.
+func TestNewPolicyEndsAPlainRequestUnderWay(t *testing.T) {
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	var mu sync.Mutex
+	var got []byte
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		c, err := up.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			mu.Lock()
+			got = append(got, buf[:n]...)
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	received := func() []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return bytes.Clone(got)
+	}
+	upPort := up.Addr().(*net.TCPAddr).Port
+	pol := Policy{Rules: []Rule{{Host: "example.com", Ports: []int{upPort}}}, AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	p := &Proxy{Policy: pol, Resolver: names{"example.com": loopback}, IdleTimeout: 10 * time.Second}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { _ = p.Serve(l) }()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST http://example.com:%d/ HTTP/1.1\r\nHost: example.com\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n", upPort)
+	for deadline := time.Now().Add(20 * time.Second); !bytes.Contains(received(), []byte("first")); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the request's first chunk never reached the allowed host: %q", received())
+		}
+	}
+	p.SetPolicy(Policy{AllowedNets: pol.AllowedNets})
+	fmt.Fprint(c, "6\r\nSECRET\r\n0\r\n\r\n")
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+	}
+	if b := received(); bytes.Contains(b, []byte("SECRET")) {
+		t.Fatalf("a chunk sent after the new policy refused the host reached it:\n%s", b)
+	}
+	select {
+	case <-ended:
+	default:
+		t.Fatal("the request to a host the new policy refuses was not ended")
+	}
 }

@@ -143,9 +143,10 @@ func normalHost(host string) string {
 // internalNets are the ranges a name is never let resolve to unless the
 // policy allows them: this host, its and the cluster's private networks,
 // link-local (cloud metadata at 169.254.169.254), shared address space,
-// multicast and the unspecified and reserved ones.
+// multicast and the unspecified and reserved ones, and Azure's WireServer
+// (168.63.129.16, a public address that serves a node's secrets to it).
 var internalNets = mustPrefixes(
-	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "168.63.129.16/32", "169.254.0.0/16",
 	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15",
 	"224.0.0.0/4", "240.0.0.0/4", "255.255.255.255/32",
 	"::/96", "::1/128", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "2002::/16",
@@ -189,17 +190,17 @@ func splitHostPort(hostport string, defaultPort int) (string, int, error) {
 	}
 	host = normalHost(host)
 	if host == "" {
-		return "", 0, fmt.Errorf("no host in %q", hostport)
+		return "", 0, fmt.Errorf("no host in %s", clip(hostport))
 	}
 	if portStr == "" {
 		if defaultPort == 0 {
-			return "", 0, fmt.Errorf("no port in %q", hostport)
+			return "", 0, fmt.Errorf("no port in %s", clip(hostport))
 		}
 		return host, defaultPort, nil
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 1 || port > 65535 {
-		return "", 0, fmt.Errorf("bad port in %q", hostport)
+		return "", 0, fmt.Errorf("bad port in %s", clip(hostport))
 	}
 	return host, port, nil
 }

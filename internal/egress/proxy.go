@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -222,8 +223,8 @@ func (p *Proxy) serveConn(c net.Conn) {
 // first one that answers. It never dials a name: what was checked is what
 // is dialled.
 func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, error) {
-	if !requestHost(host) {
-		return nil, refuse(http.StatusBadRequest, "%q is neither a domain name nor an IP address", host)
+	if err := checkRequestHost(host); err != nil {
+		return nil, refuse(http.StatusBadRequest, "%v", err)
 	}
 	pol := p.policy()
 	if !pol.Allows(host, port) {
@@ -268,6 +269,9 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 // client told so, and a TLS stream's server name held to the host named.
 func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 	host, port, err := splitHostPort(req.Host, 0)
+	if err == nil {
+		err = checkRequestHost(host)
+	}
 	if err != nil {
 		p.answer(c, Decision{Reason: err.Error()}, refuse(http.StatusBadRequest, "%v", err))
 		return
@@ -289,11 +293,19 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 	// host in a header the proxy never reads (plain requests are sent to
 	// the proxy itself, which reads it).
 	_ = c.SetReadDeadline(time.Now().Add(p.HelloTimeout))
-	first, name, isTLS, err := peekHello(br)
+	first, hello, isTLS, err := peekHello(br)
+	name := hello.name
 	_ = c.SetReadDeadline(time.Time{})
 	switch {
 	case err != nil:
 		d.Reason = fmt.Sprintf("the client sent nothing the proxy could check within %s", p.HelloTimeout)
+		p.decide(d)
+		return
+	case isTLS && hello.encryptedName:
+		// The outer ClientHello may name the allowed host while the inner
+		// one, which a server of the same provider decrypts and serves,
+		// names another.
+		d.Reason = "the TLS ClientHello hides the server name it asks for (Encrypted Client Hello); the proxy lets through only a name it can read"
 		p.decide(d)
 		return
 	case isTLS && !serverNameFits(name, host):
@@ -320,11 +332,25 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 	p.splice(c, br, up)
 }
 
-// requestHost says whether host, as a request named it, is a name or an
-// address a rule could allow: nothing else reaches the policy, the
-// resolver, the metrics or an Event.
-func requestHost(host string) bool {
-	return !strings.Contains(host, "*") && CheckRule(Rule{Host: host}) == nil
+// checkRequestHost says whether host, as a request named it, is a name or
+// an address a rule could allow: nothing else reaches the policy, the
+// resolver, the metrics or an Event, and the error quotes no more of it
+// than clip keeps.
+func checkRequestHost(host string) error {
+	if strings.Contains(host, "*") || CheckRule(Rule{Host: host}) != nil {
+		return fmt.Errorf("%s is neither a domain name nor an IP address", clip(host))
+	}
+	return nil
+}
+
+// clip is s quoted, cut to its first 64 bytes: what a request names goes
+// into answers, metrics and Events, and the request's head may be 16 KiB.
+func clip(s string) string {
+	const keep = 64
+	if len(s) <= keep {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:keep]) + "…"
 }
 
 // serverNameFits says whether a ClientHello's server name is the tunnel's
@@ -363,6 +389,9 @@ func (p *Proxy) forward(c net.Conn, req *http.Request) {
 		return
 	}
 	host, port, err := splitHostPort(req.URL.Host, 80)
+	if err == nil {
+		err = checkRequestHost(host)
+	}
 	if err != nil {
 		p.answer(c, Decision{Reason: err.Error()}, refuse(http.StatusBadRequest, "%v", err))
 		return
@@ -376,6 +405,15 @@ func (p *Proxy) forward(c net.Conn, req *http.Request) {
 	defer up.Close()
 	d.Allowed = true
 	p.decide(d)
+	// A new policy closes a request under way to a host it refuses, as it
+	// closes a tunnel: a request's body may stream for as long as a byte
+	// moves every IdleTimeout.
+	addr, _ := netip.ParseAddrPort(up.RemoteAddr().String())
+	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), conn: c}
+	defer p.track(t)()
+	if pol := p.policy(); !pol.Allows(host, port) || !pol.Reachable(t.addr) {
+		return
+	}
 	req.Header.Del("Proxy-Authorization")
 	req.Header.Del("Proxy-Connection")
 	req.Close = true
@@ -478,30 +516,50 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
-// peekHello reads what the client sends first. When it is a TLS
-// ClientHello, name is its server name ("" when it names none). first is
-// every byte read, to be sent on as it came.
-func peekHello(br *bufio.Reader) (first []byte, name string, isTLS bool, err error) {
+// clientHello is what the proxy reads of a TLS ClientHello.
+type clientHello struct {
+	// name is its server name ("" when it names none).
+	name string
+	// encryptedName says it carries an encrypted inner ClientHello (ECH,
+	// or its draft ESNI), whose server name the proxy cannot read.
+	encryptedName bool
+}
+
+// TLS extensions that hide the server name the client asks for.
+const (
+	extensionECH  = 0xfe0d
+	extensionESNI = 0xffce
+)
+
+// peekHello reads what the client sends first, and reads it as a TLS
+// ClientHello when it is one. first is every byte read, to be sent on as
+// it came.
+func peekHello(br *bufio.Reader) (first []byte, hello clientHello, isTLS bool, err error) {
 	head, err := br.Peek(1)
 	if err != nil {
-		return nil, "", false, err
+		return nil, hello, false, err
 	}
 	if head[0] != 0x16 { // not a TLS handshake record
 		n := br.Buffered()
 		first, _ = br.Peek(n)
 		first = bytes.Clone(first)
 		_, _ = br.Discard(n)
-		return first, "", false, nil
+		return first, hello, false, nil
 	}
 	rec := &recordingConn{r: br}
 	// The standard library parses the ClientHello; the handshake is
 	// abandoned once it has, and nothing is ever written to the client.
 	errSeen := errors.New("seen")
 	_ = tls.Server(rec, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		name = h.ServerName
+		hello.name = h.ServerName
+		for _, ext := range h.Extensions {
+			if ext == extensionECH || ext == extensionESNI {
+				hello.encryptedName = true
+			}
+		}
 		return nil, errSeen
 	}}).Handshake()
-	return rec.read.Bytes(), name, true, nil
+	return rec.read.Bytes(), hello, true, nil
 }
 
 // capReader reads r until left bytes are read (never, when left < 0).
