@@ -349,22 +349,45 @@ func (cl *Claim) files(ctx context.Context, method, sandboxPath string, body io.
 	return resp, nil
 }
 
-// ReadFile reads a file of the sandbox.
+// ReadFile reads a file of the sandbox, at most MaxRead bytes.
 func (cl *Claim) ReadFile(ctx context.Context, sandboxPath string) ([]byte, error) {
 	resp, err := cl.files(ctx, http.MethodGet, sandboxPath, nil, "")
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	// The agent may have put a directory where the file was: its listing
+	// is not the file's contents.
+	if t := resp.Header.Get(headerEntryType); t != "file" {
+		return nil, fmt.Errorf("reading %s: it is a %s, not a regular file", sandboxPath, entryType(t))
+	}
+	if resp.ContentLength > MaxRead {
+		return nil, fmt.Errorf("reading %s: %d bytes is more than the %d ReadFile reads", sandboxPath, resp.ContentLength, MaxRead)
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxRead+1))
 	if err == nil && len(b) > MaxRead {
-		return nil, fmt.Errorf("reading %s: more than %d bytes (the exec API serves at most that much)", sandboxPath, MaxRead)
+		return nil, fmt.Errorf("reading %s: more than the %d bytes ReadFile reads", sandboxPath, MaxRead)
 	}
 	return b, err
 }
 
-// MaxRead is the most ReadFile reads, as the exec API serves at most.
+// MaxRead is the most ReadFile reads: the file's size is the agent's to
+// choose.
 const MaxRead = 16 << 20
+
+// MaxList is the most bytes of a directory's listing List reads.
+const MaxList = 16 << 20
+
+// headerEntryType is the exec API's header naming what a path is: file,
+// dir, symlink and so on.
+const headerEntryType = "X-Entry-Type"
+
+func entryType(t string) string {
+	if t == "" {
+		return "thing the server did not name"
+	}
+	return t
+}
 
 // WriteFile replaces a file of the sandbox atomically.
 func (cl *Claim) WriteFile(ctx context.Context, sandboxPath string, data []byte) error {
@@ -382,9 +405,24 @@ func (cl *Claim) List(ctx context.Context, sandboxPath string) ([]Entry, error) 
 		return nil, err
 	}
 	defer resp.Body.Close()
+	// The agent may have put a file holding a forged listing where the
+	// directory was; the listing itself is bounded, and each name is one
+	// a directory can hold, so a caller may join it to a local path.
+	if t := resp.Header.Get(headerEntryType); t != "dir" {
+		return nil, fmt.Errorf("listing %s: it is a %s, not a directory", sandboxPath, entryType(t))
+	}
+	lr := &io.LimitedReader{R: resp.Body, N: MaxList + 1}
 	var out []Entry
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("%s is not a directory: %w", sandboxPath, err)
+	if err := json.NewDecoder(lr).Decode(&out); err != nil {
+		if lr.N <= 0 {
+			return nil, fmt.Errorf("listing %s: more than the %d bytes of listing List reads", sandboxPath, MaxList)
+		}
+		return nil, fmt.Errorf("listing %s: %w", sandboxPath, err)
+	}
+	for _, e := range out {
+		if e.Name == "" || e.Name == "." || e.Name == ".." || strings.ContainsAny(e.Name, "/\x00") {
+			return nil, fmt.Errorf("listing %s: the server named an entry %q, which no directory holds", sandboxPath, e.Name)
+		}
 	}
 	return out, nil
 }

@@ -75,7 +75,7 @@ func TestAPlatformSuite(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "platform", Name: "agent"},
-		Spec: v1alpha1.SandboxSpec{Agent: "platform-agent", Binaries: []v1alpha1.BinaryName{"sh", "cat"}}}
+		Spec: v1alpha1.SandboxSpec{Agent: "platform-agent", Binaries: []v1alpha1.BinaryName{"sh", "cat", "mkdir"}}}
 	if err := kube.Create(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
@@ -101,6 +101,19 @@ func TestAPlatformSuite(t *testing.T) {
 	entries, err := claim.List(ctx, "/workspace")
 	if err != nil || len(entries) != 1 || entries[0].Name != "plan.md" {
 		t.Fatalf("List = %+v, %v", entries, err)
+	}
+	// The agent puts a file holding a forged listing where a directory
+	// was, and a directory where a file was: neither is taken for the
+	// other.
+	forge := `mkdir /workspace/report.md && printf '[{"name":"../../.ssh/authorized_keys","type":"file"}]' > /workspace/out`
+	if code, err := claim.Exec(ctx, []string{"sh", "-c", forge}, nil, nil, nil); err != nil || code != 0 {
+		t.Fatalf("the agent's forgery: %d, %v", code, err)
+	}
+	if got, err := claim.List(ctx, "/workspace/out"); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("List of a file holding a listing = %+v, %v; want it refused as not a directory", got, err)
+	}
+	if got, err := claim.ReadFile(ctx, "/workspace/report.md"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("ReadFile of a directory = %q, %v; want it refused as not a regular file", got, err)
 	}
 	if err := claim.WriteFile(ctx, "/blocks/x", []byte("x")); err == nil {
 		t.Fatal("a write into the read-only /blocks was accepted")
