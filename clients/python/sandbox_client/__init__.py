@@ -17,6 +17,8 @@ certificate, or through the API server's aggregated API when it serves it.
 """
 
 from .client import (  # noqa: F401
+    MAX_OUTPUT,
+    MAX_READ,
     Claim,
     ClaimNotReady,
     CommandRefused,

@@ -32,6 +32,12 @@ _STDIN, _STDOUT, _STDERR, _STATUS, _CLOSE = 0, 1, 2, 3, 255
 
 AREAS = ("workspace", "memories", "blocks", "skills", "tasks")
 
+# What the client takes from a sandbox at most. The agent decides how large
+# a file is and how much a command prints: a sparse file of terabytes costs
+# it nothing, and `yes` prints until the exec API's timeout.
+MAX_READ = 16 << 20  # read_file
+MAX_OUTPUT = 16 << 20  # exec's collected stdout and stderr together
+
 
 class SandboxError(Exception):
     """A request the exec API or the Kubernetes API refused or failed."""
@@ -258,10 +264,13 @@ class Claim:
     def exec(self, argv: Iterable[str], stdin: Optional[bytes | str | BinaryIO] = None,
              on_stdout: Optional[Callable[[bytes], None]] = None,
              on_stderr: Optional[Callable[[bytes], None]] = None,
-             timeout: Optional[float] = None) -> ExecResult:
+             timeout: Optional[float] = None,
+             max_output: Optional[int] = MAX_OUTPUT) -> ExecResult:
         """Runs one command (an argv list, never a shell line). Output is
         collected, and streamed to on_stdout/on_stderr as it comes. A
-        command the policy refuses raises CommandRefused."""
+        command the policy refuses raises CommandRefused. Past max_output
+        bytes of stdout and stderr together the command is ended and
+        SandboxError raised; max_output=None keeps everything."""
         argv = list(argv)
         if not argv:
             raise ValueError("argv: give the command and its arguments")
@@ -297,6 +306,10 @@ class Claim:
                 if op == websocket.ABNF.OPCODE_CLOSE or not frame:
                     break
                 ch, data = frame[0], bytes(frame[1:])
+                if ch in (_STDOUT, _STDERR) and max_output is not None and len(out) + len(err) + len(data) > max_output:
+                    raise SandboxError(f"exec {argv[0]} in SessionClaim {self.namespace}/{self.name}: more than "
+                                       f"max_output={max_output} bytes of output; the command was ended (pass a "
+                                       f"larger max_output, or None to keep it all)")
                 if ch == _STDOUT:
                     out += data
                     if on_stdout:
@@ -314,7 +327,23 @@ class Claim:
     # --- files --------------------------------------------------------------
 
     def read_file(self, path: str) -> bytes:
-        return self._files("GET", path).data
+        """A file's bytes, at most MAX_READ of them."""
+        r = self._files("GET", path, preload=False)
+        try:
+            kind = r.headers.get("X-Entry-Type")
+            if kind != "file":
+                # The agent may have put a directory where the file was.
+                raise SandboxError(f"reading {path}: it is a {kind or 'thing the server did not name'}, "
+                                   f"not a regular file")
+            size = int(r.headers.get("Content-Length") or 0)
+            if size > MAX_READ:
+                raise SandboxError(f"reading {path}: {size} bytes is more than the {MAX_READ} read_file reads")
+            data = r.read(MAX_READ + 1)
+            if len(data) > MAX_READ:
+                raise SandboxError(f"reading {path}: more than the {MAX_READ} bytes read_file reads")
+            return data
+        finally:
+            r.release_conn()
 
     def write_file(self, path: str, data: bytes | str) -> None:
         if isinstance(data, str):
@@ -322,11 +351,17 @@ class Claim:
         self._files("PUT", path, body=data)
 
     def list(self, path: str = "/workspace") -> list[Entry]:
-        r = self._files("GET", path)
-        if r.headers.get("X-Entry-Type") != "dir":
-            raise SandboxError(f"{path} is not a directory")
+        r = self._files("GET", path, preload=False)
+        try:
+            if r.headers.get("X-Entry-Type") != "dir":
+                raise SandboxError(f"{path} is not a directory")
+            data = r.read(MAX_READ + 1)
+        finally:
+            r.release_conn()
+        if len(data) > MAX_READ:
+            raise SandboxError(f"listing {path}: more than the {MAX_READ} bytes of listing list reads")
         return [Entry(name=e["name"], type=e["type"], size=e.get("size", 0), mode=e.get("mode", 0), extra=e)
-                for e in json.loads(r.data)]
+                for e in json.loads(data)]
 
     def remove(self, path: str, recursive: bool = False) -> None:
         self._files("DELETE", path, query={"recursive": "true"} if recursive else None)
@@ -334,7 +369,8 @@ class Claim:
     def _path(self, what: str) -> str:
         return f"/namespaces/{quote(self.namespace, safe='')}/sessionclaims/{quote(self.name, safe='')}/{what}"
 
-    def _files(self, method: str, path: str, body: Optional[bytes] = None, query: Optional[dict] = None):
+    def _files(self, method: str, path: str, body: Optional[bytes] = None, query: Optional[dict] = None,
+               preload: bool = True):
         parts = [p for p in path.split("/") if p]
         if not parts or parts[0] not in AREAS:
             raise SandboxError(f"{path}: a sandbox path begins with one of the areas: /" + ", /".join(AREAS))
@@ -345,10 +381,11 @@ class Claim:
         pool = urllib3.PoolManager(
             cert_reqs="CERT_REQUIRED" if how["verify"] else "CERT_NONE", ca_certs=how["ca"],
             cert_file=how["cert"], key_file=how["key"], assert_hostname=None if how["verify"] else False)
-        r = pool.request(method, url, body=body, headers=how["headers"], preload_content=True)
+        r = pool.request(method, url, body=body, headers=how["headers"], preload_content=preload)
         if r.status // 100 != 2:
+            data = r.data if preload else r.read(64 << 10)
             raise SandboxError(f"{method} {path} in SessionClaim {self.namespace}/{self.name}: "
-                               f"{_body_message(r.data)} ({r.status})")
+                               f"{_body_message(data)} ({r.status})")
         return r
 
 

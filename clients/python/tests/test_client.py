@@ -52,3 +52,23 @@ def test_a_claim_of_a_missing_sandbox_says_why(client):
     with pytest.raises(ClaimNotReady) as e:
         client.claim("no-such-sandbox", timeout=3)
     assert e.value.reason in ("SandboxNotFound", "NoCondition")
+
+
+def test_what_the_agent_sizes_is_bounded(client):
+    with client.claim(SANDBOX, timeout=120) as claim:
+        # A sparse file one byte past the bound costs the agent nothing.
+        r = claim.exec(["sh", "-c", "mkdir -p /workspace/big && truncate -s 16777217 /workspace/big/file"])
+        assert r.exit_code == 0, r.stderr
+        with pytest.raises(SandboxError) as e:
+            claim.read_file("/workspace/big/file")
+        assert "more than" in str(e.value)
+        # A directory where a file was is not read as the file.
+        with pytest.raises(SandboxError) as e:
+            claim.read_file("/workspace/big")
+        assert "not a regular file" in str(e.value)
+        # Output past max_output ends the command.
+        with pytest.raises(SandboxError) as e:
+            claim.exec(["sh", "-c", "while :; do echo 0123456789abcdef0123456789abcdef; done"], max_output=1 << 20)
+        assert "max_output" in str(e.value)
+        assert claim.exec(["sh", "-c", "echo small"], max_output=16).stdout == b"small\n"
+        claim.remove("/workspace/big", recursive=True)

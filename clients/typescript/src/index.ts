@@ -57,7 +57,17 @@ export interface ExecOptions {
   stdin?: string | Uint8Array;
   onStdout?: (chunk: Buffer) => void;
   onStderr?: (chunk: Buffer) => void;
+  /** The most bytes of stdout and stderr together kept (default MAX_OUTPUT); past it the command is ended and SandboxError thrown. null keeps everything. */
+  maxOutput?: number | null;
 }
+
+// What the client takes from a sandbox at most. The agent decides how large
+// a file is and how much a command prints: a sparse file of terabytes costs
+// it nothing, and `yes` prints until the exec API's timeout.
+/** The most bytes readFile reads (and list reads of a listing). */
+export const MAX_READ = 16 << 20;
+/** The most bytes of output exec keeps by default. */
+export const MAX_OUTPUT = 16 << 20;
 
 export interface ClaimOptions {
   name?: string;
@@ -93,7 +103,7 @@ interface HTTPResponse {
   body: Buffer;
 }
 
-function request(t: Target, method: string, path: string, body?: Uint8Array | string, headers: Record<string, string> = {}): Promise<HTTPResponse> {
+function request(t: Target, method: string, path: string, body?: Uint8Array | string, headers: Record<string, string> = {}, limit?: number): Promise<HTTPResponse> {
   const url = new URL(t.base + path);
   return new Promise((resolve, reject) => {
     const req = https.request(url, {
@@ -101,7 +111,16 @@ function request(t: Target, method: string, path: string, body?: Uint8Array | st
       headers: { ...t.headers, ...headers },
     }, (res) => {
       const chunks: Buffer[] = [];
-      res.on("data", (c: Buffer) => chunks.push(c));
+      let size = 0;
+      res.on("data", (c: Buffer) => {
+        size += c.length;
+        if (limit !== undefined && size > limit) {
+          req.destroy();
+          reject(new SandboxError(`${method} ${url.pathname}: the answer is more than ${limit} bytes`));
+          return;
+        }
+        chunks.push(c);
+      });
       res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
       res.on("error", reject);
     });
@@ -306,6 +325,8 @@ export class Claim {
     const url = t.base.replace(/^https:/, "wss:") + this.path + "/exec?" + q.toString();
     const ws = new WebSocket(url, [PROTOCOL], { ca: t.ca, cert: t.cert, key: t.key, rejectUnauthorized: !t.insecure, headers: t.headers });
     const out: Buffer[] = [], err: Buffer[] = [];
+    const maxOutput = opts.maxOutput === undefined ? MAX_OUTPUT : opts.maxOutput;
+    let kept = 0, tooMuch = false;
     let status: any;
     return await new Promise<ExecResult>((resolve, reject) => {
       ws.on("unexpected-response", (_req, res) => {
@@ -323,8 +344,14 @@ export class Claim {
         ws.send(Buffer.from([CLOSE, STDIN]));
       });
       ws.on("message", (frame: Buffer) => {
-        if (frame.length === 0) return;
+        if (frame.length === 0 || tooMuch) return;
         const data = frame.subarray(1);
+        if ((frame[0] === STDOUT || frame[0] === STDERR) && maxOutput !== null && (kept += data.length) > maxOutput) {
+          tooMuch = true;
+          ws.terminate();
+          reject(new SandboxError(`exec ${argv[0]} in SessionClaim ${this.namespace}/${this.name}: more than maxOutput=${maxOutput} bytes of output; the command was ended (pass a larger maxOutput, or null to keep it all)`));
+          return;
+        }
         switch (frame[0]) {
           case STDOUT: out.push(Buffer.from(data)); opts.onStdout?.(Buffer.from(data)); break;
           case STDERR: err.push(Buffer.from(data)); opts.onStderr?.(Buffer.from(data)); break;
@@ -347,15 +374,20 @@ export class Claim {
       throw new SandboxError(`${path}: a sandbox path begins with one of the areas: /${AREAS.join(", /")}`);
     }
     const t = await this.client.target(this);
-    const r = await request(t, method, this.path + "/files/" + parts.map(encodeURIComponent).join("/") + query, body);
+    const r = await request(t, method, this.path + "/files/" + parts.map(encodeURIComponent).join("/") + query, body, {}, MAX_READ);
     if (Math.floor(r.status / 100) !== 2) {
       throw new SandboxError(`${method} ${path} in SessionClaim ${this.namespace}/${this.name}: ${message(r.body)} (${r.status})`);
     }
     return r;
   }
 
+  /** A file's bytes, at most MAX_READ of them. */
   async readFile(path: string): Promise<Buffer> {
-    return (await this.files("GET", path)).body;
+    const r = await this.files("GET", path);
+    // The agent may have put a directory where the file was.
+    const kind = r.headers["x-entry-type"];
+    if (kind !== "file") throw new SandboxError(`reading ${path}: it is a ${kind ?? "thing the server did not name"}, not a regular file`);
+    return r.body;
   }
 
   async writeFile(path: string, data: string | Uint8Array): Promise<void> {

@@ -44,3 +44,23 @@ test("a claim of a missing Sandbox says why", { skip: !kubeconfig && "run throug
   await assert.rejects(client.claim("no-such-sandbox", { timeoutMs: 3000 }),
     (e) => e instanceof ClaimNotReady && ["SandboxNotFound", "NoCondition"].includes(e.reason));
 });
+
+test("what the agent sizes is bounded", { skip: !kubeconfig && "run through test/e2e/clients" }, async () => {
+  const client = SandboxClient.fromKubeconfig({ kubeconfig, namespace });
+  const claim = await client.claim(sandbox, { timeoutMs: 120_000 });
+  try {
+    // A sparse file one byte past the bound costs the agent nothing.
+    const r = await claim.exec(["sh", "-c", "mkdir -p /workspace/big && truncate -s 16777217 /workspace/big/file"]);
+    assert.equal(r.exitCode, 0, r.stderr.toString());
+    await assert.rejects(claim.readFile("/workspace/big/file"), (e) => e instanceof SandboxError && /more than/.test(e.message));
+    // A directory where a file was is not read as the file.
+    await assert.rejects(claim.readFile("/workspace/big"), (e) => e instanceof SandboxError && /not a regular file/.test(e.message));
+    // Output past maxOutput ends the command.
+    await assert.rejects(claim.exec(["sh", "-c", "while :; do echo 0123456789abcdef0123456789abcdef; done"], { maxOutput: 1 << 20 }),
+      (e) => e instanceof SandboxError && /maxOutput/.test(e.message));
+    assert.equal((await claim.exec(["sh", "-c", "echo small"], { maxOutput: 16 })).stdout.toString(), "small\n");
+    await claim.remove("/workspace/big", { recursive: true });
+  } finally {
+    await claim[Symbol.asyncDispose]();
+  }
+});

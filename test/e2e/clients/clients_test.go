@@ -170,7 +170,7 @@ func (cp *controlPlane) sandbox(t *testing.T, ns, name string) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.SandboxSpec{
 			Agent:    ns + "-" + name,
-			Binaries: []v1alpha1.BinaryName{"sh", "cat", "mkdir"},
+			Binaries: []v1alpha1.BinaryName{"sh", "cat", "mkdir", "truncate"},
 		},
 	}
 	if err := cp.k8s.Create(ctx, sb); err != nil {
@@ -236,8 +236,8 @@ func TestTypeScriptClient(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the TypeScript client's suite failed: %v", err)
 	}
-	if !strings.Contains(string(out), "# pass 4") || !strings.Contains(string(out), "# skipped 0") {
-		t.Fatalf("the TypeScript suite did not run its four tests:\n%s", out)
+	if !strings.Contains(string(out), "# pass 5") || !strings.Contains(string(out), "# skipped 0") {
+		t.Fatalf("the TypeScript suite did not run its five tests:\n%s", out)
 	}
 }
 
