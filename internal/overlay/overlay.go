@@ -12,6 +12,7 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/url"
 	"os"
@@ -259,21 +260,78 @@ func (l Layers) Unmount() error {
 	return nil
 }
 
-// Size is the bytes the upper layer holds, for the size limit of OverlayHealthy.
+// Size is the bytes the upper layer holds, for the size limit of
+// OverlayHealthy.
+//
+// The layer is the agent's to change while it is measured (through the
+// merged view), and the controller measures it as root: it is walked by
+// descriptor, each directory opened beneath the one before without
+// following a link, so a directory swapped for a link to the host's tree
+// between its listing and its opening is refused, never walked; its
+// names are read a batch at a time, and the walk stops past
+// maxSizeDepth directories. An error names no entry of the layer.
 func (l Layers) Size() (int64, error) {
+	fd, err := unix.Open(l.Upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("measuring the upper layer %s: %w", l.Upper, err)
+	}
+	total, err := dirSize(fd, 0)
+	if err != nil {
+		return 0, fmt.Errorf("measuring the upper layer %s: %w", l.Upper, err)
+	}
+	return total, nil
+}
+
+// maxSizeDepth bounds how deep Size walks an upper layer.
+const maxSizeDepth = 1024
+
+// errTooDeep is an upper layer deeper than Size walks.
+var errTooDeep = fmt.Errorf("it is more than %d directories deep", maxSizeDepth)
+
+// dirSize is the bytes of the regular files below the directory fd, which
+// it closes. Entries that go while it reads are skipped.
+func dirSize(fd int, depth int) (int64, error) {
+	d := os.NewFile(uintptr(fd), "upper")
+	defer d.Close()
+	if depth > maxSizeDepth {
+		return 0, errTooDeep
+	}
 	var total int64
-	err := filepath.WalkDir(l.Upper, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.Type().IsRegular() {
-			fi, err := d.Info()
-			if err != nil {
-				return err
+	for {
+		names, rerr := d.Readdirnames(512)
+		for _, n := range names {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				if errors.Is(err, unix.ENOENT) {
+					continue
+				}
+				return 0, err
 			}
-			total += fi.Size()
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFREG:
+				total += st.Size
+			case unix.S_IFDIR:
+				sub, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err != nil {
+					// Gone, or no longer a directory (a link now): what
+					// it holds is not the layer's.
+					if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+						continue
+					}
+					return 0, err
+				}
+				n, err := dirSize(sub, depth+1)
+				if err != nil {
+					return 0, err
+				}
+				total += n
+			}
 		}
-		return nil
-	})
-	return total, err
+		if rerr != nil || len(names) == 0 {
+			if rerr == nil || errors.Is(rerr, io.EOF) {
+				return total, nil
+			}
+			return 0, rerr
+		}
+	}
 }

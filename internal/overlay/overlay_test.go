@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/overlay"
@@ -177,4 +178,60 @@ func TestChangesThatDoNotFitASizeLimitStay(t *testing.T) {
 	if _, err := os.Stat(sized.Disk + ".img"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a half-filled layer was left: %v", err)
 	}
+}
+
+// The agent changes its upper layer while the controller measures it, as
+// root. A directory it swaps for a link to the host's tree between the
+// walk's listing and its opening is never walked: no measure ever counts
+// a host file, however the two interleave.
+func TestSizeNeverWalksALinkSwappedIn(t *testing.T) {
+	dir := t.TempDir()
+	host := filepath.Join(dir, "host")
+	write(t, filepath.Join(host, "secret"), "")
+	if err := os.Truncate(filepath.Join(host, "secret"), 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	upper := filepath.Join(dir, "upper")
+	write(t, filepath.Join(upper, "a"), "0123456789")
+	write(t, filepath.Join(upper, "z", "small"), "01234")
+	l := overlay.Layers{Upper: upper}
+	if size, err := l.Size(); err != nil || size != 15 {
+		t.Fatalf("Size = %d, %v; want 15", size, err)
+	}
+
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		z, real := filepath.Join(upper, "z"), filepath.Join(upper, "z.real")
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = os.Rename(z, real)
+			_ = os.Symlink(host, z)
+			_ = os.Remove(z)
+			_ = os.Rename(real, z)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	walks, errs := 0, 0
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) || walks < 200; walks++ {
+		size, err := l.Size()
+		if err != nil {
+			errs++
+			if strings.Contains(err.Error(), "secret") {
+				t.Fatalf("a failed measure names a host file: %v", err)
+			}
+			continue
+		}
+		// A rename under way may show z under both its names (20
+		// bytes); only the host's tree holds a gibibyte.
+		if size > 20 {
+			t.Fatalf("walk %d counted %d bytes: it walked the host's tree through a link swapped in", walks, size)
+		}
+	}
+	t.Logf("%d measures, %d failed", walks, errs)
 }
