@@ -239,7 +239,8 @@ func fileError(p string, err error) *apiError {
 		errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY),
 		// A name too long or a loop of links is the path the caller
 		// chose, not a fault of the server.
-		errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.ELOOP), errors.Is(err, areas.ErrTooDeep):
+		errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.ELOOP), errors.Is(err, areas.ErrTooDeep),
+		errors.Is(err, areas.ErrTooManyEntries):
 		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s: %v", p, err)}
 	default:
 		return &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("%s: %v", p, err)}

@@ -51,3 +51,17 @@ func (e *EscapeError) Error() string {
 func (e *EscapeError) Is(target error) bool { return target == ErrEscape }
 
 func (e *EscapeError) Unwrap() error { return e.Err }
+
+// MaxListEntries bounds List: a directory of more entries is refused.
+const MaxListEntries = 100_000
+
+// ErrTooManyEntries is wrapped when a directory holds more entries than a
+// listing reads.
+var ErrTooManyEntries = errors.New("more entries than a listing reads")
+
+// maxRemoveDepth bounds the directories a recursive remove descends.
+const maxRemoveDepth = 256
+
+// ErrTooDeep is wrapped when a recursive remove meets a tree deeper than
+// it descends.
+var ErrTooDeep = fmt.Errorf("more than %d directories deep", maxRemoveDepth)

@@ -284,11 +284,19 @@ func (r *Root) stat(op, rel string, flags int) (Entry, error) {
 // List describes the entries of a directory, sorted by name. Entries are
 // not followed: a symbolic link is listed as a link.
 func (r *Root) List(rel string) ([]Entry, error) {
-	return actV(r, func() ([]Entry, error) { return r.list(rel) })
+	return r.ListAtMost(rel, MaxListEntries)
+}
+
+// ListAtMost is List of a directory of at most max entries: past them it
+// stops reading and fails with ErrTooManyEntries. The directory is the
+// agent's, and so is how many names it holds; each costs a stat and
+// memory.
+func (r *Root) ListAtMost(rel string, max int) ([]Entry, error) {
+	return actV(r, func() ([]Entry, error) { return r.list(rel, max) })
 }
 
 // list is the body of List, which runs it as the root's identity (act).
-func (r *Root) list(rel string) ([]Entry, error) {
+func (r *Root) list(rel string, max int) ([]Entry, error) {
 	const op = "listing"
 	fd, err := r.at(op, rel, rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
@@ -298,9 +306,19 @@ func (r *Root) list(rel string) ([]Entry, error) {
 	defer dir.Close()
 	// Readdirnames only reads the descriptor; os.File.ReadDir would stat
 	// each entry by a path string, which is what this package avoids.
-	names, err := dir.Readdirnames(-1)
-	if err != nil {
-		return nil, r.wrap(op, rel, err)
+	var names []string
+	for {
+		batch, err := dir.Readdirnames(1024)
+		names = append(names, batch...)
+		if len(names) > max {
+			return nil, r.wrap(op, rel, fmt.Errorf("%w (%d)", ErrTooManyEntries, max))
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(batch) == 0) {
+			break
+		}
+		if err != nil {
+			return nil, r.wrap(op, rel, err)
+		}
 	}
 	slices.Sort(names)
 	out := make([]Entry, 0, len(names))
@@ -517,13 +535,6 @@ func (r *Root) remove(rel string, recursive bool) error {
 // memory than one with a thousand; and a failure deep down is said once,
 // with its depth, not wrapped again at every level above it.
 func removeTree(dirfd int, name string) error { return removeTreeAt(dirfd, name, 0) }
-
-// maxRemoveDepth bounds the directories a recursive remove descends.
-const maxRemoveDepth = 256
-
-// ErrTooDeep is wrapped when a recursive remove meets a tree deeper than
-// it descends.
-var ErrTooDeep = fmt.Errorf("more than %d directories deep", maxRemoveDepth)
 
 // removeDirBatch is how many names of a directory are read at once.
 const removeDirBatch = 512

@@ -1,6 +1,7 @@
 package worktree_test
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -273,5 +274,28 @@ func TestOversizedGitFilesAreRefusedWithinTheirLimit(t *testing.T) {
 				t.Fatalf("reading a 1 GiB file allocated %d bytes; the limit is %d", n, worktree.MaxConfigSize)
 			}
 		})
+	}
+}
+
+// How many names a directory holds is the agent's to choose; the checks
+// read a bounded number of them, as root, every health interval.
+func TestCrowdedGitDirectoriesAreRefusedWithinTheirBound(t *testing.T) {
+	repo := newRepo(t)
+	wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "crowd", CreateBranch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := filepath.Join(repo.GitCommonDir(), "worktrees", wt.Name)
+	for i := range 300 {
+		if err := os.WriteFile(filepath.Join(admin, fmt.Sprintf("filler-%d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := worktree.Check(ctx, repo, wt)
+	if h.Reason != worktree.ReasonUnsafeRepository || !strings.Contains(h.Message, "more than") {
+		t.Fatalf("a worktree's administrative directory of 300 entries: %+v; want it refused past the bound", h)
+	}
+	if _, err := worktree.Add(ctx, repo, worktree.Spec{Name: "other", CreateBranch: true}); err == nil {
+		t.Fatal("Add in a repository with a crowded administrative directory succeeded")
 	}
 }

@@ -145,12 +145,12 @@ func checkGitDir(repo Repo) error {
 	}
 	// git worktree add reads every worktree's HEAD (a branch may be checked
 	// out once only), so one poisoned worktree poisons the repository.
-	admins, err := repo.Mount.List(path.Join(gitDir, "worktrees"))
+	admins, err := repo.Mount.ListAtMost(path.Join(gitDir, "worktrees"), maxWorktrees)
+	if errors.Is(err, areas.ErrTooManyEntries) {
+		return unsafeRepo("%s/.git/worktrees has more than %d entries; the controller checks at most %d worktrees of a repository", repo.HostPath(), maxWorktrees, maxWorktrees)
+	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return unsafeRepo("listing %s/.git/worktrees: %v", repo.HostPath(), err)
-	}
-	if len(admins) > maxWorktrees {
-		return unsafeRepo("%s/.git/worktrees has %d entries; the controller checks at most %d worktrees of a repository", repo.HostPath(), len(admins), maxWorktrees)
 	}
 	for _, a := range admins {
 		if a.Type != areas.TypeDir {
@@ -166,6 +166,11 @@ func checkGitDir(repo Repo) error {
 // maxWorktrees bounds how many worktrees of one repository the check
 // reads before host git runs.
 const maxWorktrees = 1024
+
+// maxAdminEntries bounds the entries of a worktree's administrative
+// directory the check reads: git keeps about ten there (HEAD, gitdir,
+// commondir, index, locked, logs, refs, ...).
+const maxAdminEntries = 256
 
 // checkAdminDir refuses a worktree's administrative directory
 // (.git/worktrees/<name>) holding anything but regular files and
@@ -183,7 +188,10 @@ func checkAdminDir(repo Repo, name string) error {
 	if fi.Type != areas.TypeDir {
 		return unsafeRepo("%s/.git/worktrees/%s is a %s, not a directory", repo.HostPath(), name, fi.Type)
 	}
-	entries, err := repo.Mount.List(admin)
+	entries, err := repo.Mount.ListAtMost(admin, maxAdminEntries)
+	if errors.Is(err, areas.ErrTooManyEntries) {
+		return unsafeRepo("%s/.git/worktrees/%s has more than %d entries; git keeps a handful there", repo.HostPath(), name, maxAdminEntries)
+	}
 	if err != nil {
 		return unsafeRepo("listing %s/.git/worktrees/%s: %v", repo.HostPath(), name, err)
 	}

@@ -90,7 +90,11 @@ func For(repo Repo, name string) Worktree {
 // Untouched reports whether a worktree that was never checked out still
 // holds nothing but its .git file, so removing it can lose no one's work.
 func Untouched(repo Repo, wt Worktree) (bool, error) {
-	entries, err := repo.Mount.List(wt.Rel)
+	// Two entries are enough to tell: the .git file and anything else.
+	entries, err := repo.Mount.ListAtMost(wt.Rel, 2)
+	if errors.Is(err, areas.ErrTooManyEntries) {
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("listing worktree %s: %w", wt.HostPath, err)
 	}
