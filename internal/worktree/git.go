@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -96,8 +97,11 @@ var gitEnv = []string{
 
 // jailArgs are bwrap's arguments for a git that sees the host's system
 // directories read-only and the repository's mount read-write, nothing else
-// of the host: no /etc, no /home, no /root, no other agent's areas.
-func jailArgs(mount string) []string {
+// of the host: no /etc, no /home, no /root, no other agent's areas. The
+// mount is bound from mountFD, the directory the controller holds and
+// checked: bubblewrap makes sure what it mounted is that directory, so a
+// link the agent swapped in for the mount's path since is never followed.
+func jailArgs(mount string, mountFD int) []string {
 	args := []string{"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"}
 	for _, d := range systemDirs {
 		fi, err := os.Lstat(d)
@@ -114,7 +118,7 @@ func jailArgs(mount string) []string {
 	// The dynamic loader finds multiarch libraries through its cache.
 	args = append(args, "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
 		"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-		"--bind", mount, mount)
+		"--bind-fd", strconv.Itoa(mountFD), mount)
 	return args
 }
 
@@ -138,13 +142,21 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	full := append(jailArgs(repo.Mount.HostPath()), "--", "git")
+	// The mount's directory as the controller holds it (reopened and
+	// checked against the one it opened), for the jail's bind.
+	mountDir, err := repo.Mount.OpenDir("")
+	if err != nil {
+		return "", &Error{Reason: ReasonGitFailed, Message: fmt.Sprintf("cannot run git %s: opening the repository's mount: %v", verb, err)}
+	}
+	defer mountDir.Close()
+	full := append(jailArgs(repo.Mount.HostPath(), 3), "--", "git")
 	for _, c := range gitConfig {
 		full = append(full, "-c", c)
 	}
 	full = append(full, "-C", dir)
 	full = append(full, args...)
 	cmd := exec.CommandContext(ctx, bwrap, full...)
+	cmd.ExtraFiles = []*os.File{mountDir} // descriptor 3
 	cmd.Env = gitEnv
 	id := repo.runAs()
 	if uint32(os.Geteuid()) != id.UID {
@@ -158,7 +170,7 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	// Started where of the host's mounts only those the jail needs are:
 	// bubblewrap copies the namespace it starts in, and reads its mount
 	// table for every bind.
-	err = jails.RunWith(nil, startns.ForBubblewrap(full, nil, bwrap), nil, cmd.Run)
+	err = jails.RunWith(nil, startns.ForBubblewrap(full, cmd.ExtraFiles, bwrap), nil, cmd.Run)
 	if errors.Is(err, startns.ErrUnavailable) {
 		err = cmd.Run()
 	}

@@ -194,3 +194,29 @@ func TestHostGitStartsWithoutTheHostsOtherMounts(t *testing.T) {
 		}
 	}
 }
+
+// The agent swaps its mount's path for a link to another directory it
+// can reach on the host, after the controller opened and checked the
+// mount. Host git's jail binds the directory the controller holds, never
+// what the path leads to now.
+func TestHostGitBindsTheMountItHolds(t *testing.T) {
+	repo, _, _ := jailedRepo(t)
+	mount := repo.Mount.HostPath()
+	other := filepath.Join(filepath.Dir(mount), "other")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "marker.conf"), []byte("[s]\n\tk = TOPSECRET-other\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(mount, mount+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, mount); err != nil {
+		t.Fatal(err)
+	}
+	out, err := hostGit(logr.NewContext(context.Background(), testr.New(t)), repo, mount, "config", "--file", filepath.Join(mount, "marker.conf"), "--list")
+	if err == nil || strings.Contains(out, "TOPSECRET") {
+		t.Fatalf("host git worked in the directory a link swapped in for the mount: %q, %v", out, err)
+	}
+}
