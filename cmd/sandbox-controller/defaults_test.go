@@ -161,6 +161,7 @@ func TestEgressFlagsRefused(t *testing.T) {
 		want string
 	}{
 		{func(e *egressFlags) { e.maxConns = 0 }, "--egress-max-connections=0"},
+		{func(e *egressFlags) { e.maxConnsTotal = -1 }, "--egress-max-connections-total=-1"},
 		{func(e *egressFlags) { e.idleTimeout = time.Millisecond }, "--egress-idle-timeout=1ms"},
 		{func(e *egressFlags) { e.bytesPerSecond = resource.MustParse("100") }, "--egress-bandwidth=100"},
 		{func(e *egressFlags) { e.internalNets = "10.96.0.0/12, 11.0.0.0" }, `--egress-internal-networks: "11.0.0.0"`},

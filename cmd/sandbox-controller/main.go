@@ -62,6 +62,7 @@ type flags struct {
 // egressFlags bound every egress proxy of the node.
 type egressFlags struct {
 	maxConns       int
+	maxConnsTotal  int
 	idleTimeout    time.Duration
 	bytesPerSecond resource.Quantity
 	internalNets   string
@@ -83,11 +84,18 @@ func (e egressFlags) internal() ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// defaultEgressMaxConnsTotal bounds the egress connections of all the
+// Sandboxes a controller serves: 8,192 connections hold 16,384
+// descriptors, within the limit a controller's container or unit has.
+const defaultEgressMaxConnsTotal = 8192
+
 // check names the flag that is out of range.
 func (e egressFlags) check() error {
 	switch {
 	case e.maxConns < 1:
 		return fmt.Errorf("--egress-max-connections=%d: at least 1", e.maxConns)
+	case e.maxConnsTotal < 0:
+		return fmt.Errorf("--egress-max-connections-total=%d: 0 (no bound) or more", e.maxConnsTotal)
 	case e.idleTimeout < time.Second:
 		return fmt.Errorf("--egress-idle-timeout=%s: at least 1s", e.idleTimeout)
 	case e.bytesPerSecond.Sign() != 0 && e.bytesPerSecond.Value() < 1024:
@@ -128,6 +136,7 @@ func main() {
 	flag.StringVar(&f.apiService, "api-service", "sandbox-controller-exec-api", "Service in --system-namespace that APIService "+execapi.APIServiceName+" points at, served by --mode=api (which names it in its certificate and sets the APIService's caBundle); a node then takes forwarded requests only from the forwarder CA that --mode=api publishes, and reads the exec API's CA that it makes; empty: the exec API is reached on the nodes only, and a node makes the CA itself")
 	flag.StringVar(&f.apiAdvertise, "api-advertise-address", "", "host:port of the exec API that SessionClaims publish in status.endpoint (in a DaemonSet: the node IP and the API port); empty publishes none")
 	flag.IntVar(&f.egress.maxConns, "egress-max-connections", egress.DefaultMaxConns, "connections one Sandbox's egress proxy serves at once (spec.network.egress Allowlist); more are refused")
+	flag.IntVar(&f.egress.maxConnsTotal, "egress-max-connections-total", defaultEgressMaxConnsTotal, "connections all the Sandboxes' egress proxies of this controller serve at once, together (each holds two of the controller's descriptors); more are refused; 0 for no bound")
 	flag.DurationVar(&f.egress.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "an egress connection that moves no byte this long is closed")
 	flag.StringVar(&f.egress.internalNets, "egress-internal-networks", "", "comma-separated address ranges (CIDR) egress proxies treat as internal, beyond loopback, link-local, private and shared ones: a cluster's service and pod ranges where they are not private; a SandboxClass's allowedEgressNetworks still opens them")
 	flag.Var(quantityFlag{&f.egress.bytesPerSecond}, "egress-bandwidth", "bytes a second one Sandbox's egress proxy moves, each way, all its connections together (a quantity: 10Mi); 0 for no bound")
@@ -280,7 +289,7 @@ Ctrl-C stops the controller and the control plane.
 	// Egress allowlists need network namespaces, which only root makes.
 	var networks *egress.Networks
 	if os.Geteuid() == 0 {
-		networks = &egress.Networks{Dir: filepath.Join(stateDir, "netns"), MaxConns: f.egress.maxConns,
+		networks = &egress.Networks{Dir: filepath.Join(stateDir, "netns"), MaxConns: f.egress.maxConns, Shared: egress.NewSlots(f.egress.maxConnsTotal),
 			IdleTimeout: f.egress.idleTimeout, BytesPerSecond: f.egress.bytesPerSecond.Value()}
 		// Checked at start (egressFlags.check).
 		networks.InternalNets, _ = f.egress.internal()

@@ -159,7 +159,7 @@ func (h *harness) denied() []Decision {
 	return out
 }
 
-func newHarness(t *testing.T, policy func(tlsPort, plainPort int) Policy, resolve names, maxConns int) *harness {
+func newHarness(t *testing.T, policy func(tlsPort, plainPort int) Policy, resolve names, maxConns int, opts ...func(*Proxy)) *harness {
 	t.Helper()
 	h := &harness{}
 	h.tlsSrv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "tls ok") }))
@@ -172,6 +172,9 @@ func newHarness(t *testing.T, policy func(tlsPort, plainPort int) Policy, resolv
 	h.pool.AddCert(h.tlsSrv.Certificate())
 
 	p := &Proxy{Policy: policy(port(t, h.tlsSrv), port(t, h.plainSrv)), Resolver: resolve, MaxConns: maxConns, IdleTimeout: 10 * time.Second, OnDecision: h.record}
+	for _, o := range opts {
+		o(p)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -767,5 +770,53 @@ func TestNewPolicyEndsAPlainRequestUnderWay(t *testing.T) {
 	case <-ended:
 	default:
 		t.Fatal("the request to a host the new policy refuses was not ended")
+	}
+}
+
+// Each connection holds the controller's descriptors, not the Sandbox's:
+// the proxies of all the Sandboxes share a bound, and a Sandbox at its own
+// bound cannot take the others' way out with it past that.
+func TestConnectionsAreBoundedAcrossProxies(t *testing.T) {
+	shared := NewSlots(2)
+	share := func(p *Proxy) { p.Shared = shared }
+	a := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0, share)
+	b := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0, share)
+	hold := func(h *harness) net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", h.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "CONNECT example.com:%d HTTP/1.1\r\nHost: example.com\r\n\r\n", port(t, h.tlsSrv))
+		buf := make([]byte, 64)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := c.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "200") {
+			t.Fatalf("a tunnel within the shared bound: %q, %v", buf[:n], err)
+		}
+		return c
+	}
+	first := hold(a)
+	hold(a)
+	url := fmt.Sprintf("https://example.com:%d/", port(t, b.tlsSrv))
+	if _, err := get(b.client(""), url); err == nil {
+		t.Fatal("another proxy served a connection past the bound they share")
+	}
+	var refused bool
+	for _, d := range b.denied() {
+		refused = refused || d.Reason == "too many connections on this node"
+	}
+	if !refused {
+		t.Fatalf("no refusal says the node's bound was reached: %+v", b.denied())
+	}
+	first.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := get(b.client(""), url); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("a slot given back was not taken again: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

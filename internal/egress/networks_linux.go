@@ -28,6 +28,9 @@ type Networks struct {
 	// zero).
 	MaxConns    int
 	IdleTimeout time.Duration
+	// Shared bounds the connections of every proxy together (none when
+	// nil).
+	Shared *Slots
 	// BytesPerSecond bounds each proxy's traffic, each way (none when
 	// zero).
 	BytesPerSecond int64
@@ -155,7 +158,7 @@ func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
 // start serves pol on l for instance name.
 func (n *Networks) start(name string, l net.Listener, pol Policy, ino uint64) {
 	pol = n.withInternal(pol)
-	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout, BytesPerSecond: n.BytesPerSecond}
+	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout, BytesPerSecond: n.BytesPerSecond, Shared: n.Shared}
 	if n.OnDecision != nil {
 		p.OnDecision = func(d Decision) { n.OnDecision(name, d) }
 	}

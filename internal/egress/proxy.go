@@ -69,6 +69,12 @@ type Proxy struct {
 	// HelloTimeout bounds how long a tunnel's client may take to send its
 	// first bytes (a TLS ClientHello); zero: 15 seconds.
 	HelloTimeout time.Duration
+	// Shared, when set, bounds the connections this proxy serves together
+	// with every other proxy given the same Shared: one per connection,
+	// taken as MaxConns's is. Each connection holds two descriptors and a
+	// few goroutines of the controller, not of the Sandbox, so many
+	// Sandboxes at their own bound would run the controller out of them.
+	Shared *Slots
 
 	once  sync.Once
 	slots chan struct{}
@@ -168,14 +174,52 @@ func (p *Proxy) Serve(l net.Listener) error {
 		backoff = 0
 		select {
 		case p.slots <- struct{}{}:
-			go func() {
-				defer func() { <-p.slots }()
-				p.serveConn(c)
-			}()
 		default:
 			p.decide(Decision{Reason: "too many connections"})
 			_ = c.Close()
+			continue
 		}
+		if !p.Shared.take() {
+			<-p.slots
+			p.decide(Decision{Reason: "too many connections on this node"})
+			_ = c.Close()
+			continue
+		}
+		go func() {
+			defer func() { <-p.slots; p.Shared.give() }()
+			p.serveConn(c)
+		}()
+	}
+}
+
+// Slots bound connections across proxies (Proxy.Shared).
+type Slots struct{ c chan struct{} }
+
+// NewSlots is a bound of n connections; nil (no bound) when n <= 0.
+func NewSlots(n int) *Slots {
+	if n <= 0 {
+		return nil
+	}
+	return &Slots{c: make(chan struct{}, n)}
+}
+
+// take takes a slot, when one is free.
+func (s *Slots) take() bool {
+	if s == nil {
+		return true
+	}
+	select {
+	case s.c <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// give gives back a slot taken.
+func (s *Slots) give() {
+	if s != nil {
+		<-s.c
 	}
 }
 
