@@ -51,7 +51,8 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	v, err := t.instance.FileView()
 	if err != nil {
-		s.refuse(w, r, u, &apiError{code: http.StatusServiceUnavailable, msg: fmt.Sprintf("opening the areas of SessionClaim %s/%s: %v", ns, name, err)})
+		s.log.Info("opening a claim's areas failed", "claim", ns+"/"+name, "error", err.Error())
+		s.refuse(w, r, u, &apiError{code: http.StatusServiceUnavailable, msg: errAreasUnavailable(ns+"/"+name, err).Error()})
 		return
 	}
 	root, rel, err := v.Resolve(sandboxPath)
@@ -74,6 +75,17 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 		}
 		s.refuse(w, r, u, aerr)
 	}
+}
+
+// errAreasUnavailable says a claim's areas could not be opened, in words
+// that name no host path (the node's areas root and layout are not the
+// caller's to learn); the controller's log has the cause.
+func errAreasUnavailable(claim string, err error) error {
+	why := "the controller's log on the node has the cause"
+	if errors.Is(err, fs.ErrNotExist) {
+		why = "a place is missing: an overlay or a sized area exists while the Sandbox's instance runs; the controller's log on the node has the cause"
+	}
+	return fmt.Errorf("the areas of SessionClaim %s cannot be opened now (%s)", claim, why)
 }
 
 func isArea(name string) bool {

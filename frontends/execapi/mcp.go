@@ -8,6 +8,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/cireilclaw/sandbox-controller/frontends/mcpserver"
+	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -76,9 +77,61 @@ func (c *claimSandbox) Exec(ctx context.Context, req runtimes.ExecRequest) (runt
 func (c *claimSandbox) Files() (mcpserver.Files, error) {
 	v, err := c.t.instance.FileView()
 	if err != nil {
+		c.s.log.Info("opening a claim's areas failed", "claim", c.key, "error", err.Error())
+		return nil, errAreasUnavailable(c.key, err)
+	}
+	return claimFiles{c: c, Files: mcpserver.ViewFiles{View: v}}, nil
+}
+
+// claimFiles are a claim's file tools, each counted against the claim's
+// limit of concurrent commands while it runs: a file tool holds memory and
+// descriptors of the server as a command does.
+type claimFiles struct {
+	c *claimSandbox
+	mcpserver.Files
+}
+
+func (f claimFiles) slot() (func(), error) {
+	if !f.c.s.execs.acquire(f.c.key) {
+		return nil, fmt.Errorf("SessionClaim %s already runs %d commands and file tools, the most one claim may run at once", f.c.key, f.c.s.cfg.MaxExecsPerClaim)
+	}
+	return func() { f.c.s.execs.release(f.c.key) }, nil
+}
+
+func (f claimFiles) Read(path string, max int) ([]byte, bool, error) {
+	done, err := f.slot()
+	if err != nil {
+		return nil, false, err
+	}
+	defer done()
+	return f.Files.Read(path, max)
+}
+
+func (f claimFiles) Write(path string, data []byte) error {
+	done, err := f.slot()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return f.Files.Write(path, data)
+}
+
+func (f claimFiles) List(path string) ([]areas.Entry, error) {
+	done, err := f.slot()
+	if err != nil {
 		return nil, err
 	}
-	return mcpserver.ViewFiles{View: v}, nil
+	defer done()
+	return f.Files.List(path)
+}
+
+func (f claimFiles) Remove(path string, recursive bool) error {
+	done, err := f.slot()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return f.Files.Remove(path, recursive)
 }
 
 func (c *claimSandbox) Describe() mcpserver.Description { return c.d }

@@ -1,15 +1,21 @@
 package execapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/cireilclaw/sandbox-controller/frontends/mcpserver"
 )
 
 type bearer struct {
@@ -155,5 +161,57 @@ func TestMCPGitToolsForAWorktreeClaim(t *testing.T) {
 	}
 	if isErr, txt, out := mcpCall(t, s, "git_diff", map[string]any{"staged": true, "path": "-x"}); isErr || out["output"] != "ran in "+wt+": diff --staged -- -x\n" {
 		t.Fatalf("git_diff: %v %q %v", isErr, txt, out)
+	}
+}
+
+// What a file holds and what a command prints are the agent's to choose,
+// and an answer costs the server many times its bytes (a control byte is
+// six in JSON, and the SDK sends a result twice). read_file reads no more
+// than it answers, and both tools answer at most a megabyte of content.
+func TestMCPBoundsWhatItAnswers(t *testing.T) {
+	f := newFixture(t, Config{})
+	// 16 MiB of control bytes, the most a whole read of the areas takes.
+	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.workspace(), "noise"), bytes.Repeat([]byte{1}, 16<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.mcpConnect("alice-token", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	allocated := func() uint64 {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.TotalAlloc
+	}
+
+	before := allocated()
+	isErr, txt, out := mcpCall(t, s, "read_file", map[string]any{"path": "/workspace/noise", "max_bytes": 64 << 20})
+	grew := allocated() - before
+	content, _ := out["content"].(string)
+	if isErr || len(content) != mcpserver.MaxReadBytes || out["truncated"] != true {
+		t.Fatalf("read_file of 16 MiB asking for 64: error %v, %d bytes, truncated %v; want the first %d bytes and truncated", isErr, len(content), out["truncated"], mcpserver.MaxReadBytes)
+	}
+	if len(txt) > 16<<20 || grew > 512<<20 {
+		t.Fatalf("read_file answered %d bytes of text and allocated %d MiB", len(txt), grew>>20)
+	}
+	if _, _, out := mcpCall(t, s, "read_file", map[string]any{"path": "/workspace/noise"}); len(out["content"].(string)) != mcpserver.DefaultReadBytes {
+		t.Fatalf("read_file without max_bytes: %d bytes, want %d", len(out["content"].(string)), mcpserver.DefaultReadBytes)
+	}
+
+	// cat prints its stdin: 3 MiB (within the 4 MiB a request may carry),
+	// asking to keep 16.
+	before = allocated()
+	isErr, txt, out = mcpCall(t, s, "exec", map[string]any{"argv": []string{"cat"}, "stdin": strings.Repeat("a", 3<<20), "max_output_bytes": 16 << 20})
+	grew = allocated() - before
+	stdout, _ := out["stdout"].(string)
+	if isErr || len(stdout) != mcpserver.MaxOutput || out["truncated"] != true {
+		t.Fatalf("exec printing 3 MiB: error %v, %d bytes, truncated %v; want %d and truncated", isErr, len(stdout), out["truncated"], mcpserver.MaxOutput)
+	}
+	if len(txt) > 16<<20 || grew > 512<<20 {
+		t.Fatalf("exec answered %d bytes of text and allocated %d MiB", len(txt), grew>>20)
 	}
 }

@@ -42,7 +42,9 @@ type Sandbox interface {
 // Files are the file operations of the tools, on paths as the sandbox
 // sees them.
 type Files interface {
-	Read(path string) ([]byte, error)
+	// Read reads at most max bytes of a regular file; more says the file
+	// holds more.
+	Read(path string, max int) (data []byte, more bool, err error)
 	Write(path string, data []byte) error
 	List(path string) ([]areas.Entry, error)
 	Remove(path string, recursive bool) error
@@ -85,12 +87,18 @@ func DescribeInstance(name string, in runtimes.Instance) Description {
 	return d
 }
 
-// Limits of the exec tool.
+// Limits of the exec and read_file tools. What a command prints and what
+// a file holds are the agent's to choose, and an answer costs the server
+// many times its bytes (JSON escapes a control byte as six, and the SDK
+// sends a result both as structured content and as its text): an answer
+// is bounded to what a model can use.
 const (
 	DefaultTimeout   = 120 * time.Second
 	MaxTimeout       = 30 * time.Minute
 	DefaultMaxOutput = 64 << 10
-	MaxOutput        = 4 << 20
+	MaxOutput        = 1 << 20
+	DefaultReadBytes = 256 << 10
+	MaxReadBytes     = 1 << 20
 )
 
 // ExecInput is the exec tool's input.
@@ -98,7 +106,7 @@ type ExecInput struct {
 	Argv           []string `json:"argv" jsonschema:"the command and its arguments, one string each; no shell is involved"`
 	Stdin          string   `json:"stdin,omitempty" jsonschema:"text given to the command's standard input"`
 	TimeoutSeconds int      `json:"timeout_seconds,omitempty" jsonschema:"seconds before the command is killed (default 120, at most 1800)"`
-	MaxOutputBytes int      `json:"max_output_bytes,omitempty" jsonschema:"bytes kept of each of stdout and stderr (default 65536, at most 4194304)"`
+	MaxOutputBytes int      `json:"max_output_bytes,omitempty" jsonschema:"bytes kept of each of stdout and stderr (default 65536, at most 1048576)"`
 }
 
 // ExecOutput is the exec tool's result.
@@ -113,6 +121,12 @@ type ExecOutput struct {
 // PathInput names one path inside the sandbox.
 type PathInput struct {
 	Path string `json:"path" jsonschema:"an absolute path inside the sandbox"`
+}
+
+// ReadInput is read_file's input.
+type ReadInput struct {
+	Path     string `json:"path" jsonschema:"an absolute path inside the sandbox"`
+	MaxBytes int    `json:"max_bytes,omitempty" jsonschema:"bytes read from the file's start (default 262144, at most 1048576); truncated says the file holds more"`
 }
 
 // WriteInput is write_file's input.
@@ -130,6 +144,8 @@ type RemoveInput struct {
 // FileOutput is read_file's result.
 type FileOutput struct {
 	Content string `json:"content"`
+	// Truncated says the file holds more than max_bytes.
+	Truncated bool `json:"truncated"`
 }
 
 // ListOutput is list_directory's result.
@@ -158,7 +174,7 @@ func New(sb Sandbox, version string) *mcp.Server {
 	t := tools{sb: sb}
 	mcp.AddTool(s, &mcp.Tool{Name: "exec", Description: "Run one command in the sandbox and return its exit code, stdout and stderr. " +
 		"The command is an argv array, not a shell line: to use shell syntax, run a shell that is allowed with -c. " + offers(d)}, t.exec)
-	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a text file inside the sandbox (at most 16 MiB). " + places(d)}, t.read)
+	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a text file inside the sandbox: its first 256 KiB, or max_bytes up to 1 MiB; truncated says it holds more (read further parts with a command such as tail or sed through exec). " + places(d)}, t.read)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a whole file inside the sandbox, creating it (and its missing directories) or replacing it atomically; read-only places refuse. " + places(d)}, t.write)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_directory", Description: "List a directory inside the sandbox. " + places(d)}, t.list)
 	mcp.AddTool(s, &mcp.Tool{Name: "remove", Description: "Remove a file, or a directory with recursive; read-only places and the places themselves refuse. " + places(d)}, t.remove)
@@ -274,16 +290,20 @@ func refusal(err error) error {
 	return err
 }
 
-func (t tools) read(_ context.Context, _ *mcp.CallToolRequest, in PathInput) (*mcp.CallToolResult, FileOutput, error) {
+func (t tools) read(_ context.Context, _ *mcp.CallToolRequest, in ReadInput) (*mcp.CallToolResult, FileOutput, error) {
+	max := DefaultReadBytes
+	if in.MaxBytes > 0 {
+		max = min(in.MaxBytes, MaxReadBytes)
+	}
 	f, err := t.sb.Files()
 	if err != nil {
 		return nil, FileOutput{}, err
 	}
-	b, err := f.Read(in.Path)
+	b, more, err := f.Read(in.Path, max)
 	if err != nil {
 		return nil, FileOutput{}, err
 	}
-	return nil, FileOutput{Content: string(b)}, nil
+	return nil, FileOutput{Content: string(b), Truncated: more}, nil
 }
 
 func (t tools) write(_ context.Context, _ *mcp.CallToolRequest, in WriteInput) (*mcp.CallToolResult, Done, error) {
@@ -351,13 +371,25 @@ var _ io.Writer = (*capped)(nil)
 // this host.
 type ViewFiles struct{ View *areas.View }
 
-// Read implements Files.
-func (v ViewFiles) Read(path string) ([]byte, error) {
+// Read implements Files: only what it returns is read.
+func (v ViewFiles) Read(path string, max int) ([]byte, bool, error) {
 	r, rel, err := v.View.Resolve(path)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return r.Read(rel)
+	f, err := r.Open(rel)
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	if err != nil {
+		return nil, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if len(b) > max {
+		return b[:max], true, nil
+	}
+	return b, false, nil
 }
 
 // Write implements Files; missing parent directories are made.
