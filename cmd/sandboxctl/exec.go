@@ -308,7 +308,7 @@ service account token is exchanged for one (TokenRequest), others are never
 forwarded (--api-token-file gives one).`,
 		Example: `  kubectl sandbox exec alice-session-1 -n team-a -- git status
   echo hello | kubectl sandbox exec -i alice-session-1 -- cat
-  kubectl sandbox exec alice-session-1 --as alice --via node -- ls /workspace`,
+  kubectl sandbox exec alice-session-1 --as alice --via api-server -- ls /workspace`,
 		ValidArgsFunction: func(_ *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 			if len(args) > 0 {
 				return nil, cobra.ShellCompDirectiveNoFileComp

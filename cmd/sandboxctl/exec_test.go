@@ -176,7 +176,9 @@ func TestExecThroughTheAPI(t *testing.T) {
 }
 
 // kubectl users put flags anywhere: after the claim and the paths too, and
-// kubectl's impersonation flags are read.
+// kubectl's impersonation flags are read. A node's exec API takes no
+// impersonation: --as through a node is refused, never dropped (the
+// command would run as the caller while the claim was read as another).
 func TestFlagsAfterThePositionalArguments(t *testing.T) {
 	kc, areasRoot := execClusterWithAreas(t)
 	local := filepath.Join(t.TempDir(), "notes.txt")
@@ -184,12 +186,22 @@ func TestFlagsAfterThePositionalArguments(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := append([]string{"cp", local, "s1:/workspace/"}, execFlags(kc)...)
-	args = append(args, "-n", "team", "--as", "alice", "--as-group", "devs", "--as-group", "agents", "--request-timeout", "20s")
+	args = append(args, "-n", "team", "--request-timeout", "20s")
 	if code, _, stderr := sandboxctl(t, "", args...); code != 0 {
 		t.Fatalf("cp with its flags last: exit %d: %s", code, stderr)
 	}
 	if b, err := os.ReadFile(filepath.Join(areasRoot, "ada", "workspace", "notes.txt")); err != nil || string(b) != "flags last\n" {
 		t.Fatalf("the upload: %q, %v", b, err)
+	}
+	if err := os.Remove(filepath.Join(areasRoot, "ada", "workspace", "notes.txt")); err != nil {
+		t.Fatal(err)
+	}
+	args = append(args, "--as", "alice", "--as-group", "devs", "--as-group", "agents")
+	if code, _, stderr := sandboxctl(t, "", args...); code != exitFailed || !strings.Contains(stderr, "--via api-server") {
+		t.Fatalf("cp through a node with --as: exit %d: %s; want it refused, naming --via api-server", code, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(areasRoot, "ada", "workspace", "notes.txt")); !os.IsNotExist(err) {
+		t.Fatalf("cp through a node with --as uploaded as the caller: %v", err)
 	}
 	if got, _ := impersonated.Load().(string); got != "alice|devs,agents" {
 		t.Fatalf("the claim was read impersonating %q, want alice with groups devs and agents", got)

@@ -42,6 +42,12 @@ const Lifetime = 10 * 60
 //   - anything else (an OIDC token, an exec plugin, a static token, a
 //     password) is refused with what to do instead.
 func ForExecAPI(ctx context.Context, cfg *rest.Config, audience, tokenFile string) (*rest.Config, error) {
+	// A node's exec API authenticates the caller's own credential; it
+	// takes no impersonation. Dropping it silently would run the command
+	// as the caller while the claim was read as someone else.
+	if imp := cfg.Impersonate; imp.UserName != "" || imp.UID != "" || len(imp.Groups) > 0 || len(imp.Extra) > 0 {
+		return nil, fmt.Errorf("impersonation (--as %q, --as-group, --as-uid) is not possible on a node's exec API, which authenticates your own credential: go through the API server (--via api-server), which takes it", imp.UserName)
+	}
 	out := rest.CopyConfig(cfg)
 	out.BearerToken, out.BearerTokenFile = "", ""
 	out.Username, out.Password = "", ""

@@ -52,6 +52,7 @@ func TestForExecAPI(t *testing.T) {
 		{name: "an exec plugin is never run for the exec API", cfg: rest.Config{ExecProvider: &clientcmdapi.ExecConfig{Command: "kubelogin"}}, wantErr: "neither a client certificate nor a service account token"},
 		{name: "basic auth is never forwarded", cfg: rest.Config{Username: "u", Password: "p"}, wantErr: "neither a client certificate"},
 		{name: "a missing token file", cfg: rest.Config{}, tokenFile: filepath.Join(t.TempDir(), "absent"), wantErr: "reading the token file"},
+		{name: "impersonation is refused, never dropped", cfg: rest.Config{Impersonate: rest.ImpersonationConfig{UserName: "alice"}, TLSClientConfig: rest.TLSClientConfig{CertData: []byte("c"), KeyData: []byte("k")}}, wantErr: "--via api-server"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ForExecAPI(context.Background(), &tc.cfg, audience, tc.tokenFile)
