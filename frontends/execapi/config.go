@@ -67,7 +67,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxExecsPerClaim, "api-max-execs-per-claim", DefaultMaxExecsPerClaim, "commands one SessionClaim may run at once through the API; more are refused with 429")
 	fs.DurationVar(&c.ExecTimeout, "api-exec-timeout", DefaultExecTimeout, "a command run through the API is killed after this long")
 	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", DefaultMaxBodyBytes, "largest file upload the API accepts, in bytes; a larger one is refused with 413")
-	fs.IntVar(&c.MaxUploads, "api-max-uploads", DefaultMaxUploads, "file uploads the API receives at once, across all claims; more are refused with 429")
+	fs.IntVar(&c.MaxUploads, "api-max-uploads", DefaultMaxUploads, "file uploads the API receives at once, across all claims, of which one namespace may have three quarters; more are refused with 429")
 	fs.DurationVar(&c.AuthCacheTTL, "api-auth-cache-ttl", DefaultAuthCacheTTL, "how long TokenReview and SubjectAccessReview answers are cached")
 	fs.StringVar(&c.Audience, "api-audience", DefaultAudience, "the audience a bearer token must be issued for (TokenRequest or an IdP); tokens for the API server itself are refused")
 }

@@ -157,11 +157,15 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.R
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return tooLarge(s.cfg.MaxBodyBytes)
 	}
-	if !s.uploads.tryAcquire() {
+	ns := r.PathValue("namespace")
+	if ok, byNS := s.uploads.tryAcquire(ns); !ok {
 		w.Header().Set("Retry-After", "1")
+		if byNS {
+			return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("namespace %s has %d uploads in progress, the most one namespace may have at once on this node (--api-max-uploads less a quarter kept for other namespaces); retry later", ns, s.uploads.share)}
+		}
 		return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("%d uploads are in progress, the most this controller receives at once (--api-max-uploads); retry later", s.cfg.MaxUploads)}
 	}
-	defer s.uploads.release()
+	defer s.uploads.release(ns)
 	if err := receiveFile(root, rel, http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), perm, owner); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -54,13 +54,19 @@ func (g *gatedBody) Read(b []byte) (int, error) {
 
 func (f *fixture) put(ctx context.Context, p string, body io.Reader, length int64) (int, string) {
 	f.t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/"+p, body)
+	return f.putTo(ctx, "alice-token", ns, "s1", p, body, length)
+}
+
+// putTo uploads to claim in namespace n with token.
+func (f *fixture) putTo(ctx context.Context, token, n, claim, p string, body io.Reader, length int64) (int, string) {
+	f.t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, f.srv.URL+"/api/v1alpha1/namespaces/"+n+"/sessionclaims/"+claim+"/files/"+p, body)
 	if err != nil {
 		f.t.Error(err)
 		return 0, ""
 	}
 	req.ContentLength = length
-	req.Header.Set("Authorization", "Bearer alice-token")
+	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := f.srv.Client().Do(req)
 	if err != nil {
 		return 0, err.Error()
@@ -81,7 +87,8 @@ func TestUploadsStreamWithBoundedHeap(t *testing.T) {
 		size    = 60 << 20
 		bound   = 64 << 20
 	)
-	f := newFixture(t, Config{MaxBodyBytes: 64 << 20, MaxUploads: uploads})
+	// One namespace may take three quarters of the slots.
+	f := newFixture(t, Config{MaxBodyBytes: 64 << 20, MaxUploads: uploads + uploads/3})
 	// Warm up: the first request builds the TLS session, the client and the
 	// server's per-connection state; measure from there.
 	if code, msg := f.put(context.Background(), "workspace/warm", strings.NewReader("x"), 1); code != http.StatusNoContent {
@@ -290,5 +297,55 @@ func TestUploadBelongsToTheAgent(t *testing.T) {
 	}
 	if st.Uid != 2000000001 || st.Gid != 2000000002 || st.Mode&0o777 != 0o600 {
 		t.Fatalf("uploaded file: owner %d:%d mode %o, want 2000000001:2000000002 0600", st.Uid, st.Gid, st.Mode&0o777)
+	}
+}
+
+// Slots are held for as long as a body takes to arrive: a tenant that
+// sends its bodies a byte a minute could hold them all and refuse every
+// other tenant's uploads. One namespace takes at most three quarters.
+func TestUploadSlotsAreShared(t *testing.T) {
+	f := newFixture(t, Config{MaxUploads: 4})
+	var stalled []*io.PipeWriter
+	t.Cleanup(func() {
+		for _, pw := range stalled {
+			pw.Close()
+		}
+	})
+	done := make(chan int, 4)
+	for i := range 3 {
+		pr, pw := io.Pipe()
+		stalled = append(stalled, pw)
+		go func() {
+			code, _ := f.put(context.Background(), fmt.Sprintf("workspace/stalled-%d", i), pr, -1)
+			done <- code
+		}()
+		if _, err := pw.Write([]byte("a byte a minute")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "three stalled uploads hold their slots", func() bool {
+		entries, _ := os.ReadDir(f.workspace())
+		n := 0
+		for _, e := range entries {
+			if strings.Contains(e.Name(), ".areas-write-") {
+				n++
+			}
+		}
+		return n == 3
+	})
+	code, msg := f.put(context.Background(), "workspace/fourth", strings.NewReader("x"), 1)
+	if code != http.StatusTooManyRequests || !strings.Contains(msg, "namespace team has 3 uploads in progress") {
+		t.Fatalf("a fourth upload of the same namespace: %d %s; want 429 naming the namespace's share", code, msg)
+	}
+	if code, msg := f.putTo(context.Background(), "carol-token", otherNS, "o1", "workspace/theirs", strings.NewReader("x"), 1); code != http.StatusNoContent {
+		t.Fatalf("another namespace's upload while the first holds its share: %d %s", code, msg)
+	}
+	for _, pw := range stalled {
+		pw.Close()
+	}
+	for range 3 {
+		if code := <-done; code != http.StatusNoContent {
+			t.Fatalf("a stalled upload, once its body ended: %d", code)
+		}
 	}
 }

@@ -61,7 +61,7 @@ type Server struct {
 	log     logr.Logger
 	metrics *metrics
 	execs   *claimLimiter
-	uploads uploadSlots
+	uploads *uploadSlots
 	handler http.Handler
 	// forwardTransport reaches other nodes' exec APIs (Options.Forwarding);
 	// forwardBase, when set, is what the transport to each node is made

@@ -38,6 +38,15 @@ import (
 
 const ns = "team"
 
+// otherNS is another tenant's namespace.
+const otherNS = "other-team"
+
+// inNamespace is o moved to namespace n.
+func inNamespace[T client.Object](n string, o T) T {
+	o.SetNamespace(n)
+	return o
+}
+
 // fakeRuntime runs a few scripted commands in process, so the server is
 // tested without a sandbox.
 type fakeRuntime struct {
@@ -83,8 +92,9 @@ func (f *fakeRuntime) commands() []string {
 type fakeAuthorizer map[string]bool
 
 func (a fakeAuthorizer) Authorize(_ context.Context, at kubeauth.Attributes) (bool, string, error) {
-	if at.Namespace == ns && at.Resource == "sessionclaims" && at.Group == v1alpha1.GroupVersion.Group &&
-		a[at.User.Name+" "+at.Verb+" "+at.Subresource] {
+	if at.Resource == "sessionclaims" && at.Group == v1alpha1.GroupVersion.Group &&
+		(at.Namespace == ns && a[at.User.Name+" "+at.Verb+" "+at.Subresource] ||
+			a[at.Namespace+"/"+at.User.Name+" "+at.Verb+" "+at.Subresource]) {
 		return true, "", nil
 	}
 	return false, "no RBAC rule allows it", nil
@@ -151,14 +161,20 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 		sandbox("sleepy", false), claim("waiting", "sleepy", true),
 		worktreeClaim("wt", "ada"),
 		sandbox("fresh", true), claim("f1", "fresh", true),
+		inNamespace(otherNS, sandbox("bea", true)), inNamespace(otherNS, claim("o1", "bea", true)),
 	).WithStatusSubresource(&v1alpha1.Sandbox{}, &v1alpha1.SessionClaim{}).Build()
 	// The Sandbox reconciler prepares an agent (its id and areas); ada's
 	// is, fresh's is not yet.
 	if err := instance.Prepare(&sandbox("ada", true).Spec, instance.Host{AreasRoot: f.areas, Home: "/nonexistent"}); err != nil {
 		t.Fatal(err)
 	}
+	// Another tenant's agent, for what one namespace may not take from
+	// the others.
+	if err := instance.Prepare(&sandbox("bea", true).Spec, instance.Host{AreasRoot: f.areas, Home: "/nonexistent"}); err != nil {
+		t.Fatal(err)
+	}
 
-	tokens := map[string]string{"alice-token": "alice", "bob-token": "bob"}
+	tokens := map[string]string{"alice-token": "alice", "bob-token": "bob", "carol-token": "carol"}
 	authn := kubeauth.TokenFunc(func(_ context.Context, tok string) (*kubeauth.User, bool, error) {
 		u, ok := tokens[tok]
 		if !ok {
@@ -166,7 +182,10 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 		}
 		return &kubeauth.User{Name: u}, true, nil
 	})
-	authz := fakeAuthorizer{"alice create exec": true, "alice get files": true, "alice update files": true, "bob get files": true}
+	authz := fakeAuthorizer{"alice create exec": true, "alice get files": true, "alice update files": true, "bob get files": true,
+		// carol is another tenant's: she may change files in her own
+		// namespace only.
+		otherNS + "/carol update files": true}
 	s, err := New(cfg, Options{
 		Reader:     c,
 		Runtimes:   map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: f.rt},
