@@ -130,6 +130,25 @@ func TestWriteLocalReplacesAFileWhole(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Fatalf("the directory holds %d entries, want the file alone: %v", len(entries), entries)
 	}
+
+	// A link at the destination is replaced, never written through.
+	outside := filepath.Join(t.TempDir(), "outside")
+	if err := os.WriteFile(outside, []byte("another file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(outside, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeLocal(link, strings.NewReader("copied\n")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "another file\n" {
+		t.Fatalf("the copy was written through a link to %q", b)
+	}
+	if fi, err := os.Lstat(link); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("the link was not replaced by the copy: %v, %v", fi, err)
+	}
 }
 
 // changeLinePattern is one file change as diff prints it.

@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
 
 // writeLocal replaces the host file dst with what src holds, at most
@@ -19,33 +22,41 @@ import (
 // is renamed over dst only once all of them are there. A copy that fails
 // part way (a stream cut, Ctrl-C, a file larger than the limit) leaves dst
 // as it was and no part file behind. The file's size and contents come
-// from the sandbox, so neither is trusted to be small. An existing dst keeps
-// its permission bits; a link as dst is followed, as cp follows it.
+// from the sandbox, so neither is trusted to be small. dst's directory is
+// opened once and everything is done in it: a link at dst is replaced, not
+// written through, and an existing regular file keeps its permission bits.
 func writeLocal(dst string, src io.Reader) (err error) {
-	if target, err := filepath.EvalSymlinks(dst); err == nil {
-		dst = target
+	d, err := os.Open(filepath.Dir(dst))
+	if err != nil {
+		return err
 	}
-	mode := fs.FileMode(0o666) // less the umask, as os.Create makes it
-	keepMode := false
-	if fi, err := os.Stat(dst); err == nil {
-		if !fi.Mode().IsRegular() {
-			return fmt.Errorf("%s is not a regular file", dst)
-		}
-		mode, keepMode = fi.Mode().Perm(), true
+	defer d.Close()
+	dfd, base := int(d.Fd()), filepath.Base(dst)
+	mode, keepMode := uint32(0o666), false // less the umask, as os.Create makes it
+	var st unix.Stat_t
+	switch err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); {
+	case errors.Is(err, unix.ENOENT):
+	case err != nil:
+		return err
+	case st.Mode&unix.S_IFMT == unix.S_IFREG:
+		mode, keepMode = st.Mode&0o777, true
+	case st.Mode&unix.S_IFMT != unix.S_IFLNK:
+		return fmt.Errorf("%s is not a regular file", dst)
 	}
 	suffix := make([]byte, 6)
 	if _, err := rand.Read(suffix); err != nil {
 		return err
 	}
-	part := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".part-"+hex.EncodeToString(suffix))
-	out, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	part := "." + base + ".part-" + hex.EncodeToString(suffix)
+	fd, err := unix.Openat(dfd, part, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	if err != nil {
-		return err
+		return fmt.Errorf("creating a part file beside %s: %w", dst, err)
 	}
+	out := os.NewFile(uintptr(fd), part)
 	defer func() {
 		if err != nil {
 			out.Close()
-			os.Remove(part)
+			_ = unix.Unlinkat(dfd, part, 0)
 		}
 	}()
 	n, err := io.Copy(out, io.LimitReader(src, maxCopy+1))
@@ -56,14 +67,14 @@ func writeLocal(dst string, src io.Reader) (err error) {
 		return errTooLarge
 	}
 	if keepMode {
-		if err := out.Chmod(mode); err != nil {
+		if err := out.Chmod(fs.FileMode(mode)); err != nil {
 			return err
 		}
 	}
 	if err := out.Close(); err != nil {
 		return err
 	}
-	return os.Rename(part, dst)
+	return unix.Renameat(dfd, part, dfd, base)
 }
 
 // errTooLarge is a copy past the limit of one copy.
