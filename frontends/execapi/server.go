@@ -50,6 +50,13 @@ type Options struct {
 	// and forwards every request that reaches it through the API server
 	// to the node of the claim's Sandbox. It needs Forwarding.
 	ForwardOnly bool
+	// ForwardUnplaced forwards a request for a Sandbox placed on no node
+	// to the endpoint in its claim's status, whose certificate is then
+	// verified for that endpoint's address alone. Only for one controller
+	// serving without a node name behind this server: on a cluster every
+	// Sandbox a node serves is placed, and any node's controller can write
+	// a claim's endpoint, so without it such a request is refused.
+	ForwardUnplaced bool
 }
 
 // Server is the exec and file API. It is a manager.Runnable that runs on

@@ -59,6 +59,12 @@ func (s *Server) resolve(ctx context.Context, ns, name string, ready bool) (*tar
 	if ready {
 		s.awaitSandboxReady(ctx, &claim, &sb)
 	}
+	if sb.Node() == "" && (s.opts.ForwardOnly || s.opts.NodeName != "") && !s.opts.ForwardUnplaced {
+		// No node's certificate can be asked for: the endpoint would be
+		// believed for whatever address it gives, and a taken node can
+		// write it.
+		return nil, notReady("Sandbox %s/%s of SessionClaim %s is placed on no node yet, so no node serves it here; try again once it is placed (status.nodeName)", ns, sb.Name, name)
+	}
 	if s.opts.ForwardOnly || sb.Node() != s.opts.NodeName {
 		// A Sandbox that is not Ready elsewhere (its node lost, say) is
 		// said so here, not forwarded to an endpoint that may be gone.

@@ -152,8 +152,10 @@ func startNodeAPI(bind, nodeName string, reader client.Reader, ttl time.Duration
 // startAggregatedAPI serves the aggregated API as --mode=api does: a
 // certificate of fwdCA for the Service's name, the API server's proxied
 // requests taken as the user they name, and every request forwarded to
-// the node of the claim's Sandbox with fwdCA's forwarder certificate.
-func startAggregatedAPI(bind string, reader client.Reader) *nodeAPI {
+// the node of the claim's Sandbox with fwdCA's forwarder certificate;
+// with unplaced, also a Sandbox's on no node, to the claim's endpoint (the
+// suite's node is one controller without a node name).
+func startAggregatedAPI(bind string, reader client.Reader, unplaced bool) *nodeAPI {
 	svc := aggServiceName + "." + aggServiceNS + ".svc"
 	cert, err := fwdCA.Issue([]string{svc}, 24*time.Hour, time.Now())
 	Expect(err).NotTo(HaveOccurred())
@@ -171,7 +173,8 @@ func startAggregatedAPI(bind string, reader client.Reader) *nodeAPI {
 		Forwarding: &execapi.Forwarding{CAPEM: aggCA.PEM, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return fwd, nil
 		}},
-		ForwardOnly: true,
+		ForwardOnly:     true,
+		ForwardUnplaced: unplaced,
 	})
 }
 

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/util/exec"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -385,6 +386,43 @@ var _ = Describe("the aggregated API through the API server", Ordered, func() {
 		Expect(err).To(HaveOccurred(), string(out))
 		Expect(string(out)).To(And(ContainSubstring("certificate"), ContainSubstring("node-v")))
 		Expect(hostNode.counter("sandbox_execapi_execs_total")).To(Equal(before), "nothing reached the node that posed")
+	})
+
+	It("forwards a request for a Sandbox placed on no node only when told that one node-less controller serves behind it", func() {
+		// As the API server proxies a request: the front proxy's client
+		// certificate, the user in headers.
+		pair, err := tls.LoadX509KeyPair(filepath.Join(env.Dir, "front-proxy-client.crt"), filepath.Join(env.Dir, "front-proxy-client.key"))
+		Expect(err).NotTo(HaveOccurred())
+		hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			RootCAs: pool(fwdCA.PEM), ServerName: aggServiceName + "." + aggServiceNS + ".svc", Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}}}
+		list := func(n *nodeAPI) (int, string) {
+			req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("https://%s%s/namespaces/%s/sessionclaims/%s/files/workspace/", n.addr, execapi.AggregatedPrefix, ns, claim), nil)
+			Expect(err).NotTo(HaveOccurred())
+			req.Header.Set("X-Remote-User", "alice")
+			req.Header.Set("X-Remote-Group", "developers")
+			resp, err := hc.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		var sb v1alpha1.Sandbox
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "box"}, &sb)).To(Succeed())
+		Expect(sb.Node()).To(BeEmpty(), "the suite's Sandbox is on no node")
+
+		By("the aggregated API of a cluster: any node's controller can write the claim's endpoint, so nothing is forwarded")
+		strict := startAggregatedAPI(reserveAddress(), mgr.Client, false)
+		defer strict.Stop()
+		code, body := list(strict)
+		Expect(code).To(Equal(http.StatusConflict), body)
+		Expect(body).To(ContainSubstring("placed on no node"))
+		Expect(strict.counter("sandbox_execapi_forwarded_total")).To(BeZero())
+
+		By("the suite's own, told so, forwards it to the endpoint")
+		forwarded := aggAPI.counter("sandbox_execapi_forwarded_total")
+		code, body = list(aggAPI)
+		Expect(code).To(Equal(http.StatusOK), body)
+		Expect(aggAPI.counter("sandbox_execapi_forwarded_total")).To(BeNumerically(">", forwarded))
 	})
 })
 

@@ -88,7 +88,7 @@ var _ = BeforeSuite(func() {
 		// As the controller runs it: claims read through the manager's
 		// cache, answers of authentication and authorisation cached.
 		hostNode = startNodeAPI(endpoint, "", mgr.Client, execapi.DefaultAuthCacheTTL)
-		aggAPI = startAggregatedAPI(reserveAddress(), mgr.Client)
+		aggAPI = startAggregatedAPI(reserveAddress(), mgr.Client, true)
 	}
 })
 
