@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -32,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 )
 
@@ -159,6 +161,16 @@ func SetupPlacement(ctx context.Context, mgr ctrl.Manager, o PlacementOptions) e
 				return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
 			},
 		})).
+		// A class that comes to allow what it refused: its Sandboxes that
+		// have no Pod yet may get one.
+		Watches(&v1alpha1.SandboxClass{}, handler.EnqueueRequestsFromMapFunc(p.unplaced), builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return true },
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() || !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
+			},
+			DeleteFunc:  func(event.DeleteEvent) bool { return true },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(p.sandboxesOn), builder.WithPredicates(predicate.Funcs{
 			CreateFunc: func(event.CreateEvent) bool { return false },
 			UpdateFunc: func(e event.UpdateEvent) bool {
@@ -189,6 +201,22 @@ func (p *placer) sandboxesOn(ctx context.Context, n client.Object) []reconcile.R
 	out := make([]reconcile.Request, 0, len(list.Items))
 	for i := range list.Items {
 		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return out
+}
+
+// unplaced is every Sandbox on no node: those a class kept from a Pod.
+func (p *placer) unplaced(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list v1alpha1.SandboxList
+	if err := p.List(ctx, &list); err != nil {
+		log.FromContext(ctx).Error(err, "listing the Sandboxes on no node")
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		if list.Items[i].Node() == "" {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
 	}
 	return out
 }
@@ -671,6 +699,19 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 // bound to: its areas are there. A name another Pod holds (not this
 // Sandbox's) is passed over for the next attempt's.
 func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, found podsFound) (ctrl.Result, error) {
+	// The Pod is made before any node checks the Sandbox against its
+	// class: what it carries past its own placement is checked here.
+	var classes v1alpha1.SandboxClassList
+	if err := p.List(ctx, &classes); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing SandboxClasses: %w", err)
+	}
+	if class, msg := sandboxclass.Select(classes.Items, &sb.Spec); msg != "" {
+		return p.notPlaced(ctx, sb, v1alpha1.ReasonClassForbids, msg)
+	} else if class != nil {
+		if v := sandboxclass.Scheduling(class, &sb.Spec); len(v) > 0 {
+			return p.notPlaced(ctx, sb, v1alpha1.ReasonClassForbids, strings.Join(v, "; "))
+		}
+	}
 	if bwrapImage(sb) != nil && p.opts.HolderImage == "" {
 		return p.notPlaced(ctx, sb, v1alpha1.ReasonPodRefused,
 			"spec.bwrap.image: the aggregated API knows no holder image (--holder-image, the controller's own image), which the Pod of a bwrap Sandbox with an image needs")

@@ -189,6 +189,50 @@ type SandboxClassSpec struct {
 	// gets the default, else the maximum.
 	// +optional
 	MaxLimits *ClassLimits `json:"maxLimits,omitempty"`
+
+	// Scheduling says which of a Sandbox's scheduling fields that reach
+	// past its own placement a Sandbox of this class may set.
+	// +optional
+	Scheduling ClassScheduling `json:"scheduling,omitempty"`
+}
+
+// ClassScheduling says which scheduling fields a Sandbox may hand its Pod.
+// The controller makes the Pod in the Sandbox's namespace, so a tenant who
+// may not create Pods still gets one with them: a priority that preempts
+// other Pods, a toleration of a node kept for others, an anti-affinity
+// that keeps other Pods off a node, a node pinned past kube-scheduler.
+// spec.nodeSelector, node affinity and topology spread constraints only
+// narrow where the Sandbox's own Pod goes, and are always allowed.
+type ClassScheduling struct {
+	// AllowedPriorityClassNames are the PriorityClasses a Sandbox may name
+	// in spec.priorityClassName ("*": any). Empty: none, and its Pod gets
+	// the cluster's default priority.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=253
+	// +listType=set
+	// +optional
+	AllowedPriorityClassNames []string `json:"allowedPriorityClassNames,omitempty"`
+
+	// AllowedTolerations are the taint keys a Sandbox may tolerate in
+	// spec.tolerations ("*": any key, and a toleration of every taint,
+	// which names no key). Empty: no tolerations; the controller's own,
+	// for a node not ready or unreachable, are always added.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=316
+	// +listType=set
+	// +optional
+	AllowedTolerations []string `json:"allowedTolerations,omitempty"`
+
+	// PodAffinity allows spec.affinity.podAffinity and podAntiAffinity. A
+	// Pod's required anti-affinity keeps every Pod it selects off the
+	// nodes (or zones) where it runs, not only itself off theirs.
+	// +optional
+	PodAffinity bool `json:"podAffinity,omitempty"`
+
+	// NodeName allows spec.nodeName: a Sandbox pinned to a node, bound
+	// there past kube-scheduler (its taints and priorities).
+	// +optional
+	NodeName bool `json:"nodeName,omitempty"`
 }
 
 // SandboxClass is an administrator's statement of what the Sandboxes that

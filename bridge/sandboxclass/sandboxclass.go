@@ -145,10 +145,47 @@ func Effective(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec, node No
 		v = append(v, b.Class(class, spec, out)...)
 	}
 	v = append(v, applyResources(class, spec, out)...)
+	v = append(v, Scheduling(class, spec)...)
 	if len(v) > 0 {
 		return nil, v
 	}
 	return out, nil
+}
+
+// Scheduling checks the fields of spec that its Pod carries past its own
+// placement (a priority, tolerations, affinity to other Pods, a pinned
+// node) against class. Each violation names the field and the rule. The
+// placer asks it before it makes a Sandbox's Pod, which no node's check
+// precedes; Effective asks it too.
+func Scheduling(class *v1alpha1.SandboxClass, spec *v1alpha1.SandboxSpec) []string {
+	cs := &class.Spec.Scheduling
+	var v []string
+	if p := spec.PriorityClassName; p != "" && !slices.Contains(cs.AllowedPriorityClassNames, "*") && !slices.Contains(cs.AllowedPriorityClassNames, p) {
+		v = append(v, fmt.Sprintf("spec.priorityClassName: SandboxClass %q does not allow the PriorityClass %q (scheduling.allowedPriorityClassNames: [%s])",
+			class.Name, p, strings.Join(cs.AllowedPriorityClassNames, ", ")))
+	}
+	for i, t := range spec.Tolerations {
+		if slices.Contains(cs.AllowedTolerations, "*") || t.Key != "" && slices.Contains(cs.AllowedTolerations, t.Key) {
+			continue
+		}
+		what := fmt.Sprintf("the taint key %q", t.Key)
+		if t.Key == "" {
+			what = "every taint"
+		}
+		v = append(v, fmt.Sprintf("spec.tolerations[%d]: SandboxClass %q does not allow tolerating %s (scheduling.allowedTolerations: [%s])",
+			i, class.Name, what, strings.Join(cs.AllowedTolerations, ", ")))
+	}
+	if a := spec.Affinity; a != nil && !cs.PodAffinity && (a.PodAffinity != nil || a.PodAntiAffinity != nil) {
+		field := "spec.affinity.podAffinity"
+		if a.PodAffinity == nil {
+			field = "spec.affinity.podAntiAffinity"
+		}
+		v = append(v, fmt.Sprintf("%s: SandboxClass %q does not allow affinity or anti-affinity to other Pods (scheduling.podAffinity)", field, class.Name))
+	}
+	if spec.NodeName != "" && !cs.NodeName {
+		v = append(v, fmt.Sprintf("spec.nodeName: SandboxClass %q does not allow pinning a Sandbox to a node (scheduling.nodeName)", class.Name))
+	}
+	return v
 }
 
 // applyResources checks spec's resources (the deprecated containerd

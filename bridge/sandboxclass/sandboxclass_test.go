@@ -238,3 +238,41 @@ func TestAgentIDs(t *testing.T) {
 		t.Errorf("CheckAgentID of an id inside: %q", msg)
 	}
 }
+
+func TestScheduling(t *testing.T) {
+	class := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}, Spec: v1alpha1.SandboxClassSpec{
+		Scheduling: v1alpha1.ClassScheduling{AllowedPriorityClassNames: []string{"batch"}, AllowedTolerations: []string{"gpu"}}}}
+	anti := &v1alpha1.Affinity{PodAntiAffinity: &v1alpha1.PodAffinity{}}
+	for _, tc := range []struct {
+		name string
+		spec v1alpha1.SandboxSpec
+		want []string
+	}{
+		{name: "nothing asked", spec: v1alpha1.SandboxSpec{NodeSelector: map[string]string{"zone": "a"}, Affinity: &v1alpha1.Affinity{NodeAffinity: &v1alpha1.NodeAffinity{}}}},
+		{name: "allowed", spec: v1alpha1.SandboxSpec{PriorityClassName: "batch", Tolerations: []v1alpha1.Toleration{{Key: "gpu", Operator: "Exists"}}}},
+		{name: "another priority", spec: v1alpha1.SandboxSpec{PriorityClassName: "system-node-critical"},
+			want: []string{`spec.priorityClassName: SandboxClass "team-a" does not allow the PriorityClass "system-node-critical" (scheduling.allowedPriorityClassNames: [batch])`}},
+		{name: "another key, and every taint", spec: v1alpha1.SandboxSpec{Tolerations: []v1alpha1.Toleration{{Key: "gpu"}, {Key: "dedicated"}, {Operator: "Exists"}}},
+			want: []string{
+				`spec.tolerations[1]: SandboxClass "team-a" does not allow tolerating the taint key "dedicated" (scheduling.allowedTolerations: [gpu])`,
+				`spec.tolerations[2]: SandboxClass "team-a" does not allow tolerating every taint (scheduling.allowedTolerations: [gpu])`,
+			}},
+		{name: "anti-affinity", spec: v1alpha1.SandboxSpec{Affinity: anti},
+			want: []string{`spec.affinity.podAntiAffinity: SandboxClass "team-a" does not allow affinity or anti-affinity to other Pods (scheduling.podAffinity)`}},
+		{name: "pinned", spec: v1alpha1.SandboxSpec{NodeName: "node-a"},
+			want: []string{`spec.nodeName: SandboxClass "team-a" does not allow pinning a Sandbox to a node (scheduling.nodeName)`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Scheduling(class, &tc.spec)
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+	all := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "all"}, Spec: v1alpha1.SandboxClassSpec{Scheduling: v1alpha1.ClassScheduling{
+		AllowedPriorityClassNames: []string{"*"}, AllowedTolerations: []string{"*"}, PodAffinity: true, NodeName: true}}}
+	spec := v1alpha1.SandboxSpec{PriorityClassName: "high", Tolerations: []v1alpha1.Toleration{{Operator: "Exists"}}, Affinity: anti, NodeName: "node-a"}
+	if got := Scheduling(all, &spec); len(got) != 0 {
+		t.Errorf("a class allowing all refused: %v", got)
+	}
+}

@@ -428,6 +428,39 @@ var _ = Describe("Placement", Ordered, func() {
 		remove(quotaNS, "over")
 	})
 
+	It("makes no Pod for a Sandbox whose class forbids what its Pod would carry, and makes it once the class allows it", func() {
+		// Not the default class: the suite's other Sandboxes name none.
+		class := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "placement-scheduling"},
+			Spec: v1alpha1.SandboxClassSpec{AllowedBackends: []v1alpha1.Backend{v1alpha1.BackendBwrap},
+				Scheduling: v1alpha1.ClassScheduling{AllowedTolerations: []string{"gpu"}}}}
+		Expect(k8s.Create(ctx, class)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(class) })
+		// No admission policy of classes in this suite: the placer is the
+		// first to see it.
+		sandbox(ns, "tolerant", func(sb *v1alpha1.Sandbox) {
+			sb.Spec.Resources, sb.Spec.ClassName = nil, class.Name
+			sb.Spec.Tolerations = []v1alpha1.Toleration{{Key: "dedicated", Operator: "Exists", Effect: "NoSchedule"}}
+		})
+		Eventually(readyOf(ns, "tolerant"), testharness.Timeout).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonClassForbids),
+			HaveField("Message", ContainSubstring(`spec.tolerations[0]: SandboxClass "placement-scheduling" does not allow tolerating the taint key "dedicated" (scheduling.allowedTolerations: [gpu])`))))
+		Consistently(podOf(ns, "tolerant"), 2*time.Second).Should(BeNil(), "no Pod carries a toleration its class forbids")
+
+		By("the class comes to allow it")
+		Eventually(func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(class), class); err != nil {
+				return err
+			}
+			class.Spec.Scheduling.AllowedTolerations = []string{"gpu", "dedicated"}
+			return k8s.Update(ctx, class)
+		}, testharness.Timeout).Should(Succeed())
+		Eventually(nodeOf(ns, "tolerant"), testharness.Timeout).ShouldNot(BeEmpty())
+		pod, err := podOf(ns, "tolerant")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pod.Spec.Tolerations).To(ContainElement(HaveField("Key", "dedicated")))
+		remove(ns, "tolerant")
+	})
+
 	It("marks the Sandboxes of a lost node NodeLost, moves those with onNodeLost: Move when their Pod is evicted, and cleans up when the node is back", func() {
 		for _, name := range []string{"s2", "s3", "s4", "s5"} {
 			remove(ns, name)

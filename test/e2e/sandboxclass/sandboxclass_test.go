@@ -283,6 +283,45 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(k8s.Create(ctx, within)).To(Succeed())
 	})
 
+	It("refuses at admission the scheduling fields team-a does not allow, with the controller's words", func() {
+		for name, set := range map[string]func(*v1alpha1.SandboxSpec){
+			"priority": func(s *v1alpha1.SandboxSpec) { s.PriorityClassName = "system-node-critical" },
+			"toleration": func(s *v1alpha1.SandboxSpec) {
+				s.Tolerations = []v1alpha1.Toleration{{Key: "dedicated", Operator: "Exists"}}
+			},
+			"every-taint": func(s *v1alpha1.SandboxSpec) { s.Tolerations = []v1alpha1.Toleration{{Operator: "Exists"}} },
+			"anti-affinity": func(s *v1alpha1.SandboxSpec) {
+				s.Affinity = &v1alpha1.Affinity{PodAntiAffinity: &v1alpha1.PodAffinity{}}
+			},
+			"pinned": func(s *v1alpha1.SandboxSpec) { s.NodeName = "node-a" },
+			"second-refused": func(s *v1alpha1.SandboxSpec) {
+				s.Tolerations = []v1alpha1.Toleration{{Key: "gpu", Operator: "Exists"}, {Key: "dedicated"}}
+			},
+		} {
+			sb := sandbox(ns, "adm-sched-"+name, "team-a", nil, v1alpha1.Devices{})
+			set(&sb.Spec)
+			err := k8s.Create(ctx, sb)
+			Expect(err).To(HaveOccurred(), name)
+			Expect(err.Error()).To(ContainSubstring(expected(teamA("team-a"), sb)), name)
+		}
+
+		By("a class that allows them admits them")
+		sched := teamA("team-a-scheduling")
+		sched.Spec.Scheduling = v1alpha1.ClassScheduling{AllowedPriorityClassNames: []string{"batch"}, AllowedTolerations: []string{"dedicated", "gpu"}, PodAffinity: true, NodeName: true}
+		Expect(k8s.Create(ctx, sched)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(sched) })
+		ok := sandbox(ns, "adm-sched-ok", sched.Name, nil, v1alpha1.Devices{})
+		ok.Spec.PriorityClassName, ok.Spec.NodeName = "batch", "node-a"
+		ok.Spec.Tolerations = []v1alpha1.Toleration{{Key: "gpu", Operator: "Exists"}, {Key: "dedicated", Value: "team-a"}}
+		ok.Spec.Affinity = &v1alpha1.Affinity{PodAntiAffinity: &v1alpha1.PodAffinity{}}
+		Eventually(func() error { return k8s.Create(ctx, ok.DeepCopy(), client.DryRunAll) }, testharness.Timeout).Should(Succeed())
+		everyTaint := ok.DeepCopy()
+		everyTaint.Spec.Tolerations = append(everyTaint.Spec.Tolerations, v1alpha1.Toleration{Operator: "Exists"})
+		err := k8s.Create(ctx, everyTaint, client.DryRunAll)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring(expected(sched, everyTaint)))
+	})
+
 	It("refuses at admission a default class's rule for a Sandbox naming no class", func() {
 		def := teamA("default-for-test")
 		def.Labels = map[string]string{v1alpha1.DefaultClassLabel: "true"}
