@@ -56,6 +56,9 @@ type SandboxReconciler struct {
 	// own are this process's recent writes of Sandboxes (ownWrites),
 	// whose watch events start no pass.
 	own ownWrites
+	// owners are the Sandboxes found to own their instance, the only
+	// ones whose usage is reported (instanceOwners).
+	owners instanceOwners
 }
 
 // The controller's own rights, least privilege: it writes a Sandbox only to
@@ -82,7 +85,7 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	usageChanged := make(chan event.GenericEvent)
 	usage := &usageWatcher{informers: mgr.GetCache(), runtimes: r.Runtimes, node: r.NodeName, interval: r.healthInterval(),
-		recorder: r.Recorder, seen: map[string]runtimes.Usage{}, out: usageChanged}
+		recorder: r.Recorder, seen: map[string]runtimes.Usage{}, out: usageChanged, owners: &r.owners}
 	if err := mgr.Add(usage); err != nil {
 		return fmt.Errorf("adding the usage watcher: %w", err)
 	}
@@ -204,15 +207,18 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	sb.Status.Claims = int32(s.live)
 
 	if !sb.DeletionTimestamp.IsZero() {
+		r.owners.drop(sb.Spec.Agent, sb.UID)
 		return r.reconcileDelete(ctx, s)
 	}
 	for _, phase := range []func(context.Context, *sandboxScope) (bool, error){
 		r.checkBackend, r.checkEnforcement, r.describe, r.checkNameConflict, r.inspect,
 	} {
 		if stop, err := phase(ctx, s); stop || err != nil {
+			r.owners.drop(sb.Spec.Agent, sb.UID)
 			return ctrl.Result{RequeueAfter: s.retry}, err
 		}
 	}
+	r.owners.set(sb.Spec.Agent, sb.UID)
 	return r.converge(ctx, s)
 }
 

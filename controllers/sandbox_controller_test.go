@@ -282,6 +282,10 @@ var _ = Describe("Name conflicts", func() {
 			conditionWith(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNameConflict, taken)))
 		Expect(claimStatus(nsB, "b")()).To(HaveField("Instance", BeEmpty()))
 
+		By("telling b none of what a's instance uses")
+		Eventually(func() map[string]float64 { return usageMetricsOf(nsA, "alice") }, timeout).Should(HaveKey("sandbox_memory_bytes"))
+		Expect(usageMetricsOf(nsB, "alice")).To(BeEmpty(), "namespace b's Sandbox of the same agent is not its instance's owner")
+
 		By("keeping the agent's areas a's after a's Sandbox is gone")
 		var first v1alpha1.Sandbox
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: nsA, Name: "alice"}, &first)).To(Succeed())

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -46,8 +47,28 @@ type usageWatcher struct {
 	// no longer says what it uses: the reconciler alone writes status.
 	out chan<- event.GenericEvent
 
+	// owners say which Sandbox owns an agent's instance: another that
+	// names the same agent (another tenant's) is never told its usage.
+	owners *instanceOwners
+
 	mu   sync.Mutex
 	seen map[string]runtimes.Usage // by namespace/name
+}
+
+// instanceOwners are, by agent, the UID of the Sandbox whose last pass
+// found it owns the agent's instance (its name and areas taken, the
+// instance's record naming it). Usage is read by instance name, which
+// any Sandbox naming the agent shares.
+type instanceOwners struct{ m sync.Map }
+
+func (o *instanceOwners) set(agent string, uid types.UID) { o.m.Store(agent, uid) }
+
+// drop forgets agent's owner when it is uid.
+func (o *instanceOwners) drop(agent string, uid types.UID) { o.m.CompareAndDelete(agent, uid) }
+
+func (o *instanceOwners) owns(agent string, uid types.UID) bool {
+	got, ok := o.m.Load(agent)
+	return ok && got == uid
 }
 
 var (
@@ -135,7 +156,7 @@ func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
 func (w *usageWatcher) each(fn func(*v1alpha1.Sandbox, runtimes.Usage)) {
 	for _, o := range w.store.List() {
 		sb, ok := o.(*v1alpha1.Sandbox)
-		if !ok || !onNode(sb, w.node) {
+		if !ok || !onNode(sb, w.node) || !w.owners.owns(sb.Spec.Agent, sb.UID) {
 			continue
 		}
 		ur, ok := w.runtimes[sb.Spec.BackendOrDefault()].(runtimes.UsageReader)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -26,8 +27,9 @@ func TestUsageReadsTheCachedSandboxesWithoutCopyingThem(t *testing.T) {
 	const n = 1000
 	store := toolscache.NewStore(toolscache.MetaNamespaceKeyFunc)
 	cached := map[string]*v1alpha1.Sandbox{}
+	owners := &instanceOwners{}
 	for i := range n {
-		sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: fmt.Sprintf("sb-%04d", i)},
+		sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: fmt.Sprintf("sb-%04d", i), UID: types.UID(fmt.Sprint(i))},
 			Spec: v1alpha1.SandboxSpec{Agent: fmt.Sprintf("agent-%04d", i)}}
 		if i%2 == 1 {
 			// Another node's: not this watcher's to report.
@@ -37,8 +39,9 @@ func TestUsageReadsTheCachedSandboxesWithoutCopyingThem(t *testing.T) {
 			t.Fatal(err)
 		}
 		cached[sb.Name] = sb
+		owners.set(sb.Spec.Agent, sb.UID)
 	}
-	w := &usageWatcher{store: store, runtimes: map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: usageOf{}}}
+	w := &usageWatcher{store: store, runtimes: map[v1alpha1.Backend]runtimes.Runtime{v1alpha1.BackendBwrap: usageOf{}}, owners: owners}
 
 	seen := 0
 	w.each(func(sb *v1alpha1.Sandbox, u runtimes.Usage) {

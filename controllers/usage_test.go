@@ -92,26 +92,7 @@ var _ = Describe("Sandbox usage", func() {
 			And(Not(BeNil()), HaveField("Reason", v1alpha1.ReasonWithinLimits)))
 
 		By("the metrics say what it used")
-		families, err := crmetrics.Registry.Gather()
-		Expect(err).NotTo(HaveOccurred())
-		values := map[string]float64{}
-		for _, f := range families {
-			for _, m := range f.GetMetric() {
-				var labels []string
-				for _, l := range m.GetLabel() {
-					labels = append(labels, l.GetValue())
-				}
-				if strings.Join(labels, "/") != ns+"/hog" {
-					continue
-				}
-				switch {
-				case m.GetGauge() != nil:
-					values[f.GetName()] = m.GetGauge().GetValue()
-				case m.GetCounter() != nil:
-					values[f.GetName()] = m.GetCounter().GetValue()
-				}
-			}
-		}
+		values := usageMetricsOf(ns, "hog")
 		Expect(values).To(HaveKey("sandbox_memory_bytes"))
 		Expect(values).To(HaveKey("sandbox_processes"))
 		Expect(values["sandbox_oom_kills_total"]).To(BeNumerically(">=", 1))
@@ -119,3 +100,33 @@ var _ = Describe("Sandbox usage", func() {
 		Expect(values["sandbox_cpu_seconds_total"]).To(BeNumerically(">", 0))
 	})
 })
+
+// usageMetricsOf are the per-Sandbox metrics of ns/name the controller's
+// registry gives now, by name.
+func usageMetricsOf(ns, name string) map[string]float64 {
+	GinkgoHelper()
+	families, err := crmetrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	values := map[string]float64{}
+	for _, f := range families {
+		if !strings.HasPrefix(f.GetName(), "sandbox_") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetValue())
+			}
+			if strings.Join(labels, "/") != ns+"/"+name {
+				continue
+			}
+			switch {
+			case m.GetGauge() != nil:
+				values[f.GetName()] = m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				values[f.GetName()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return values
+}
