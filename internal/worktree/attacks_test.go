@@ -1,15 +1,24 @@
 package worktree_test
 
 import (
+	"bytes"
+	"compress/zlib"
+	"crypto/sha1" //nolint:gosec // git's object ids
+	"encoding/hex"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 )
@@ -297,5 +306,60 @@ func TestCrowdedGitDirectoriesAreRefusedWithinTheirBound(t *testing.T) {
 	}
 	if _, err := worktree.Add(ctx, repo, worktree.Spec{Name: "other", CreateBranch: true}); err == nil {
 		t.Fatal("Add in a repository with a crowded administrative directory succeeded")
+	}
+}
+
+// A loose commit whose header declares far more than the object holds:
+// host git allocated what it declared (a gigabyte, from a megabyte on
+// disk) before it found the object bogus, every health check, outside
+// any Sandbox's limits.
+func TestHostGitRefusesAnObjectThatDeclaresAHugeSize(t *testing.T) {
+	repo := newRepo(t)
+	wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "bomb", CreateBranch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "commit <size>\0" and size zero bytes, as git stores a loose object.
+	const size = 256 << 20
+	header := fmt.Sprintf("commit %d\x00", size)
+	sum := sha1.New()
+	var packed bytes.Buffer
+	z, err := zlib.NewWriterLevel(&packed, zlib.BestSpeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := io.MultiWriter(sum, z)
+	if _, err := io.WriteString(w, header); err != nil {
+		t.Fatal(err)
+	}
+	zeros := make([]byte, 1<<20)
+	for range size >> 20 {
+		if _, err := w.Write(zeros); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := z.Close(); err != nil {
+		t.Fatal(err)
+	}
+	id := hex.EncodeToString(sum.Sum(nil))
+	objects := filepath.Join(repo.GitCommonDir(), "objects", id[:2])
+	write(t, filepath.Join(objects, id[2:]), packed.String())
+	write(t, filepath.Join(repo.GitCommonDir(), "refs", "heads", "bomb"), id+"\n")
+
+	// What host git said goes to the controller's log.
+	var logged strings.Builder
+	var mu sync.Mutex
+	logCtx := logr.NewContext(ctx, funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged.WriteString(args + "\n")
+	}, funcr.Options{}))
+	if h := worktree.Check(logCtx, repo, wt); h.Reason != worktree.ReasonHeadUnresolvable {
+		t.Fatalf("health: %+v", h)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logged.String(), "over limit") {
+		t.Fatalf("host git allocated the %d bytes the object declares; its log:\n%s", size, logged.String())
 	}
 }

@@ -93,7 +93,16 @@ var gitEnv = []string{
 	"XDG_CONFIG_HOME=/nonexistent",
 	"PATH=/usr/local/bin:/usr/bin:/bin",
 	"LC_ALL=C",
+	// git allocates an object's size as its header declares it before it
+	// checks anything: a loose commit of a megabyte on disk that declares
+	// a gigabyte made host git, which no Sandbox's limits bind, hold a
+	// gigabyte every health check. Host git reads refs, commits and tags
+	// (a worktree is added without a checkout), never a large object.
+	"GIT_ALLOC_LIMIT=" + strconv.Itoa(maxGitAlloc),
 }
+
+// maxGitAlloc bounds each allocation of host git (GIT_ALLOC_LIMIT).
+const maxGitAlloc = 64 << 20
 
 // jailArgs are bwrap's arguments for a git that sees the host's system
 // directories read-only and the repository's mount read-write, nothing else
