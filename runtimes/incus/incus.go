@@ -91,6 +91,8 @@ func RawIdmap(id runtimes.Identity) string {
 var Hardening = map[string]string{
 	"raw.lxc":                 "lxc.no_new_privs = 1\nlxc.cap.keep = none\nlxc.sysctl.user.max_user_namespaces = 0\n",
 	"security.idmap.isolated": "true",
+	// A profile the Sandbox names may not make it privileged.
+	"security.privileged": "false",
 }
 
 // limitsConfig is the instance configuration of r; an unset limit is ""

@@ -73,6 +73,24 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	if err := checkOwner(inst, in.Owner); err != nil {
 		return runtimes.State{}, runtimes.Errorf(runtimes.ReasonNameConflict, op, in.Name, "%w", err)
 	}
+	if masks := foreignDevices(inst); len(masks) > 0 {
+		// Before the instance starts (or, made before this check, while it
+		// runs: Incus removes them live).
+		put := inst.Writable()
+		put.Devices = maps.Clone(put.Devices)
+		if put.Devices == nil {
+			put.Devices = map[string]incusapi.Device{}
+		}
+		for _, name := range masks {
+			put.Devices[name] = incusapi.Device{"type": "none"}
+		}
+		if err := cl.UpdateInstance(ctx, in.Name, put, etag); err != nil {
+			return runtimes.State{}, r.fail(op, in.Name, fmt.Errorf("masking the devices its profiles give it (%s): %w", strings.Join(masks, ", "), err))
+		}
+		if inst, etag, err = cl.GetInstance(ctx, in.Name); err != nil {
+			return runtimes.State{}, r.fail(op, in.Name, err)
+		}
+	}
 	running := inst.Status == incusapi.StatusRunning
 
 	_, _, resize := rootOverride(inst, rootLimit(in))
@@ -523,6 +541,24 @@ func stateOf(inst *incusapi.Instance) runtimes.State {
 		ConfigHash: inst.Config[KeyConfigHash],
 		CreatedAt:  inst.CreatedAt,
 	}
+}
+
+// foreignDevices are the devices an instance's profiles give it beyond its
+// root disk: a NIC or proxy device (a way out no egress rule sees), a
+// host directory, socket or device the Sandbox never asked for and its
+// class never checked, all of them a tenant's by naming a profile. Each is
+// masked by an instance device of its name of type none. The instance's
+// own devices (the driver's, an administrator's) are not the profiles'.
+func foreignDevices(inst *incusapi.Instance) []string {
+	var out []string
+	for name, d := range inst.ExpandedDevices {
+		if _, own := inst.Devices[name]; own || d["type"] == "none" || d["type"] == "disk" && d["path"] == "/" {
+			continue
+		}
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // networkDevices are the Incus device types that are a way to a network:

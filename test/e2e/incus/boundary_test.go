@@ -4,6 +4,7 @@ package incus_test
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -272,5 +273,59 @@ var _ = Describe("Incus resource limits", func() {
 		Expect(limit("/sys/fs/cgroup/memory/"+payload+"/memory.limit_in_bytes", "/sys/fs/cgroup/"+payload+"/memory.max")).To(Equal(strconv.Itoa(128 << 20)))
 		Expect(limit("/sys/fs/cgroup/cpu/"+payload+"/cpu.cfs_quota_us", "/sys/fs/cgroup/"+payload+"/cpu.max")).To(HavePrefix("50000"))
 		Expect(limit("/sys/fs/cgroup/pids/"+payload+"/pids.max", "/sys/fs/cgroup/"+payload+"/pids.max")).To(Equal("64"))
+	})
+})
+
+var _ = Describe("Incus profiles against the agent", func() {
+	// A Sandbox names its profiles, and a profile an administrator made
+	// for other work may carry a NIC, a host directory or privilege: the
+	// instance took them all, so a Sandbox with egress None had a network
+	// and a view of the host no class had checked.
+	It("keeps the root disk of the profiles it names and masks every other device, and never runs privileged", func() {
+		secretDir := filepath.Join(env.Dir, "profile-host-dir")
+		Expect(os.MkdirAll(secretDir, 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(secretDir, "secret"), []byte("TOPSECRET-profile"), 0o644)).To(Succeed())
+		const profile = "sandbox-test-wide"
+		cl := rawClient().InProject("")
+		_, err := cl.Run(ctx, http.MethodPost, "/1.0/profiles", nil, map[string]any{
+			"name":   profile,
+			"config": map[string]string{"security.privileged": "true"},
+			"devices": map[string]map[string]string{
+				"root":    {"type": "disk", "path": "/", "pool": "default"},
+				"eth9":    {"type": "nic", "nictype": "p2p"},
+				"hostdir": {"type": "disk", "source": secretDir, "path": "/mnt/host"},
+			},
+		}, "")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() {
+			_, err := cl.Run(ctx, http.MethodDelete, "/1.0/profiles/"+profile, nil, nil, "")
+			Expect(err).NotTo(HaveOccurred())
+		})
+
+		ns := env.NewNamespace()
+		sb := newSandbox(ns, "wide")
+		sb.Spec.Incus.Profiles = []string{profile}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(sb) })
+		Expect(k8s.Create(ctx, newClaim(ns, "c", "wide"))).To(Succeed())
+		Eventually(sandboxStatus(ns, "wide"), timeout).Should(sandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+
+		name := instanceOf(sb)
+		_, netdev := run(name, `cat /proc/net/dev`)
+		var ifaces []string
+		for _, line := range strings.Split(netdev, "\n") {
+			if name, _, ok := strings.Cut(line, ":"); ok && !strings.Contains(line, "|") {
+				ifaces = append(ifaces, strings.TrimSpace(name))
+			}
+		}
+		Expect(ifaces).To(Equal([]string{"lo"}), "the profile's NIC is in the instance:\n%s", netdev)
+		_, out := run(name, `cat /mnt/host/secret; cat /proc/self/uid_map`)
+		Expect(out).NotTo(ContainSubstring("TOPSECRET"), "the profile's host directory is in the instance")
+		Expect(out).NotTo(MatchRegexp(`(?m)^\s*0\s+0\s+4294967295`), "the instance runs privileged")
+		inst, _, err := cl.GetInstance(ctx, name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(inst.ExpandedDevices["eth9"]).To(HaveKeyWithValue("type", "none"))
+		Expect(inst.ExpandedDevices["hostdir"]).To(HaveKeyWithValue("type", "none"))
+		Expect(inst.ExpandedDevices["root"]).To(HaveKeyWithValue("type", "disk"))
 	})
 })
