@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,4 +78,82 @@ func TestNamespaceHasNoRouteButTheProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Releasing a proxy ends what it serves, not only its listener: an open
+// tunnel would go on with the old policy, and a dial under way would hold
+// its slots of the node's bound, with no Sandbox left to free them
+// (found by review).
+func TestReleaseEndsWhatTheProxyServes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "network namespaces need CAP_SYS_ADMIN: run the tests as root (make test does in CI)")
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "reached") }))
+	defer srv.Close()
+	srvPort := srv.Listener.Addr().(*net.TCPAddr).Port
+	slow := blackhole(t)
+	looked := make(chan string, 10)
+	n := &Networks{
+		Dir: t.TempDir(),
+		Resolver: tellingNames{names{
+			"example.com":  loopback,
+			"slow.example": slices.Repeat(loopback, 1000),
+		}, looked},
+		Shared: NewSlots(8),
+	}
+	defer n.Close()
+	path, err := n.Serve("sb", Policy{
+		Rules:       []Rule{{Host: "example.com", Ports: []int{srvPort}}, {Host: "slow.example", Ports: []int{slow}}},
+		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tunnel, dial net.Conn
+	err = (&Namespace{Path: path}).Run(func() error {
+		proxy := fmt.Sprintf("127.0.0.1:%d", ProxyPort)
+		var err error
+		if tunnel, err = net.Dial("tcp", proxy); err != nil {
+			return err
+		}
+		if dial, err = net.Dial("tcp", proxy); err != nil {
+			return err
+		}
+		fmt.Fprintf(dial, "CONNECT slow.example:%d HTTP/1.1\r\nHost: slow.example\r\n\r\n", slow)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tunnel.Close()
+	defer dial.Close()
+	dialing(t, looked, 1)
+	fmt.Fprintf(tunnel, "CONNECT example.com:%d HTTP/1.1\r\nHost: example.com\r\n\r\n", srvPort)
+	br := bufio.NewReader(tunnel)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT to an allowed host: %v %v", resp, err)
+	}
+	_ = resp.Body.Close()
+	fmt.Fprint(tunnel, "GET / HTTP/1.1\r\nHost: example.com\r\n\r\n")
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("through the tunnel: %v %v", resp, err)
+	}
+	_ = resp.Body.Close()
+	if n.Shared.held() != 2 {
+		t.Fatalf("%d slots held by a tunnel and a dial, want 2", n.Shared.held())
+	}
+
+	if err := n.Release("sb"); err != nil {
+		t.Fatal(err)
+	}
+	_ = tunnel.SetReadDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprint(tunnel, "GET / HTTP/1.1\r\nHost: example.com\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err == nil {
+		_ = resp.Body.Close()
+		t.Fatalf("the tunnel of a released proxy still reaches its host: %d", resp.StatusCode)
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the tunnel of a released proxy is still open")
+	}
+	testenv.Eventually(t, 5*time.Second, "a released proxy's dial still holds a slot of the node's bound", func() bool { return n.Shared.held() == 0 })
 }

@@ -136,7 +136,7 @@ func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
 			s.proxy.SetPolicy(n.withInternal(pol))
 			return nil
 		}
-		_ = s.l.Close()
+		s.stop()
 		delete(n.served, name)
 	}
 	var l net.Listener
@@ -169,13 +169,21 @@ func (n *Networks) start(name string, l net.Listener, pol Policy, ino uint64) {
 	go func() { _ = p.Serve(l) }()
 }
 
+// stop ends everything the proxy serves (Proxy.Stop: its open tunnels,
+// plain requests and dials too, which a closed listener alone would leave
+// running with the old policy) and closes its listener.
+func (s *served) stop() {
+	s.proxy.Stop()
+	_ = s.l.Close()
+}
+
 // Release stops name's proxy and lets its namespace go once no process
 // is in it.
 func (n *Networks) Release(name string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s, ok := n.served[name]; ok {
-		_ = s.l.Close()
+		s.stop()
 		delete(n.served, name)
 	}
 	ns := Namespace{Path: filepath.Join(n.Dir, name)}
@@ -204,7 +212,7 @@ func (n *Networks) Close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for name, s := range n.served {
-		_ = s.l.Close()
+		s.stop()
 		delete(n.served, name)
 	}
 }

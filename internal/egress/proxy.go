@@ -40,7 +40,13 @@ type Decision struct {
 const (
 	DefaultMaxConns    = 256
 	DefaultIdleTimeout = 5 * time.Minute
-	dialTimeout        = 15 * time.Second
+	// dialTimeout bounds a request's lookup and connection together,
+	// every address tried included.
+	dialTimeout = 15 * time.Second
+	// maxDialAddrs bounds the addresses a request tries: a name may
+	// resolve to thousands that drop SYNs, and the connection holds its
+	// slots while they are tried.
+	maxDialAddrs = 4
 	// helloTimeout bounds how long a client may take to send its TLS
 	// ClientHello after CONNECT.
 	helloTimeout = 15 * time.Second
@@ -69,6 +75,9 @@ type Proxy struct {
 	// HelloTimeout bounds how long a tunnel's client may take to send its
 	// first bytes (a TLS ClientHello); zero: 15 seconds.
 	HelloTimeout time.Duration
+	// DialTimeout bounds a request's lookup and connection together, all
+	// the addresses tried; zero: 15 seconds.
+	DialTimeout time.Duration
 	// Shared, when set, bounds the connections this proxy serves together
 	// with every other proxy given the same Shared: one per connection,
 	// taken as MaxConns's is. Each connection holds two descriptors and a
@@ -79,7 +88,10 @@ type Proxy struct {
 	once  sync.Once
 	slots chan struct{}
 	live  atomic.Pointer[Policy]
-	// tunnels are the open tunnels, for SetPolicy.
+	// ctx ends with Stop; every dial is derived from it.
+	ctx  context.Context
+	stop context.CancelFunc
+	// tunnels are the open tunnels and the dials under way, for SetPolicy.
 	tunnelsMu sync.Mutex
 	tunnels   map[*openTunnel]struct{}
 	// up and down share BytesPerSecond among the connections, towards
@@ -88,25 +100,43 @@ type Proxy struct {
 }
 
 // SetPolicy replaces Policy for the requests that come after it, while
-// the proxy serves, and closes the open tunnels it no longer allows.
+// the proxy serves, and closes the open tunnels and cancels the dials it
+// no longer allows.
 func (p *Proxy) SetPolicy(pol Policy) {
 	p.live.Store(&pol)
 	p.tunnelsMu.Lock()
 	defer p.tunnelsMu.Unlock()
 	for t := range p.tunnels {
-		if !pol.Allows(t.host, t.port) || !pol.Reachable(t.addr) {
-			_ = t.conn.Close()
+		if t.refusedBy(pol) {
+			t.end()
 		}
 	}
 }
 
-// openTunnel is a tunnel being spliced: where it goes and the client's
-// connection, closed when a new policy refuses it.
+// Stop ends everything the proxy serves: its policy becomes one that
+// allows nothing, which closes the open tunnels and plain requests, and
+// the dials under way are cancelled. Requests after it are refused. The
+// listener is the caller's to close.
+func (p *Proxy) Stop() {
+	p.init()
+	p.stop()
+	p.SetPolicy(Policy{})
+}
+
+// openTunnel is a tunnel being spliced, or a dial under way: where it
+// goes and how it is ended when a new policy refuses it.
 type openTunnel struct {
 	host string
 	port int
-	addr netip.Addr
-	conn net.Conn
+	// addr is the address connected to; a dial has none yet.
+	addr    netip.Addr
+	dialing bool
+	end     func()
+}
+
+// refusedBy says whether pol no longer allows t.
+func (t *openTunnel) refusedBy(pol Policy) bool {
+	return !pol.Allows(t.host, t.port) || (!t.dialing && !pol.Reachable(t.addr))
 }
 
 // track adds t to the open tunnels until the returned function is
@@ -144,6 +174,10 @@ func (p *Proxy) init() {
 		if p.HelloTimeout <= 0 {
 			p.HelloTimeout = helloTimeout
 		}
+		if p.DialTimeout <= 0 {
+			p.DialTimeout = dialTimeout
+		}
+		p.ctx, p.stop = context.WithCancel(context.Background())
 		if p.Resolver == nil {
 			p.Resolver = net.DefaultResolver
 		}
@@ -260,16 +294,55 @@ func (p *Proxy) serveConn(c net.Conn) {
 		p.tunnel(c, br, req)
 		return
 	}
-	p.forward(c, req)
+	p.forward(c, br, req)
 }
 
+// dialFor is dial for the client on c, whose next bytes br reads: the
+// dial is cancelled when the proxy stops or the client leaves while it is
+// under way, so a client gone gives its slots back at once.
+func (p *Proxy) dialFor(c net.Conn, br *bufio.Reader, host string, port int) (net.Conn, error) {
+	ctx, cancel := context.WithCancelCause(p.ctx)
+	defer cancel(nil)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		// Peeked bytes stay for the tunnel or the request's body. A
+		// client that sent something is not watched further: the dial's
+		// deadline bounds it.
+		if _, err := br.Peek(1); err != nil {
+			cancel(errClientLeft)
+		}
+	}()
+	up, err := p.dial(ctx, host, port)
+	// Wake the watcher and wait for it: br is not read by two at once.
+	_ = c.SetReadDeadline(time.Now())
+	<-watched
+	_ = c.SetReadDeadline(time.Time{})
+	return up, err
+}
+
+// Why a dial was cancelled.
+var (
+	errClientLeft    = errors.New("the client closed its connection")
+	errPolicyRefuses = errors.New("the Sandbox's egress policy changed and no longer allows it")
+	errDialTimeout   = errors.New("no address answered in time")
+)
+
 // dial resolves host, holds every address to the policy and dials the
-// first one that answers. It never dials a name: what was checked is what
-// is dialled.
+// first one that answers, trying at most maxDialAddrs within DialTimeout.
+// It never dials a name: what was checked is what is dialled. A new
+// policy that refuses host cancels it.
 func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, error) {
 	if err := checkRequestHost(host); err != nil {
 		return nil, refuse(http.StatusBadRequest, "%v", err)
 	}
+	ctx, timeout := context.WithTimeoutCause(ctx, p.DialTimeout, errDialTimeout)
+	defer timeout()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	// Tracked before the policy is read: a policy set after the read
+	// sees the dial.
+	defer p.track(&openTunnel{host: host, port: port, dialing: true, end: func() { cancel(errPolicyRefuses) }})()
 	pol := p.policy()
 	if !pol.Allows(host, port) {
 		return nil, refuse(http.StatusForbidden, "%s:%d is not in the Sandbox's egress allowlist", host, port)
@@ -278,12 +351,10 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
 	} else {
-		rctx, cancel := context.WithTimeout(ctx, dialTimeout)
 		// The name as it is, never below a search domain: the host's
 		// resolver (a cluster's, say) would try github.com.<namespace>.svc
 		// first, a name a tenant may own.
-		addrs, err = p.Resolver.LookupNetIP(rctx, "ip", host+".")
-		cancel()
+		addrs, err = p.Resolver.LookupNetIP(ctx, "ip", host+".")
 		if err != nil || len(addrs) == 0 {
 			return nil, refuse(http.StatusBadGateway, "%s does not resolve", host)
 		}
@@ -297,14 +368,30 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 	if len(reachable) == 0 {
 		return nil, refuse(http.StatusForbidden, "%s resolves only to internal addresses, which the Sandbox may not reach", host)
 	}
-	d := net.Dialer{Timeout: dialTimeout}
+	reachable = reachable[:min(len(reachable), maxDialAddrs)]
 	var last error
-	for _, a := range reachable {
-		conn, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, uint16(port)).String())
+	for i, a := range reachable {
+		// Each address gets its share of the time left, as net.Dialer
+		// shares a deadline among a name's addresses: one that drops SYNs
+		// leaves time for the next.
+		deadline, _ := ctx.Deadline()
+		actx, done := context.WithTimeout(ctx, time.Until(deadline)/time.Duration(len(reachable)-i))
+		var d net.Dialer
+		conn, err := d.DialContext(actx, "tcp", netip.AddrPortFrom(a, uint16(port)).String())
+		done()
 		if err == nil {
 			return conn, nil
 		}
 		last = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errPolicyRefuses):
+		return nil, refuse(http.StatusForbidden, "connecting to %s:%d: %v", host, port, cause)
+	case cause != nil:
+		return nil, refuse(http.StatusBadGateway, "connecting to %s:%d: %v", host, port, cause)
 	}
 	return nil, refuse(http.StatusBadGateway, "connecting to %s:%d: %v", host, port, last)
 }
@@ -321,7 +408,7 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 		return
 	}
 	d := Decision{Host: host, Port: port}
-	up, err := p.dial(context.Background(), host, port)
+	up, err := p.dialFor(c, br, host, port)
 	if err != nil {
 		p.answer(c, d, err)
 		return
@@ -367,10 +454,10 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 		return
 	}
 	addr, _ := netip.ParseAddrPort(up.RemoteAddr().String())
-	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), conn: c}
+	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), end: func() { _ = c.Close() }}
 	defer p.track(t)()
 	// A policy set between the check and now has not seen this tunnel.
-	if pol := p.policy(); !pol.Allows(host, port) || !pol.Reachable(t.addr) {
+	if t.refusedBy(p.policy()) {
 		return
 	}
 	p.splice(c, br, up)
@@ -426,8 +513,9 @@ func asciiLower(s string) string {
 	return string(b)
 }
 
-// forward serves a plain HTTP request in absolute form.
-func (p *Proxy) forward(c net.Conn, req *http.Request) {
+// forward serves a plain HTTP request in absolute form; br reads what
+// follows the request's head.
+func (p *Proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request) {
 	if req.URL.Scheme != "http" || req.URL.Host == "" {
 		p.answer(c, Decision{Reason: "not an absolute http URL"}, refuse(http.StatusBadRequest, "a proxy request names an absolute http:// URL, or is a CONNECT"))
 		return
@@ -441,7 +529,7 @@ func (p *Proxy) forward(c net.Conn, req *http.Request) {
 		return
 	}
 	d := Decision{Host: host, Port: port}
-	up, err := p.dial(req.Context(), host, port)
+	up, err := p.dialFor(c, br, host, port)
 	if err != nil {
 		p.answer(c, d, err)
 		return
@@ -453,9 +541,9 @@ func (p *Proxy) forward(c net.Conn, req *http.Request) {
 	// closes a tunnel: a request's body may stream for as long as a byte
 	// moves every IdleTimeout.
 	addr, _ := netip.ParseAddrPort(up.RemoteAddr().String())
-	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), conn: c}
+	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), end: func() { _ = c.Close() }}
 	defer p.track(t)()
-	if pol := p.policy(); !pol.Allows(host, port) || !pol.Reachable(t.addr) {
+	if t.refusedBy(p.policy()) {
 		return
 	}
 	req.Header.Del("Proxy-Authorization")
