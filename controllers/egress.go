@@ -126,9 +126,15 @@ func (w *egressWatch) decide(name string, d egress.Decision) {
 // proxy is opened in the namespace of a driver whose instances keep their
 // own (runtimes.NetnsReporter). Both run on every pass, an adopted
 // instance's included, so a restarted controller serves its proxies again.
+// A Sandbox whose egress is no longer an allowlist has the proxy this
+// process served for it released: left serving, it would take a command
+// that names it (HTTPS_PROXY set by hand) to the old list.
 func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, started bool) error {
 	n := s.instance.Network
 	if n == nil {
+		if err := r.releaseNetwork(s.instance.Name, s.sb); err != nil {
+			return fmt.Errorf("releasing the egress proxy of %s, whose egress is no longer an allowlist: %w", s.instance.Name, err)
+		}
 		return nil
 	}
 	if r.Networks == nil || r.egress == nil {

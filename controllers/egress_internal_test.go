@@ -1,7 +1,10 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,6 +13,9 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/egress"
+	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/testkit/egresstest/inside"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // The proxies' decisions are counted under at most maxEgressHosts host
@@ -68,5 +74,68 @@ func TestEgressWatchBoundsLabelsAndEvents(t *testing.T) {
 	w.decide("cireilclaw-bounded", egress.Decision{Host: "late.example.com", Reason: "not listed"})
 	if n := events(); n != 0 {
 		t.Errorf("an Event for a forgotten Sandbox")
+	}
+}
+
+// A Sandbox whose egress goes from Allowlist to None has its proxy
+// released on the next pass, and what the proxy had open ends with it:
+// left serving, it would take a command that names it (HTTPS_PROXY set by
+// hand; an Incus container, a bwrap command started under the allowlist,
+// stay in its namespace) to the old list (found by review).
+func TestServeNetworkReleasesAProxyNoLongerWanted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "network namespaces need CAP_SYS_ADMIN: run the tests as root (make test does in CI)")
+	}
+	srv, err := inside.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	networks := &egress.Networks{Dir: t.TempDir(), Resolver: srv.Resolver()}
+	defer networks.Close()
+	name := v1alpha1.InstanceName("ada")
+	// Before the directory goes, whatever the test found.
+	t.Cleanup(func() { _ = networks.Release(name) })
+	r := &SandboxReconciler{
+		Options: Options{Networks: networks},
+		egress:  &egressWatch{recorder: record.NewFakeRecorder(100), now: time.Now, owners: map[string]*egressOwner{}},
+	}
+	sb := &v1alpha1.Sandbox{}
+	sb.Namespace, sb.Name, sb.UID = "team-a", "ada", "uid-1"
+	s := &sandboxScope{sb: sb, instance: runtimes.Instance{Name: name, Network: &runtimes.Network{
+		Namespace:   filepath.Join(networks.Dir, name),
+		Proxy:       egress.ProxyURL,
+		Allow:       []runtimes.EgressRule{{Host: inside.Host, Ports: []int{srv.Port()}}},
+		AllowedNets: []string{inside.ServerNet},
+	}}}
+	if err := r.serveNetwork(context.Background(), s, false); err != nil {
+		t.Fatal(err)
+	}
+	through, err := inside.Enter(s.instance.Network.Namespace, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer through.Close()
+	tunnel, err := through.Tunnel()
+	if err != nil {
+		t.Fatalf("under the allowlist: %v", err)
+	}
+	defer tunnel.Close()
+	if err := through.Get(); err != nil {
+		t.Fatalf("under the allowlist: %v", err)
+	}
+
+	s.instance.Network = nil
+	if err := r.serveNetwork(context.Background(), s, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := through.Get(); err == nil {
+		t.Error("with egress None, the proxy inside the Sandbox's namespace still serves the old allowlist")
+	}
+	if err := tunnel.Get(); err == nil {
+		t.Error("with egress None, a tunnel opened under the allowlist still reaches its host")
+	}
+	if _, err := os.Stat(filepath.Join(networks.Dir, name)); !os.IsNotExist(err) {
+		t.Errorf("the namespace's file is still there: %v", err)
 	}
 }

@@ -46,6 +46,9 @@ type Runner struct {
 	// standalone says that the instance last ensured can be left as it
 	// is: no custom mount, no egress proxy.
 	standalone bool
+	// proxied is the instance whose egress proxy the runner serves; ""
+	// for none.
+	proxied string
 }
 
 // NewRunner runs commands from src with rt, a driver for backend. opts say
@@ -80,14 +83,8 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("describing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
 	}
-	if n := in.Network; n != nil && r.Networks != nil {
-		pol, err := instance.EgressPolicy(n)
-		if err != nil {
-			return "", err
-		}
-		if _, err := r.Networks.Serve(in.Name, pol); err != nil {
-			return "", fmt.Errorf("serving the egress proxy of agent %s: %w", snap.Spec.Agent, err)
-		}
+	if err := r.serveNetwork(in); err != nil {
+		return "", fmt.Errorf("the egress proxy of agent %s: %w", snap.Spec.Agent, err)
 	}
 	if _, err := r.rt.Ensure(ctx, in); err != nil {
 		return "", fmt.Errorf("preparing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
@@ -95,6 +92,34 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 	r.applied, r.name = snap.Generation, in.Name
 	r.standalone = in.Network == nil && len(in.Mounts) == 0
 	return r.name, nil
+}
+
+// serveNetwork serves the egress proxy of an instance whose egress is an
+// allowlist, and releases the one served for an earlier configuration
+// that no longer wants it: left serving, it would take a command that
+// names it (HTTPS_PROXY set by hand) to the old list.
+func (r *Runner) serveNetwork(in runtimes.Instance) error {
+	if r.Networks == nil {
+		return nil
+	}
+	if r.proxied != "" && (in.Network == nil || r.proxied != in.Name) {
+		if err := r.Networks.Release(r.proxied); err != nil {
+			return fmt.Errorf("releasing it: %w", err)
+		}
+		r.proxied = ""
+	}
+	if in.Network == nil {
+		return nil
+	}
+	pol, err := instance.EgressPolicy(in.Network)
+	if err != nil {
+		return err
+	}
+	if _, err := r.Networks.Serve(in.Name, pol); err != nil {
+		return fmt.Errorf("serving it: %w", err)
+	}
+	r.proxied = in.Name
+	return nil
 }
 
 // Leave ends the runner of one command (sandboxctl run). An instance
@@ -124,13 +149,17 @@ func (r *Runner) Leave(ctx context.Context) error {
 func (r *Runner) Close(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.name == "" {
-		return nil
+	var err error
+	if r.name != "" {
+		err = r.rt.Stop(ctx, r.name)
+		if r.Networks != nil {
+			err = errors.Join(err, r.Networks.Release(r.name))
+		}
 	}
-	err := r.rt.Stop(ctx, r.name)
-	if r.Networks != nil {
-		err = errors.Join(err, r.Networks.Release(r.name))
+	// A proxy served for a configuration whose instance never started.
+	if r.proxied != "" && r.proxied != r.name {
+		err = errors.Join(err, r.Networks.Release(r.proxied))
 	}
-	r.applied, r.name = 0, ""
+	r.applied, r.name, r.proxied = 0, "", ""
 	return err
 }

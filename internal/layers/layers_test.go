@@ -36,7 +36,7 @@ func layer(pkg string) (int, string, bool) {
 		return -1, group, true
 	case top("config"):
 		return 0, group, true
-	case top("api", "internal", "testkit/testenv", "testkit/egresstest/probe"):
+	case top("api", "internal", "testkit/testenv", "testkit/egresstest/probe", "testkit/egresstest/inside"):
 		return 0, group, true
 	case top("runtimes", "testkit/runtimetest"):
 		return 1, group, true
