@@ -293,11 +293,9 @@ Ctrl-C stops the controller and the control plane.
 			IdleTimeout: f.egress.idleTimeout, BytesPerSecond: f.egress.bytesPerSecond.Value()}
 		// Checked at start (egressFlags.check).
 		networks.InternalNets, _ = f.egress.internal()
-		own, err := egress.HostAddresses()
-		if err != nil {
-			return fmt.Errorf("the node's own addresses, which egress proxies must not reach: %w", err)
+		if err := networks.RefuseHostAddresses(); err != nil {
+			return err
 		}
-		networks.InternalNets = append(networks.InternalNets, own...)
 		host.NetnsDir = networks.Dir
 		// The namespaces stay for the next start to adopt; their proxies
 		// stop with this process.

@@ -104,14 +104,25 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sand
 	host := instance.Host{AreasRoot: root, Home: home}
 	var networks *egress.Networks
 	if os.Geteuid() == 0 {
-		// An egress allowlist's namespace and proxy live while this
-		// process runs.
-		networks = &egress.Networks{Dir: filepath.Join(state, "netns")}
+		if networks, err = localNetworks(state); err != nil {
+			return nil, err
+		}
 		host.NetnsDir = networks.Dir
 	}
 	r := sandboxtoml.NewRunner(src, rt, v1alpha1.BackendBwrap, host)
 	r.Networks = networks
 	return r, nil
+}
+
+// localNetworks keeps the namespaces and proxies of egress allowlists in
+// state, while this process runs. The proxies refuse this host's own
+// addresses, as the controller's do.
+func localNetworks(state string) (*egress.Networks, error) {
+	n := &egress.Networks{Dir: filepath.Join(state, "netns")}
+	if err := n.RefuseHostAddresses(); err != nil {
+		return nil, err
+	}
+	return n, nil
 }
 
 // staticRunner is the runner of the agent's sandbox as the configuration

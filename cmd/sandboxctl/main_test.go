@@ -392,6 +392,26 @@ except OSError:
 	}
 }
 
+// sandboxctl's proxies refuse this host's own addresses, as the
+// controller's do: a permitted name resolving to the host's public
+// address would reach the host's own services (found by review).
+func TestLocalNetworksRefuseTheHost(t *testing.T) {
+	n, err := localNetworks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := egress.HostAddresses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := egress.Policy{InternalNets: n.InternalNets}
+	for _, p := range own {
+		if !slices.Contains(n.InternalNets, p) || pol.Reachable(p.Addr()) {
+			t.Errorf("this host's %s is not among the proxies' internal networks %v", p, n.InternalNets)
+		}
+	}
+}
+
 // gc lists the trees of a state directory that is gone and removes them,
 // with their mounts; --dry-run removes nothing.
 func TestGCRemovesAbandonedTrees(t *testing.T) {

@@ -239,6 +239,18 @@ func (n *Networks) Prune(keep func(name string) bool) []string {
 	return out
 }
 
+// RefuseHostAddresses adds the addresses of this host's interfaces to
+// InternalNets: a permitted name resolving to the host's public address
+// would reach the host's own services.
+func (n *Networks) RefuseHostAddresses() error {
+	own, err := HostAddresses()
+	if err != nil {
+		return fmt.Errorf("this host's own addresses, which egress proxies must not reach: %w", err)
+	}
+	n.InternalNets = append(n.InternalNets, own...)
+	return nil
+}
+
 // withInternal is pol with the operator's internal ranges added.
 func (n *Networks) withInternal(pol Policy) Policy {
 	pol.InternalNets = append(slices.Clip(pol.InternalNets), n.InternalNets...)
