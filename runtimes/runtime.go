@@ -83,6 +83,7 @@ type ExecRequest struct {
 
 // Usage is what an instance's commands use now, from its cgroup.
 type Usage struct {
+	// MemoryBytes counts what is in swap too, where the kernel accounts it.
 	MemoryBytes int64
 	Pids        int64
 	CPUSeconds  float64

@@ -86,6 +86,10 @@ type Manager struct {
 	Starter string
 	// usage keeps the instances' usage files open (usageFiles).
 	usage *usageFiles
+	// swap says the kernel accounts swap in the parent's memory cgroup
+	// (swapAccounted): a memory limit then forbids swap beyond it, and
+	// the memory used counts what is swapped.
+	swap bool
 }
 
 // New prepares the parent named name: below this process's own cgroup
@@ -118,6 +122,7 @@ func New(name, parent string) (*Manager, error) {
 		}
 		m.dirs[c] = dir
 	}
+	m.swap = swapAccounted(false, m.dirs["memory"])
 	return m, nil
 }
 
@@ -167,7 +172,46 @@ func (m *Manager) newV2(name, parent, own string) error {
 		return fmt.Errorf("%w: giving the cpu, memory and pids controllers to %s: %w", ErrUnavailable, dir, err)
 	}
 	m.dirs[""] = dir
+	m.swap = swapAccounted(true, dir)
 	return nil
+}
+
+// swapAccounted says whether the kernel accounts swap in the memory
+// cgroup dir (not the root of a hierarchy, which has no swap files on
+// v2): a kernel built without it, or booted with swapaccount=0 (v1) or
+// cgroup.memory=noswap (v2), has neither memory.memsw.* nor
+// memory.swap.*, and a memory limit cannot keep a process from swap.
+func swapAccounted(v2 bool, dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, swapUsageFile(v2)))
+	return err == nil
+}
+
+// swapUsageFile is the file that counts a cgroup's swap: on v1 memory
+// and swap together, on v2 swap alone.
+func swapUsageFile(v2 bool) string {
+	if v2 {
+		return "memory.swap.current"
+	}
+	return "memory.memsw.usage_in_bytes"
+}
+
+// SwapAccounted says whether the kernel accounts swap in this process's
+// memory cgroup, where a runtime's containers are made: as containerd's
+// CRI plugin asks before it gives runc a swap limit (runc fails to
+// write one the kernel does not have).
+func SwapAccounted() bool {
+	v2, err := unified()
+	if err != nil {
+		return false
+	}
+	own, err := ownCgroups()
+	if err != nil {
+		return false
+	}
+	if v2 {
+		return swapAccounted(true, filepath.Join(Mount, own[""]))
+	}
+	return swapAccounted(false, filepath.Join(Mount, "memory"))
 }
 
 // enable passes the cpu, memory and pids controllers on to dir's children.
@@ -261,30 +305,59 @@ func (m *Manager) Ensure(name string, l Limits) error {
 			return fmt.Errorf("giving the cpu, memory and pids controllers to %s: %w", m.dirs[""], err)
 		}
 	}
-	for file, value := range m.settings(l) {
-		c, base, _ := strings.Cut(file, "/")
+	for _, set := range m.settings(l, m.raisesMemory(name, l)) {
+		c, base, _ := strings.Cut(set.file, "/")
 		p := filepath.Join(m.Dir(c, name), base)
 		// A value the file holds already is not written again: a write
 		// of cgroup v1's CPU bandwidth takes a millisecond or more, and
 		// a new cgroup holds the "no limit" values already.
-		if cur, err := readFile(p); err == nil && strings.TrimSpace(cur) == value {
+		if cur, err := readFile(p); err == nil && strings.TrimSpace(cur) == set.value {
 			continue
 		}
-		if err := fdfile.Write(p, []byte(value)); err != nil {
-			return fmt.Errorf("setting %s of %s to %s: %w", base, name, value, err)
+		if err := fdfile.Write(p, []byte(set.value)); err != nil {
+			return fmt.Errorf("setting %s of %s to %s: %w", base, name, set.value, err)
 		}
 	}
 	return nil
 }
 
-// settings are the files ("controller/file") and values that set l.
-func (m *Manager) settings(l Limits) map[string]string {
-	pids, mem := "max", "max"
+// raisesMemory says whether l lifts instance name's memory limit above
+// the one it has (a new cgroup has none: l lowers it).
+func (m *Manager) raisesMemory(name string, l Limits) bool {
+	if l.MemoryBytes <= 0 {
+		return true
+	}
+	if m.V2 {
+		return false // no order to keep
+	}
+	cur, err := readFile(filepath.Join(m.Dir("memory", name), "memory.limit_in_bytes"))
+	if err != nil {
+		return false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(cur), 10, 64)
+	return err == nil && l.MemoryBytes > n
+}
+
+// setting is an interface file ("controller/file") and its value.
+type setting struct{ file, value string }
+
+// settings are the files that set l and their values, in the order they
+// are written; raising says l lifts the memory limit the cgroup has.
+//
+// A memory limit forbids swap beyond it where the kernel accounts swap:
+// a process over its limit would otherwise be swapped out, not killed,
+// and the memory it uses would not count what is swapped. On v2 the
+// swap limit is apart from the memory one (0); on v1 it is of memory
+// and swap together (memory.memsw.limit_in_bytes, the memory limit), and
+// the kernel refuses, at every write, a memory limit above it: a limit
+// lowered is written before its memsw, one raised after.
+func (m *Manager) settings(l Limits, raising bool) []setting {
+	pids, mem, swap := "max", "max", "max"
 	if l.Pids > 0 {
 		pids = strconv.FormatInt(l.Pids, 10)
 	}
 	if l.MemoryBytes > 0 {
-		mem = strconv.FormatInt(l.MemoryBytes, 10)
+		mem, swap = strconv.FormatInt(l.MemoryBytes, 10), "0"
 	}
 	const period = 100000
 	quota := "max"
@@ -292,10 +365,13 @@ func (m *Manager) settings(l Limits) map[string]string {
 		quota = strconv.FormatInt(max(l.CPUMillis*period/1000, 1000), 10)
 	}
 	if m.V2 {
-		out := map[string]string{"/pids.max": pids, "/memory.max": mem, "/cpu.max": quota + " " + strconv.Itoa(period)}
+		out := []setting{{"/pids.max", pids}, {"/memory.max", mem}, {"/cpu.max", quota + " " + strconv.Itoa(period)}}
+		if m.swap {
+			out = append(out, setting{"/memory.swap.max", swap})
+		}
 		if l.CPURequestMillis > 0 {
 			// cgroup v2 weight 1..10000, 100 for one core as Kubernetes maps it.
-			out["/cpu.weight"] = strconv.FormatInt(min(max(l.CPURequestMillis/10, 1), 10000), 10)
+			out = append(out, setting{"/cpu.weight", strconv.FormatInt(min(max(l.CPURequestMillis/10, 1), 10000), 10)})
 		}
 		return out
 	}
@@ -305,14 +381,19 @@ func (m *Manager) settings(l Limits) map[string]string {
 	if quota == "max" {
 		quota = "-1"
 	}
-	out := map[string]string{
-		"pids/pids.max":                pids,
-		"memory/memory.limit_in_bytes": mem,
-		"cpu/cpu.cfs_period_us":        strconv.Itoa(period),
-		"cpu/cpu.cfs_quota_us":         quota,
+	memory := []setting{{"memory/memory.limit_in_bytes", mem}}
+	if m.swap {
+		memsw := setting{"memory/memory.memsw.limit_in_bytes", mem}
+		if raising {
+			memory = []setting{memsw, memory[0]}
+		} else {
+			memory = append(memory, memsw)
+		}
 	}
+	out := append([]setting{{"pids/pids.max", pids}}, memory...)
+	out = append(out, setting{"cpu/cpu.cfs_period_us", strconv.Itoa(period)}, setting{"cpu/cpu.cfs_quota_us", quota})
 	if l.CPURequestMillis > 0 {
-		out["cpu/cpu.shares"] = strconv.FormatInt(max(l.CPURequestMillis*1024/1000, 2), 10)
+		out = append(out, setting{"cpu/cpu.shares", strconv.FormatInt(max(l.CPURequestMillis*1024/1000, 2), 10)})
 	}
 	return out
 }
@@ -501,6 +582,7 @@ func waitStop(pid int) (unix.WaitStatus, error) {
 
 // Usage is what an instance's cgroup has used.
 type Usage struct {
+	// MemoryBytes counts what is in swap too, where the kernel accounts it.
 	MemoryBytes int64
 	Pids        int64
 	// CPUSeconds is CPU time used since the cgroup was made.
@@ -520,9 +602,9 @@ func (m *Manager) Usage(name string) (Usage, error) {
 		f = m.usage.take(name)
 	}
 	if f == nil {
-		return readUsage(m.V2, dir)
+		return readUsage(m.V2, m.swap, dir)
 	}
-	u, byPath, err := f.readAll(m.V2, dir)
+	u, byPath, err := f.readAll(m.V2, m.swap, dir)
 	switch {
 	case err == nil:
 		return u, nil
@@ -533,7 +615,7 @@ func (m *Manager) Usage(name string) (Usage, error) {
 	default:
 		// Gone, or made again by someone else: the files by path say.
 		m.usage.dropIf(name, f)
-		return readUsage(m.V2, dir)
+		return readUsage(m.V2, m.swap, dir)
 	}
 }
 
@@ -570,12 +652,13 @@ func ProcessUsage(procDir string, pid int, top func(path string) string) (Usage,
 	}
 	_, statErr := os.Stat(filepath.Join(Mount, "cgroup.controllers"))
 	v2 := statErr == nil
-	return readUsage(v2, func(c string) string {
+	dir := func(c string) string {
 		if v2 {
 			return filepath.Join(Mount, paths[""])
 		}
 		return filepath.Join(Mount, c, paths[c])
-	})
+	}
+	return readUsage(v2, swapAccounted(v2, dir("memory")), dir)
 }
 
 // readFile reads a cgroup interface file, which holds a few lines at
@@ -599,14 +682,16 @@ func readFile(path string) (string, error) {
 const maxInterfaceFile = 1 << 20
 
 // readUsage reads a cgroup's usage; dir names its directory of each v1
-// controller (any on v2).
-func readUsage(v2 bool, dir func(c string) string) (Usage, error) {
-	return readUsageWith(v2, dir, readFile)
+// controller (any on v2). swap says the kernel accounts swap there
+// (swapAccounted): the memory used then counts what is swapped, which
+// the memory limit forbids but a cgroup made before it did may hold.
+func readUsage(v2, swap bool, dir func(c string) string) (Usage, error) {
+	return readUsageWith(v2, swap, dir, readFile)
 }
 
 // readUsageWith is readUsage reading each file with readFile (a benchmark
 // gives another reader as its baseline).
-func readUsageWith(v2 bool, dir func(c string) string, readFile func(string) (string, error)) (Usage, error) {
+func readUsageWith(v2, swap bool, dir func(c string) string, readFile func(string) (string, error)) (Usage, error) {
 	var u Usage
 	var err error
 	read := func(c, file string) int64 {
@@ -640,13 +725,20 @@ func readUsageWith(v2 bool, dir func(c string) string, readFile func(string) (st
 	}
 	if v2 {
 		u.MemoryBytes = read("", "memory.current")
+		if swap {
+			u.MemoryBytes += read("", swapUsageFile(true))
+		}
 		u.Pids = read("", "pids.current")
 		u.CPUSeconds = float64(field("", "cpu.stat", "usage_usec")) / 1e6
 		u.OOMKills = field("", "memory.events", "oom_kill")
 		u.PidsMax = field("", "pids.events", "max")
 		return u, err
 	}
-	u.MemoryBytes = read("memory", "memory.usage_in_bytes")
+	if swap {
+		u.MemoryBytes = read("memory", swapUsageFile(false))
+	} else {
+		u.MemoryBytes = read("memory", "memory.usage_in_bytes")
+	}
 	u.Pids = read("pids", "pids.current")
 	u.OOMKills = field("memory", "memory.oom_control", "oom_kill")
 	u.PidsMax = field("pids", "pids.events", "max")

@@ -175,6 +175,7 @@ func At(root, parent string) (*Manager, error) {
 	if !m.parentExists() {
 		return nil, fmt.Errorf("%w: %s is not in every hierarchy below %s", ErrPodNotFound, parent, root)
 	}
+	m.swap = swapAccounted(v2, m.Dir("memory", ""))
 	return m, nil
 }
 

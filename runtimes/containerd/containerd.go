@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
 
@@ -110,6 +111,10 @@ type Runtime struct {
 	treesPrivate bool
 	// treesNS is Config.MountNamespace opened, when it names a file.
 	treesNS *os.File
+	// swap says the kernel accounts swap in memory cgroups: a memory limit
+	// then forbids swap beyond it (runc fails to write a swap limit the
+	// kernel does not have).
+	swap bool
 }
 
 var (
@@ -153,7 +158,7 @@ func New(_ context.Context, cfg Config) (*Runtime, error) {
 	if !filepath.IsAbs(cfg.TreesDir) {
 		return nil, fmt.Errorf("containerd driver: mount tree directory %q must be an absolute path", cfg.TreesDir)
 	}
-	r := &Runtime{cfg: cfg}
+	r := &Runtime{cfg: cfg, swap: cgroup.SwapAccounted()}
 	if cfg.MountNamespace != "" && cfg.MountNamespace != DaemonMountNamespace {
 		f, err := os.Open(cfg.MountNamespace)
 		if err != nil {

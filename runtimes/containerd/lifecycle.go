@@ -116,7 +116,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 			}
 		}
 		if running && change.Limits {
-			if err := task.Update(ctx, containerd.WithResources(liveResources(in))); err != nil {
+			if err := task.Update(ctx, containerd.WithResources(liveResources(in, r.swap))); err != nil {
 				return runtimes.State{}, r.fail(op, in.Name, fmt.Errorf("applying new limits to the running task: %w", err))
 			}
 		}

@@ -106,6 +106,12 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 	}
 	if l := memoryLimit(in); l > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(l)))
+		if r.swap {
+			// runc's swap limit is of memory and swap together: none
+			// beyond the memory limit, so a process over it is killed,
+			// not swapped out.
+			opts = append(opts, oci.WithMemorySwap(l))
+		}
 	}
 	if l := pidsLimit(in); l > 0 {
 		opts = append(opts, oci.WithPidsLimit(l))
@@ -223,8 +229,10 @@ func rootfsLimit(in runtimes.Instance) int64 {
 }
 
 // liveResources are the limits of in as a running task takes them: an
-// unset limit is -1, which lifts one set before.
-func liveResources(in runtimes.Instance) *specs.LinuxResources {
+// unset limit is -1, which lifts one set before. swap says the kernel
+// accounts swap: the memory limit is then that of memory and swap
+// together too, as specOpts sets it.
+func liveResources(in runtimes.Instance, swap bool) *specs.LinuxResources {
 	mem, pids := int64(-1), int64(-1)
 	if l := memoryLimit(in); l > 0 {
 		mem = l
@@ -236,8 +244,12 @@ func liveResources(in runtimes.Instance) *specs.LinuxResources {
 	if q := cpuQuota(in); q > 0 {
 		quota = q
 	}
-	return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &mem}, Pids: &specs.LinuxPids{Limit: &pids},
+	res := &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &mem}, Pids: &specs.LinuxPids{Limit: &pids},
 		CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}}
+	if swap {
+		res.Memory.Swap = &mem
+	}
+	return res
 }
 
 // Change is what differs between the configuration a container was

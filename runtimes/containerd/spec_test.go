@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -159,14 +160,14 @@ func TestTreeHoldsTheCustomMountsBeneathTheWorkspace(t *testing.T) {
 }
 
 func TestLiveResourcesLiftUnsetLimits(t *testing.T) {
-	res := liveResources(describe(t, nil))
+	res := liveResources(describe(t, nil), false)
 	if *res.Memory.Limit != -1 || *res.CPU.Quota != -1 || *res.Pids.Limit != v1alpha1.DefaultPidsLimit {
 		t.Errorf("unset limits = memory %d cpu quota %d pids %d, want -1 (unlimited) and the default pids limit %d", *res.Memory.Limit, *res.CPU.Quota, *res.Pids.Limit, v1alpha1.DefaultPidsLimit)
 	}
 	res = liveResources(describe(t, func(s *v1alpha1.SandboxSpec) {
 		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("128Mi"))
 		s.Containerd.PidsLimit = ptr.To[int64](32)
-	}))
+	}), false)
 	if *res.Memory.Limit != 128<<20 || *res.Pids.Limit != 32 {
 		t.Errorf("limits = memory %d pids %d, want %d and 32", *res.Memory.Limit, *res.Pids.Limit, 128<<20)
 	}
@@ -174,10 +175,50 @@ func TestLiveResourcesLiftUnsetLimits(t *testing.T) {
 		s.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](16),
 			Limits: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("64Mi")), CPU: ptr.To(resource.MustParse("250m"))}}
 		s.Containerd.MemoryLimit = ptr.To(resource.MustParse("128Mi"))
-	}))
+	}), false)
 	if *res.Memory.Limit != 64<<20 || *res.Pids.Limit != 16 || *res.CPU.Quota != 25000 || *res.CPU.Period != 100000 {
 		t.Errorf("spec.resources over the deprecated fields: memory %d pids %d cpu %d/%d, want %d, 16, 25000/100000", *res.Memory.Limit, *res.Pids.Limit, *res.CPU.Quota, *res.CPU.Period, 64<<20)
 	}
+}
+
+// Where the kernel accounts swap, the memory limit is that of memory and
+// swap together (runc's swap limit), at creation and live: a process over
+// it is killed, not swapped out. Where it does not, no swap limit is
+// given, which runc would fail to write.
+func TestMemoryLimitForbidsSwap(t *testing.T) {
+	limited := describe(t, func(s *v1alpha1.SandboxSpec) {
+		s.Resources = &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{Memory: ptr.To(resource.MustParse("64Mi"))}}
+	})
+	user, err := agentUser(limited)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := namespaces.WithNamespace(context.Background(), "unit")
+	for _, swap := range []bool{true, false} {
+		r := &Runtime{cfg: Config{Init: DefaultInit}, swap: swap}
+		spec, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: limited.Name}, r.specOpts(limited, user)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem := spec.Linux.Resources.Memory
+		if got := mem.Swap; swap && (got == nil || *got != 64<<20) || !swap && got != nil {
+			t.Errorf("swap accounted %v: the spec's swap limit is %v, want the memory limit %d when accounted, none otherwise", swap, ptrString(got), 64<<20)
+		}
+		live := liveResources(limited, swap).Memory
+		if got := live.Swap; swap && (got == nil || *got != 64<<20) || !swap && got != nil {
+			t.Errorf("swap accounted %v: the live swap limit is %v, want the memory limit %d when accounted, none otherwise", swap, ptrString(got), 64<<20)
+		}
+	}
+	if got := liveResources(describe(t, nil), true).Memory.Swap; got == nil || *got != -1 {
+		t.Errorf("no memory limit: the live swap limit is %v, want -1 (lifted with it)", ptrString(got))
+	}
+}
+
+func ptrString(p *int64) string {
+	if p == nil {
+		return "none"
+	}
+	return strconv.FormatInt(*p, 10)
 }
 
 func TestInstanceRecordRoundTrips(t *testing.T) {

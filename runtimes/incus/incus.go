@@ -96,11 +96,15 @@ var Hardening = map[string]string{
 }
 
 // limitsConfig is the instance configuration of r; an unset limit is ""
-// (no limit), so that a limit removed from the Sandbox is lifted.
+// (no limit), so that a limit removed from the Sandbox is lifted. A
+// memory limit forbids swap beyond it (Incus writes a swap limit of 0
+// where the kernel accounts swap): a process over it is killed, not
+// swapped out.
 func limitsConfig(r runtimes.Resources) map[string]string {
-	out := map[string]string{"limits.memory": "", "limits.processes": "", "limits.cpu.allowance": ""}
+	out := map[string]string{"limits.memory": "", "limits.memory.swap": "", "limits.processes": "", "limits.cpu.allowance": ""}
 	if r.MemoryBytes > 0 {
 		out["limits.memory"] = strconv.FormatInt(r.MemoryBytes, 10)
+		out["limits.memory.swap"] = "false"
 	}
 	if r.Pids > 0 {
 		out["limits.processes"] = strconv.FormatInt(r.Pids, 10)

@@ -312,3 +312,26 @@ lxc a 2026 ERROR    start - ../src/lxc/start.c:lxc_spawn:1788 - Failed to set up
 		})
 	}
 }
+
+// A memory limit forbids swap beyond it, and a limit lifted lifts that
+// too (Incus's default, swap allowed, where there is no memory limit).
+func TestMemoryLimitForbidsSwap(t *testing.T) {
+	tests := []struct {
+		name      string
+		resources runtimes.Resources
+		memory    string
+		swap      string
+	}{
+		{"memory limited", runtimes.Resources{MemoryBytes: 128 << 20, Pids: 64}, "134217728", "false"},
+		{"no memory limit", runtimes.Resources{Pids: 64}, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := limitsConfig(tt.resources)
+			swap, ok := c["limits.memory.swap"]
+			if c["limits.memory"] != tt.memory || !ok || swap != tt.swap {
+				t.Fatalf("limits.memory = %q, limits.memory.swap = %q (set %v); want %q and %q, set", c["limits.memory"], swap, ok, tt.memory, tt.swap)
+			}
+		})
+	}
+}

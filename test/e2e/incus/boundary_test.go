@@ -20,6 +20,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
@@ -271,6 +272,11 @@ var _ = Describe("Incus resource limits", func() {
 		}
 		payload := "lxc.payload." + name
 		Expect(limit("/sys/fs/cgroup/memory/"+payload+"/memory.limit_in_bytes", "/sys/fs/cgroup/"+payload+"/memory.max")).To(Equal(strconv.Itoa(128 << 20)))
+		if cgroup.SwapAccounted() {
+			// No swap beyond the memory limit: on v1 a limit of memory and
+			// swap together, on v2 one of swap alone.
+			Expect(limit("/sys/fs/cgroup/memory/"+payload+"/memory.memsw.limit_in_bytes", "/sys/fs/cgroup/"+payload+"/memory.swap.max")).To(Or(Equal(strconv.Itoa(128<<20)), Equal("0")))
+		}
 		Expect(limit("/sys/fs/cgroup/cpu/"+payload+"/cpu.cfs_quota_us", "/sys/fs/cgroup/"+payload+"/cpu.max")).To(HavePrefix("50000"))
 		Expect(limit("/sys/fs/cgroup/pids/"+payload+"/pids.max", "/sys/fs/cgroup/"+payload+"/pids.max")).To(Equal("64"))
 	})
