@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 )
 
 // ErrUnsupported is wrapped when this host cannot give a layer a file
@@ -324,12 +325,20 @@ func (f FS) Usage() (used, size int64, err error) {
 // as overlayfs whiteouts as devices, owners, modes and extended attributes
 // kept), into the directory into: a layer that had no size limit moving
 // onto its file system. Neither may be reachable by an agent while it runs.
+// A failure says the first maxCopyOutput bytes of what cp printed: it
+// prints a line for every file that does not fit, and the agent chose how
+// many files there are and how long their names.
 func CopyInto(from, into string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "cp", "-a", "--no-dereference", "--preserve=all", "--", from+"/.", into).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("moving the layer %s onto its sized file system: %w: %s", from, err, strings.TrimSpace(string(out)))
+	out := boundedbuf.New(maxCopyOutput)
+	cmd := exec.CommandContext(ctx, "cp", "-a", "--no-dereference", "--preserve=all", "--", from+"/.", into)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("moving the layer %s onto its sized file system: %w: %s", from, err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }
+
+// maxCopyOutput bounds what CopyInto keeps of cp's output.
+const maxCopyOutput = 4 << 10

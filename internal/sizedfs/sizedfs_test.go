@@ -169,3 +169,30 @@ func TestMountAfterALazyUnmountGivesTheLiveFileSystem(t *testing.T) {
 		t.Fatalf("%d loop devices back the image; one file system must have one", n)
 	}
 }
+
+// A layer with thousands of long-named files that do not fit makes cp
+// print a line for each; the error keeps only the start of it, however
+// many files the agent made.
+func TestCopyIntoKeepsLittleOfCpsOutput(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root (mounts need CAP_SYS_ADMIN)", "run the tests as root, as CI does")
+	}
+	from, into := t.TempDir(), filepath.Join(t.TempDir(), "small")
+	if err := testenv.MountAt(t, into, "tmpfs", "tmpfs", 0, "size=16m,nr_inodes=16"); err != nil {
+		testenv.Missing(t, "a tmpfs the test can mount", err.Error())
+	}
+	const files = 3000
+	name := strings.Repeat("n", 200)
+	for i := range files {
+		if err := os.WriteFile(filepath.Join(from, name+strconv.Itoa(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := sizedfs.CopyInto(from, into)
+	if err == nil {
+		t.Fatalf("%d files copied into a file system of 16 inodes", files)
+	}
+	if msg := err.Error(); len(msg) > 8<<10 || !strings.Contains(msg, "more bytes dropped") {
+		t.Fatalf("the error of a copy failing for %d files is %d bytes (want at most 8 KiB, saying what was dropped): %.300s", files, len(msg), msg)
+	}
+}

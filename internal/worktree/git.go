@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 	"github.com/cireilclaw/sandbox-controller/internal/startns"
 )
 
@@ -174,7 +175,7 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	// --die-with-parent ends git with bwrap; WaitDelay stops waiting for
 	// pipes a stray child might still hold.
 	cmd.WaitDelay = 2 * time.Second
-	out, errb := &boundedBuffer{max: maxGitStdout}, &boundedBuffer{max: maxGitStderr}
+	out, errb := boundedbuf.New(maxGitStdout), boundedbuf.New(maxGitStderr)
 	cmd.Stdout, cmd.Stderr = out, errb
 	// Started where of the host's mounts only those the jail needs are:
 	// bubblewrap copies the namespace it starts in, and reads its mount
@@ -183,7 +184,7 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	if errors.Is(err, startns.ErrUnavailable) {
 		err = cmd.Run()
 	}
-	if err == nil && out.truncated {
+	if err == nil && out.Truncated() {
 		err = errors.New("output too long")
 	}
 	if err != nil {
@@ -207,31 +208,4 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 // own messages begin fatal:, error: or usage:).
 func jailFailed(stderr string) bool {
 	return strings.HasPrefix(stderr, "bwrap: ")
-}
-
-// boundedBuffer keeps the first max bytes written to it and drops the
-// rest, so a chatty or hostile git cannot grow the controller's memory.
-type boundedBuffer struct {
-	max       int
-	buf       []byte
-	truncated bool
-}
-
-// Write always reports all of p written: a short write would make the
-// copier fail and the process see a broken pipe instead of finishing.
-func (b *boundedBuffer) Write(p []byte) (int, error) {
-	n := len(p)
-	if room := b.max - len(b.buf); n > room {
-		b.truncated = true
-		p = p[:max(room, 0)]
-	}
-	b.buf = append(b.buf, p...)
-	return n, nil
-}
-
-func (b *boundedBuffer) String() string {
-	if b.truncated {
-		return string(b.buf) + "…(truncated)"
-	}
-	return string(b.buf)
 }
