@@ -43,8 +43,11 @@ type Pods struct {
 	// Root is where the node's cgroup file systems are mounted.
 	Root string
 
-	mu    sync.Mutex
-	v2    *bool
+	mu sync.Mutex
+	v2 *bool
+	// owner is the user the kubelet's cgroups belong to: root (a test's
+	// tree is its user's).
+	owner uint32
 	found map[string]string
 }
 
@@ -144,7 +147,7 @@ func (p *Pods) pod(uid string, v2 bool) (string, error) {
 		}
 		delete(p.found, uid)
 	}
-	path, err := findPod(base, uid)
+	path, err := findPod(base, uid, p.owner)
 	if err != nil {
 		return "", err
 	}
@@ -192,14 +195,19 @@ func isPodDir(name, uid string) bool {
 // one top-level cgroup (the kubelet's --cgroup-root). Names anywhere else
 // are not the kubelet's to give (a container's cgroup is named after its
 // instance, and an agent chooses that name), so a match there is never
-// taken. It follows no link (cgroup file systems have none; a
-// bind-mounted base might).
-func findPod(base, uid string) (string, error) {
+// taken. Nor is one in a cgroup given to someone else: the search enters
+// and takes only cgroups of owner (root; the kubelet's are), and never an
+// Incus container's (lxc.payload.*, lxc.monitor.*), whose root may make
+// kubepods/pod<uid> in the cgroup delegated to it. Two matches are an
+// error, not a choice: one is not the kubelet's. It follows no link
+// (cgroup file systems have none; a bind-mounted base might).
+func findPod(base, uid string, owner uint32) (string, error) {
 	type dir struct {
 		path     string
 		kubepods bool
 	}
 	level := []dir{{path: "."}}
+	var found []string
 	for depth := 0; depth < podSearchDepth && len(level) > 0; depth++ {
 		var next []dir
 		for _, d := range level {
@@ -215,22 +223,47 @@ func findPod(base, uid string) (string, error) {
 					continue
 				}
 				name := e.Name()
-				sub := dir{path: filepath.Join(d.path, name), kubepods: d.kubepods}
+				pod := d.kubepods && isPodDir(name, uid)
+				kubepods := d.kubepods && (name == "burstable" || name == "besteffort") ||
+					strings.HasPrefix(name, "kubepods") && !strings.Contains(name, "-pod")
+				cgroupRoot := depth == 0 && !d.kubepods
+				sub := dir{path: filepath.Join(d.path, name), kubepods: d.kubepods || kubepods}
 				switch {
-				case d.kubepods && isPodDir(name, uid):
-					return "/" + sub.path, nil
-				case d.kubepods && (name == "burstable" || name == "besteffort"),
-					strings.HasPrefix(name, "kubepods") && !strings.Contains(name, "-pod"):
-					sub.kubepods = true
+				case !pod && !kubepods && !cgroupRoot:
+					// Not where the kubelet makes Pods' cgroups.
+				case delegated(filepath.Join(base, sub.path), name, owner):
+					// Someone else's, who may make any name in it.
+				case pod:
+					found = append(found, "/"+sub.path)
+				default:
 					next = append(next, sub)
-				case depth == 0 && !d.kubepods:
-					next = append(next, sub) // a --cgroup-root
 				}
 			}
 		}
 		level = next
 	}
-	return "", fmt.Errorf("%w: no cgroup pod%s below %s (the kubelet makes it when it starts the Pod)", ErrPodNotFound, uid, base)
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("%w: no cgroup pod%s below %s (the kubelet makes it when it starts the Pod)", ErrPodNotFound, uid, base)
+	case 1:
+		return found[0], nil
+	}
+	return "", fmt.Errorf("the Pod %s has %d cgroups below %s (%s): at most one is the kubelet's, and none is taken", uid, len(found), base, strings.Join(found, ", "))
+}
+
+// delegated says whether the cgroup at path, named name, is someone
+// else's than owner's: an Incus container's or its monitor's (LXC's names
+// for them), or one another user may make cgroups in (a cgroup delegated
+// to an unprivileged container is its root's).
+func delegated(path, name string, owner uint32) bool {
+	if strings.HasPrefix(name, "lxc.payload.") || strings.HasPrefix(name, "lxc.monitor.") {
+		return true
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return true // gone meanwhile
+	}
+	return st.Uid != owner
 }
 
 // parentExists says whether the parent is there in every hierarchy.

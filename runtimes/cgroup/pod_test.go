@@ -32,6 +32,16 @@ func tree(t *testing.T, paths ...string) string {
 	return root
 }
 
+// treeOwner owns the trees tests make, as root owns the kubelet's cgroups.
+func treeOwner() uint32 { return uint32(os.Getuid()) }
+
+// treePods finds Pods' cgroups in a tree a test made.
+func treePods(root string) *Pods {
+	p := NewPods(root)
+	p.owner = treeOwner()
+	return p
+}
+
 func TestFindPodUnderEitherKubeletDriver(t *testing.T) {
 	systemdUID := strings.ReplaceAll(podUID, "-", "_")
 	for _, c := range []struct {
@@ -48,7 +58,7 @@ func TestFindPodUnderEitherKubeletDriver(t *testing.T) {
 			"/kubepods.slice/kubepods-pod" + systemdUID + ".slice"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := findPod(tree(t, c.dirs...), podUID)
+			got, err := findPod(tree(t, c.dirs...), podUID, treeOwner())
 			if err != nil || got != c.want {
 				t.Fatalf("findPod = %q, %v; want %q", got, err, c.want)
 			}
@@ -75,7 +85,7 @@ func TestFindPodTakesOnlyTheKubeletsPlaces(t *testing.T) {
 		{"too deep", []string{"a/kubepods/burstable/kubepods-x/burstable/pod" + podUID}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := findPod(tree(t, c.dirs...), podUID)
+			got, err := findPod(tree(t, c.dirs...), podUID, treeOwner())
 			if !errors.Is(err, ErrPodNotFound) {
 				t.Fatalf("findPod = %q, %v; want ErrPodNotFound", got, err)
 			}
@@ -83,8 +93,72 @@ func TestFindPodTakesOnlyTheKubeletsPlaces(t *testing.T) {
 	}
 }
 
+// An Incus container's root may make any cgroup in the one delegated to
+// it (lxc.payload.<name>), kubepods/pod<uid> too, and the same is true of
+// any cgroup given to another user: the search never enters them, so a
+// Pod cgroup made there is never taken, whether the kubelet's is there,
+// deeper, or not (yet). Were it taken, the instance's cgroup would be
+// made inside the guest's tree, where the guest's root could freeze or
+// kill the instance.
+func TestFindPodNeverTakesAGuestsCgroup(t *testing.T) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	guest := "lxc.payload.evil/kubepods/pod" + podUID
+	kubelets := "cluster/kubepods/burstable/pod" + podUID // deeper than the guest's
+	for _, c := range []struct {
+		name string
+		dirs []string
+		want string
+	}{
+		{"the guest's alone", []string{guest}, ""},
+		{"the guest's and the kubelet's deeper", []string{guest, kubelets}, "/" + kubelets},
+		{"the guest's below a QoS class", []string{"lxc.payload.evil/kubepods/burstable/pod" + podUID}, ""},
+		{"the monitor's", []string{"lxc.monitor.evil/kubepods/pod" + podUID}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := findPod(tree(t, c.dirs...), podUID, treeOwner())
+			if c.want == "" && !errors.Is(err, ErrPodNotFound) || c.want != "" && (err != nil || got != c.want) {
+				t.Fatalf("findPod = %q, %v; want %q (ErrPodNotFound when empty)", got, err, c.want)
+			}
+			// On v1, with the container the kubelet reports.
+			var v1 []string
+			for _, d := range c.dirs {
+				v1 = append(v1, d+"/"+id)
+			}
+			got, err = treePods(v1Tree(t, v1...)).Find(podUID, containerID)
+			want := c.want
+			if want != "" {
+				want += "/" + id
+			}
+			if want == "" && !errors.Is(err, ErrPodNotFound) || want != "" && (err != nil || got != want) {
+				t.Fatalf("Find on v1 = %q, %v; want %q (ErrPodNotFound when empty)", got, err, want)
+			}
+		})
+	}
+	t.Run("another user's cgroup", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			testenv.Missing(t, "root", "run the tests as root: the tree is given to another user")
+		}
+		root := tree(t, "delegated/kubepods/pod"+podUID, kubelets)
+		if err := os.Chown(filepath.Join(root, "delegated"), 100000, 100000); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := findPod(root, podUID, treeOwner()); err != nil || got != "/"+kubelets {
+			t.Fatalf("findPod = %q, %v; want %q", got, err, "/"+kubelets)
+		}
+	})
+}
+
+// Two cgroups of the Pod where the kubelet makes them are refused, not
+// chosen between: one is not the kubelet's.
+func TestFindPodRefusesTwoCgroupsOfThePod(t *testing.T) {
+	got, err := findPod(tree(t, "kubepods/pod"+podUID, "cluster/kubepods/burstable/pod"+podUID), podUID, treeOwner())
+	if err == nil || errors.Is(err, ErrPodNotFound) || !strings.Contains(err.Error(), "2 cgroups") {
+		t.Fatalf("findPod = %q, %v; want an error saying the Pod has two cgroups", got, err)
+	}
+}
+
 func TestFindRefusesWhatIsNotAPodUID(t *testing.T) {
-	p := NewPods(tree(t, "kubepods/pod..", "kubepods/pod"+podUID))
+	p := treePods(tree(t, "kubepods/pod..", "kubepods/pod"+podUID))
 	for _, uid := range []string{"", "..", "../x", podUID + "/..", strings.ToUpper(podUID), podUID + "\n"} {
 		if got, err := p.Find(uid, ""); err == nil {
 			t.Errorf("Find(%q) = %q, want an error", uid, got)
@@ -120,13 +194,13 @@ func TestFindTakesThePodsContainer(t *testing.T) {
 		{"systemd", systemdPod + "/cri-containerd-" + id + ".scope", "/" + systemdPod + "/cri-containerd-" + id + ".scope"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := NewPods(v1Tree(t, c.dir)).Find(podUID, containerID)
+			got, err := treePods(v1Tree(t, c.dir)).Find(podUID, containerID)
 			if err != nil || got != c.want {
 				t.Fatalf("Find = %q, %v; want %q", got, err, c.want)
 			}
 		})
 	}
-	p := NewPods(v1Tree(t, "kubepods/pod"+podUID+"/"+id, "kubepods/pod"+podUID+"/x"))
+	p := treePods(v1Tree(t, "kubepods/pod"+podUID+"/"+id, "kubepods/pod"+podUID+"/x"))
 	for _, bad := range []string{"", "containerd://", "containerd://../x", "containerd://" + id + "/..", "x", id} {
 		if got, err := p.Find(podUID, bad); !errors.Is(err, ErrPodNotFound) {
 			t.Errorf("Find(%q) = %q, %v; want ErrPodNotFound", bad, got, err)
@@ -138,7 +212,7 @@ func TestFindTakesThePodsContainer(t *testing.T) {
 	}
 }
 
-// On the node's real cgroups: an instance's cgroup is made right below a
+// On the node's kubelets cgroups: an instance's cgroup is made right below a
 // Pod's container's (v1) or the Pod's (v2), a command starts in it, the
 // Pod's and the container's cgroups count what it uses (the kubelet reads
 // them), and removing the instance leaves them, which are the kubelet's.
