@@ -131,6 +131,10 @@ const EventDeprecatedField = "DeprecatedField"
 // class no longer allows (the class changed under it).
 func (r *SandboxReconciler) stopForbidden(ctx context.Context, s *sandboxScope, why string) error {
 	name := v1alpha1.InstanceName(s.sb.Spec.Agent)
+	// Its egress proxy serves what the class allowed: no longer.
+	if err := r.releaseNetwork(name, s.sb); err != nil {
+		return fmt.Errorf("releasing the egress proxy of %s, which its SandboxClass no longer allows: %w", name, err)
+	}
 	st, err := s.rt.Inspect(ctx, name)
 	if err != nil || !st.Exists || !st.Running || st.Owner != s.owner {
 		// Inspect failing is not this phase's to report: the condition

@@ -139,3 +139,59 @@ func TestServeNetworkReleasesAProxyNoLongerWanted(t *testing.T) {
 		t.Errorf("the namespace's file is still there: %v", err)
 	}
 }
+
+// notRunning is a runtime whose instances exist nowhere: stopForbidden
+// asks it no more than Inspect.
+type notRunning struct{ runtimes.Runtime }
+
+func (notRunning) Inspect(context.Context, string) (runtimes.State, error) {
+	return runtimes.State{}, nil
+}
+
+// A Sandbox its class comes to forbid has its proxy released with its
+// instance stopped: the proxy serves a list the class no longer allows.
+func TestStopForbiddenReleasesTheProxy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "network namespaces need CAP_SYS_ADMIN: run the tests as root (make test does in CI)")
+	}
+	srv, err := inside.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	networks := &egress.Networks{Dir: t.TempDir(), Resolver: srv.Resolver()}
+	defer networks.Close()
+	name := v1alpha1.InstanceName("ada")
+	t.Cleanup(func() { _ = networks.Release(name) })
+	rec := record.NewFakeRecorder(100)
+	r := &SandboxReconciler{
+		Options:  Options{Networks: networks},
+		Recorder: rec,
+		egress:   &egressWatch{recorder: rec, now: time.Now, owners: map[string]*egressOwner{}},
+	}
+	sb := &v1alpha1.Sandbox{}
+	sb.Namespace, sb.Name, sb.UID, sb.Spec.Agent = "team-a", "ada", "uid-1", "ada"
+	s := &sandboxScope{sb: sb, rt: notRunning{}, instance: runtimes.Instance{Name: name, Network: &runtimes.Network{
+		Namespace:   filepath.Join(networks.Dir, name),
+		Proxy:       egress.ProxyURL,
+		Allow:       []runtimes.EgressRule{{Host: inside.Host, Ports: []int{srv.Port()}}},
+		AllowedNets: []string{inside.ServerNet},
+	}}}
+	if err := r.serveNetwork(context.Background(), s, false); err != nil {
+		t.Fatal(err)
+	}
+	through, err := inside.Enter(s.instance.Network.Namespace, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer through.Close()
+	if err := through.Get(); err != nil {
+		t.Fatalf("under the allowlist: %v", err)
+	}
+	if err := r.stopForbidden(context.Background(), s, "its class changed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := through.Get(); err == nil {
+		t.Error("the proxy of a Sandbox its class forbids still serves its allowlist")
+	}
+}
