@@ -151,9 +151,10 @@ func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, s
 	}
 	r.egress.own(s.instance.Name, s.sb)
 	if own {
-		path, err := rep.NetworkNamespace(ctx, s.instance.Name)
+		ns, err := rep.NetworkNamespace(ctx, s.instance.Name)
 		if err == nil {
-			err = r.Networks.ServeIn(s.instance.Name, path, pol)
+			err = r.Networks.ServeIn(s.instance.Name, ns, pol)
+			ns.Close()
 		}
 		if err != nil {
 			return fmt.Errorf("serving the egress proxy of %s: %w", s.instance.Name, err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"time"
 )
@@ -38,9 +39,11 @@ type Runtime interface {
 type NetnsReporter interface {
 	// OwnNetwork says whether the instances keep their own namespace.
 	OwnNetwork() bool
-	// NetworkNamespace is a path that opens the running instance's
-	// network namespace (/proc/<pid>/ns/net of its init).
-	NetworkNamespace(ctx context.Context, name string) (string, error)
+	// NetworkNamespace opens the running instance's network namespace
+	// (that of its init), checked to be the init's when opened: a pid
+	// read from the runtime and opened by path later could be another
+	// process's by then. The caller closes it.
+	NetworkNamespace(ctx context.Context, name string) (*os.File, error)
 }
 
 // State is what a driver observed of one instance.

@@ -111,23 +111,19 @@ func (n *Networks) listen(path string) (net.Listener, error) {
 }
 
 // ServeIn serves pol in a network namespace a runtime made for instance
-// name (an Incus container's, nsPath being /proc/<pid>/ns/net of its
-// init), bringing its loopback up; the namespace is not held here and not
-// removed by Release. A namespace that changed (the instance restarted)
-// gets a new listener.
-func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
-	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening the network namespace of %s: %w", name, err)
-	}
-	defer unix.Close(fd)
+// name (an Incus container's, ns the open namespace of its init, which
+// the caller keeps and closes), bringing its loopback up; the namespace
+// is not held here and not removed by Release. A namespace that changed
+// (the instance restarted) gets a new listener.
+func (n *Networks) ServeIn(name string, ns *os.File, pol Policy) error {
+	fd := int(ns.Fd())
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("the network namespace of %s: %w", name, err)
 	}
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != nsfsMagic {
-		return fmt.Errorf("%s is not a namespace", nsPath)
+		return fmt.Errorf("%s is not a namespace", ns.Name())
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -140,7 +136,7 @@ func (n *Networks) ServeIn(name, nsPath string, pol Policy) error {
 		delete(n.served, name)
 	}
 	var l net.Listener
-	err = inNamespace(fd, func() error {
+	err := inNamespace(fd, func() error {
 		if err := loopbackUp(); err != nil {
 			return err
 		}

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
@@ -569,19 +572,22 @@ var networkDevices = []string{"nic", "proxy", "infiniband"}
 // (runtimes.NetnsReporter).
 func (r *Runtime) OwnNetwork() bool { return true }
 
-// NetworkNamespace is the network namespace of the running instance's
+// NetworkNamespace opens the network namespace of the running instance's
 // init (runtimes.NetnsReporter). An instance's namespace belongs to its
 // user namespace, so it cannot join one the controller made (mounting
 // sysfs inside would fail); the controller serves its egress proxy in
-// this one instead. The default profile gives the instance no NIC, so
-// loopback is all it has.
-func (r *Runtime) NetworkNamespace(ctx context.Context, name string) (string, error) {
+// this one instead. Profiles' NICs are masked (foreignDevices), so
+// loopback is all it has. The init is held by a pidfd from before the
+// runtime is asked again that it is still the init, to after its
+// namespace is open: a pid read once and opened by path later could be
+// another process's, of another Sandbox, by then.
+func (r *Runtime) NetworkNamespace(ctx context.Context, name string) (*os.File, error) {
 	cl, inst, _, err := r.locate(ctx, name)
 	if err != nil {
-		return "", r.fail("finding", name, err)
+		return nil, r.fail("finding", name, err)
 	}
 	if inst == nil {
-		return "", runtimes.Errorf(runtimes.ReasonNotFound, "finding", name, "no such instance")
+		return nil, runtimes.Errorf(runtimes.ReasonNotFound, "finding", name, "no such instance")
 	}
 	for dev, d := range inst.ExpandedDevices {
 		if slices.Contains(networkDevices, d["type"]) {
@@ -591,15 +597,35 @@ func (r *Runtime) NetworkNamespace(ctx context.Context, name string) (string, er
 			if serr := r.stop(ctx, cl, name); serr != nil {
 				err = errors.Join(err, serr)
 			}
-			return "", err
+			return nil, err
 		}
 	}
 	st, err := cl.GetInstanceState(ctx, name)
 	if err != nil {
-		return "", r.fail("reading the state of", name, err)
+		return nil, r.fail("reading the state of", name, err)
 	}
 	if st.Pid <= 0 {
-		return "", fmt.Errorf("instance %s has no init process (status %s), so no network namespace", name, st.Status)
+		return nil, fmt.Errorf("instance %s has no init process (status %s), so no network namespace", name, st.Status)
 	}
-	return fmt.Sprintf("/proc/%d/ns/net", st.Pid), nil
+	pidfd, err := unix.PidfdOpen(int(st.Pid), 0)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: its init (pid %d) is gone: %w", name, st.Pid, err)
+	}
+	defer unix.Close(pidfd)
+	again, err := cl.GetInstanceState(ctx, name)
+	if err != nil {
+		return nil, r.fail("reading the state of", name, err)
+	}
+	if again.Pid != st.Pid || again.Status != incusapi.StatusRunning {
+		return nil, fmt.Errorf("instance %s restarted while its network namespace was looked up (init pid %d, then %d, %s)", name, st.Pid, again.Pid, again.Status)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", st.Pid))
+	if err != nil {
+		return nil, fmt.Errorf("opening the network namespace of instance %s: %w", name, err)
+	}
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("instance %s: its init ended while its network namespace was opened: %w", name, err)
+	}
+	return f, nil
 }

@@ -324,10 +324,10 @@ func (r *Recorder) OwnNetwork() bool {
 	return ok && rep.OwnNetwork()
 }
 
-func (r *Recorder) NetworkNamespace(ctx context.Context, name string) (string, error) {
+func (r *Recorder) NetworkNamespace(ctx context.Context, name string) (*os.File, error) {
 	rep, ok := r.Runtime.(runtimes.NetnsReporter)
 	if !ok {
-		return "", fmt.Errorf("driver %T keeps no network namespace of its own", r.Runtime)
+		return nil, fmt.Errorf("driver %T keeps no network namespace of its own", r.Runtime)
 	}
 	return rep.NetworkNamespace(ctx, name)
 }
