@@ -83,47 +83,14 @@ func TestEgressWatchBoundsLabelsAndEvents(t *testing.T) {
 // hand; an Incus container, a bwrap command started under the allowlist,
 // stay in its namespace) to the old list (found by review).
 func TestServeNetworkReleasesAProxyNoLongerWanted(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "root", "network namespaces need CAP_SYS_ADMIN: run the tests as root (make test does in CI)")
-	}
-	srv, err := inside.NewServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	networks := &egress.Networks{Dir: t.TempDir(), Resolver: srv.Resolver()}
-	defer networks.Close()
-	name := v1alpha1.InstanceName("ada")
-	// Before the directory goes, whatever the test found.
-	t.Cleanup(func() { _ = networks.Release(name) })
-	r := &SandboxReconciler{
-		Options: Options{Networks: networks},
-		egress:  &egressWatch{recorder: record.NewFakeRecorder(100), now: time.Now, owners: map[string]*egressOwner{}},
-	}
-	sb := &v1alpha1.Sandbox{}
-	sb.Namespace, sb.Name, sb.UID = "team-a", "ada", "uid-1"
-	s := &sandboxScope{sb: sb, instance: runtimes.Instance{Name: name, Network: &runtimes.Network{
-		Namespace:   filepath.Join(networks.Dir, name),
-		Proxy:       egress.ProxyURL,
-		Allow:       []runtimes.EgressRule{{Host: inside.Host, Ports: []int{srv.Port()}}},
-		AllowedNets: []string{inside.ServerNet},
-	}}}
-	if err := r.serveNetwork(context.Background(), s, false); err != nil {
-		t.Fatal(err)
-	}
-	through, err := inside.Enter(s.instance.Network.Namespace, srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer through.Close()
+	r, s, through := servedAllowlist(t, nil)
+	name := s.instance.Name
+	networks := r.Networks
 	tunnel, err := through.Tunnel()
 	if err != nil {
 		t.Fatalf("under the allowlist: %v", err)
 	}
 	defer tunnel.Close()
-	if err := through.Get(); err != nil {
-		t.Fatalf("under the allowlist: %v", err)
-	}
 
 	s.instance.Network = nil
 	if err := r.serveNetwork(context.Background(), s, false); err != nil {
@@ -151,6 +118,20 @@ func (notRunning) Inspect(context.Context, string) (runtimes.State, error) {
 // A Sandbox its class comes to forbid has its proxy released with its
 // instance stopped: the proxy serves a list the class no longer allows.
 func TestStopForbiddenReleasesTheProxy(t *testing.T) {
+	r, s, through := servedAllowlist(t, notRunning{})
+	if err := r.stopForbidden(context.Background(), s, "its class changed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := through.Get(); err == nil {
+		t.Error("the proxy of a Sandbox its class forbids still serves its allowlist")
+	}
+}
+
+// servedAllowlist is a reconciler serving an allowlist for Sandbox
+// team-a/ada of agent ada (rt its runtime), and a client inside the
+// Sandbox's namespace that reaches the allowed server through it.
+func servedAllowlist(t *testing.T, rt runtimes.Runtime) (*SandboxReconciler, *sandboxScope, *inside.Through) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "root", "network namespaces need CAP_SYS_ADMIN: run the tests as root (make test does in CI)")
 	}
@@ -158,10 +139,11 @@ func TestStopForbiddenReleasesTheProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() })
 	networks := &egress.Networks{Dir: t.TempDir(), Resolver: srv.Resolver()}
-	defer networks.Close()
+	t.Cleanup(func() { networks.Close() })
 	name := v1alpha1.InstanceName("ada")
+	// Before the directory goes, whatever the test found.
 	t.Cleanup(func() { _ = networks.Release(name) })
 	rec := record.NewFakeRecorder(100)
 	r := &SandboxReconciler{
@@ -171,7 +153,7 @@ func TestStopForbiddenReleasesTheProxy(t *testing.T) {
 	}
 	sb := &v1alpha1.Sandbox{}
 	sb.Namespace, sb.Name, sb.UID, sb.Spec.Agent = "team-a", "ada", "uid-1", "ada"
-	s := &sandboxScope{sb: sb, rt: notRunning{}, instance: runtimes.Instance{Name: name, Network: &runtimes.Network{
+	s := &sandboxScope{sb: sb, rt: rt, instance: runtimes.Instance{Name: name, Network: &runtimes.Network{
 		Namespace:   filepath.Join(networks.Dir, name),
 		Proxy:       egress.ProxyURL,
 		Allow:       []runtimes.EgressRule{{Host: inside.Host, Ports: []int{srv.Port()}}},
@@ -184,14 +166,9 @@ func TestStopForbiddenReleasesTheProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer through.Close()
+	t.Cleanup(func() { through.Close() })
 	if err := through.Get(); err != nil {
 		t.Fatalf("under the allowlist: %v", err)
 	}
-	if err := r.stopForbidden(context.Background(), s, "its class changed"); err != nil {
-		t.Fatal(err)
-	}
-	if err := through.Get(); err == nil {
-		t.Error("the proxy of a Sandbox its class forbids still serves its allowlist")
-	}
+	return r, s, through
 }
