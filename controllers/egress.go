@@ -171,6 +171,20 @@ func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, s
 	return nil
 }
 
+// releaseUnwantedNetwork releases, right after the instance is described,
+// the proxy this process served for a Sandbox whose egress is no longer
+// an allowlist, whatever stops the pass later (a mount source missing, a
+// name conflict): serveNetwork runs only when the instance is ensured.
+func (r *SandboxReconciler) releaseUnwantedNetwork(_ context.Context, s *sandboxScope) (bool, error) {
+	if s.instance.Network != nil {
+		return false, nil
+	}
+	if err := r.releaseNetwork(s.instance.Name, s.sb); err != nil {
+		return false, fmt.Errorf("releasing the egress proxy of %s, whose egress is no longer an allowlist: %w", s.instance.Name, err)
+	}
+	return false, nil
+}
+
 // releaseNetwork removes the network namespace and proxy of instance
 // name when they serve sb: a Sandbox that lost the name to another one
 // never tears down that one's way out. What no pass of this process

@@ -172,3 +172,17 @@ func servedAllowlist(t *testing.T, rt runtimes.Runtime) (*SandboxReconciler, *sa
 	}
 	return r, s, through
 }
+
+// A pass that stops before the instance is ensured (a mount source gone,
+// a name conflict) still releases the proxy of a Sandbox whose egress is
+// no longer an allowlist: the phase right after describe does.
+func TestAPassThatStopsEarlyReleasesAProxyNoLongerWanted(t *testing.T) {
+	r, s, through := servedAllowlist(t, nil)
+	s.instance.Network = nil
+	if stop, err := r.releaseUnwantedNetwork(context.Background(), s); stop || err != nil {
+		t.Fatalf("the phase stopped the pass (%v) or failed: %v", stop, err)
+	}
+	if err := through.Get(); err == nil {
+		t.Error("with egress None, the proxy still serves the old allowlist after the pass's first phases")
+	}
+}

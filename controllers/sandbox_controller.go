@@ -211,7 +211,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		return r.reconcileDelete(ctx, s)
 	}
 	for _, phase := range []func(context.Context, *sandboxScope) (bool, error){
-		r.checkBackend, r.checkEnforcement, r.describe, r.checkNameConflict, r.inspect,
+		r.checkBackend, r.checkEnforcement, r.describe, r.releaseUnwantedNetwork, r.checkNameConflict, r.inspect,
 	} {
 		if stop, err := phase(ctx, s); stop || err != nil {
 			r.owners.drop(sb.Spec.Agent, sb.UID)
