@@ -135,6 +135,16 @@ type SandboxClassSpec struct {
 	// +optional
 	AllowedImages ClassImages `json:"allowedImages,omitempty"`
 
+	// AllowedIncusProfiles are the Incus profiles a Sandbox may name in
+	// spec.incus.profiles ("*": any). Empty: none, and its instance gets
+	// the server's default profile. Of a profile's devices an instance
+	// keeps only the root disk; its other settings apply.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	// +listType=set
+	// +optional
+	AllowedIncusProfiles []string `json:"allowedIncusProfiles,omitempty"`
+
 	// AgentIDs is the FIRST:COUNT block of host ids the agents of this
 	// class run as. It must lie in the controller's --agent-ids: the
 	// controller gives a new agent an id of this block and refuses an

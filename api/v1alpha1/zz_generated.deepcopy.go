@@ -710,6 +710,11 @@ func (in *SandboxClassSpec) DeepCopyInto(out *SandboxClassSpec) {
 	}
 	out.Devices = in.Devices
 	in.AllowedImages.DeepCopyInto(&out.AllowedImages)
+	if in.AllowedIncusProfiles != nil {
+		in, out := &in.AllowedIncusProfiles, &out.AllowedIncusProfiles
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.AllowedEgress != nil {
 		in, out := &in.AllowedEgress, &out.AllowedEgress
 		*out = make([]string, len(*in))

@@ -276,3 +276,27 @@ func TestScheduling(t *testing.T) {
 		t.Errorf("a class allowing all refused: %v", got)
 	}
 }
+
+func TestIncusProfiles(t *testing.T) {
+	class := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}, Spec: v1alpha1.SandboxClassSpec{
+		AllowedBackends: []v1alpha1.Backend{v1alpha1.BackendIncus}, AllowedImages: v1alpha1.ClassImages{Incus: []string{"*"}},
+		AllowedIncusProfiles: []string{"quota"}}}
+	spec := func(profiles ...string) *v1alpha1.SandboxSpec {
+		return &v1alpha1.SandboxSpec{Agent: "alice", Backend: v1alpha1.BackendIncus, Incus: &v1alpha1.IncusSpec{Image: "debian", Profiles: profiles}}
+	}
+	if _, v := Effective(class, spec(), Node{}); len(v) != 0 {
+		t.Errorf("no profile named (the server's default): %v", v)
+	}
+	if _, v := Effective(class, spec("quota"), Node{}); len(v) != 0 {
+		t.Errorf("a listed profile: %v", v)
+	}
+	_, v := Effective(class, spec("quota", "privileged-ci"), Node{})
+	want := `spec.incus.profiles[1]: SandboxClass "team-a" does not allow the Incus profile "privileged-ci" (allowedIncusProfiles: [quota])`
+	if len(v) != 1 || v[0] != want {
+		t.Errorf("got %q, want %q", v, want)
+	}
+	class.Spec.AllowedIncusProfiles = []string{"*"}
+	if _, v := Effective(class, spec("privileged-ci"), Node{}); len(v) != 0 {
+		t.Errorf("a class allowing any profile: %v", v)
+	}
+}

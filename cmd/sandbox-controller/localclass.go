@@ -27,6 +27,7 @@ func permissiveClass() *v1alpha1.SandboxClass {
 			Devices:                 v1alpha1.ClassDevices{USB: true, All: true},
 			AllowedImages:           v1alpha1.ClassImages{Bwrap: []string{"*"}, Containerd: []string{"*"}, Incus: []string{"*"}},
 			AllowedEgress:           []string{"*"},
+			AllowedIncusProfiles:    []string{"*"},
 			Scheduling:              v1alpha1.ClassScheduling{AllowedPriorityClassNames: []string{"*"}, AllowedTolerations: []string{"*"}, PodAffinity: true, NodeName: true},
 		},
 	}

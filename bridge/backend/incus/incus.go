@@ -52,8 +52,8 @@ func describe(spec *v1alpha1.SandboxSpec, in *runtimes.Instance) {
 	in.StopOnExit = c.ShutdownOnExit == nil || *c.ShutdownOnExit
 }
 
-// class holds the image to the class's allowedImages.incus and the root
-// disk's size to its limits.
+// class holds the image to the class's allowedImages.incus, the profiles
+// to its allowedIncusProfiles and the root disk's size to its limits.
 func class(cl *v1alpha1.SandboxClass, spec, out *v1alpha1.SandboxSpec) []string {
 	c := spec.Incus
 	if c == nil {
@@ -63,6 +63,11 @@ func class(cl *v1alpha1.SandboxClass, spec, out *v1alpha1.SandboxSpec) []string 
 	var v []string
 	if !backend.ImageAllowed(c.Image, cs.AllowedImages.Incus) {
 		v = append(v, fmt.Sprintf("spec.incus.image: SandboxClass %q does not allow the image %q (allowed: [%s])", cl.Name, c.Image, strings.Join(cs.AllowedImages.Incus, ", ")))
+	}
+	for i, p := range c.Profiles {
+		if !slices.Contains(cs.AllowedIncusProfiles, "*") && !slices.Contains(cs.AllowedIncusProfiles, p) {
+			v = append(v, fmt.Sprintf("spec.incus.profiles[%d]: SandboxClass %q does not allow the Incus profile %q (allowedIncusProfiles: [%s])", i, cl.Name, p, strings.Join(cs.AllowedIncusProfiles, ", ")))
+		}
 	}
 	return append(v, backend.ClassLimit(cl.Name, "spec.incus.rootSizeLimit", &out.Incus.RootSizeLimit, cs.DefaultLimits, cs.MaxLimits,
 		func(l *v1alpha1.ClassLimits) *resource.Quantity { return l.RootSizeLimit })...)

@@ -322,6 +322,27 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(err.Error()).To(ContainSubstring(expected(sched, everyTaint)))
 	})
 
+	It("refuses at admission an Incus profile its class does not allow, with the controller's words", func() {
+		incus := teamA("team-a-incus")
+		incus.Spec.AllowedBackends = []v1alpha1.Backend{v1alpha1.BackendIncus}
+		incus.Spec.AllowedImages.Incus = []string{"*"}
+		incus.Spec.AllowedIncusProfiles = []string{"quota"}
+		Expect(k8s.Create(ctx, incus)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(incus) })
+		sb := sandbox(ns, "adm-profile", incus.Name, nil, v1alpha1.Devices{})
+		sb.Spec.Backend = v1alpha1.BackendIncus
+		sb.Spec.Incus = &v1alpha1.IncusSpec{Image: "debian", Profiles: []string{"quota", "privileged-ci"}}
+		Eventually(func() string {
+			if err := k8s.Create(ctx, sb.DeepCopy(), client.DryRunAll); err != nil {
+				return err.Error()
+			}
+			return "admitted"
+		}, testharness.Timeout).Should(ContainSubstring(expected(incus, sb)))
+		ok := sb.DeepCopy()
+		ok.Spec.Incus.Profiles = []string{"quota"}
+		Expect(k8s.Create(ctx, ok, client.DryRunAll)).To(Succeed())
+	})
+
 	It("refuses at admission a default class's rule for a Sandbox naming no class", func() {
 		def := teamA("default-for-test")
 		def.Labels = map[string]string{v1alpha1.DefaultClassLabel: "true"}
