@@ -132,10 +132,8 @@ func (w *egressWatch) decide(name string, d egress.Decision) {
 func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, started bool) error {
 	n := s.instance.Network
 	if n == nil {
-		if err := r.releaseNetwork(s.instance.Name, s.sb); err != nil {
-			return fmt.Errorf("releasing the egress proxy of %s, whose egress is no longer an allowlist: %w", s.instance.Name, err)
-		}
-		return nil
+		_, err := r.releaseUnwantedNetwork(ctx, s)
+		return err
 	}
 	if r.Networks == nil || r.egress == nil {
 		return fmt.Errorf("spec.network.egress: Allowlist needs a network namespace of its own, which this controller does not make")

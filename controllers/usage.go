@@ -61,7 +61,13 @@ type usageWatcher struct {
 // any Sandbox naming the agent shares.
 type instanceOwners struct{ m sync.Map }
 
-func (o *instanceOwners) set(agent string, uid types.UID) { o.m.Store(agent, uid) }
+// set records uid as agent's owner; a pass that finds what is recorded
+// writes nothing (every pass of every Sandbox comes here).
+func (o *instanceOwners) set(agent string, uid types.UID) {
+	if !o.owns(agent, uid) {
+		o.m.Store(agent, uid)
+	}
+}
 
 // drop forgets agent's owner when it is uid.
 func (o *instanceOwners) drop(agent string, uid types.UID) { o.m.CompareAndDelete(agent, uid) }
