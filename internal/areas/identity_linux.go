@@ -368,6 +368,35 @@ func giveTree(dir string, id uint32) error {
 	return giveDir(fd, dir, id, 0)
 }
 
+// giveEntry gives the non-directory name of dir to id. The name is held
+// first (O_PATH, not following a link) and the held object's link count
+// decides, so a name swapped for a hard link to a host file between the
+// listing's look and the chown is left alone rather than taken.
+func giveEntry(dir int, name string, id uint32) error {
+	fd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		// Swapped in after the look: the next take-over walks it.
+		return nil
+	case unix.S_IFREG:
+		if st.Nlink > 1 {
+			return nil
+		}
+	}
+	return unix.Fchownat(fd, "", int(id), int(id), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+}
+
 // maxGiveDepth bounds the walk; deeper trees keep their old owners below it.
 const maxGiveDepth = 256
 
@@ -398,7 +427,7 @@ func giveDir(fd int, shown string, id uint32, depth int) error {
 				}
 			case st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1:
 			default:
-				if err := unix.Fchownat(fd, n, int(id), int(id), unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
+				if err := giveEntry(fd, n, id); err != nil {
 					return fmt.Errorf("%s/%s: %w", shown, n, err)
 				}
 			}

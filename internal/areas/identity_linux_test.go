@@ -6,8 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -139,5 +143,69 @@ func TestIdentitiesTakeOverRootOwnedAreasWithoutFollowingLinks(t *testing.T) {
 		if uid, _ := ownerOf(t, p); uid != 0 {
 			t.Errorf("host path %s was given to the agent (owner %d)", p, uid)
 		}
+	}
+}
+
+// TestTakeOverNeverGivesAHardLinkSwappedIn exchanges, in a tight loop, a
+// name of an area between a file of the area and a hard link to a host
+// file, while the area is taken over again and again. The take-over decides
+// by a name's link count; had it then acted on the name, the host file
+// would be given to the agent whenever the exchange fell between the two.
+func TestTakeOverNeverGivesAHardLinkSwappedIn(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	area := filepath.Join(dir, "areas", "alice")
+	must(t, os.MkdirAll(area, 0o700))
+	host := filepath.Join(dir, "host-file")
+	must(t, os.WriteFile(host, []byte("host"), 0o600))
+	own := filepath.Join(area, "own")
+	must(t, os.WriteFile(own, []byte("agent"), 0o644))
+	hard := filepath.Join(area, "hard")
+	must(t, os.Link(host, hard))
+
+	var stop atomic.Bool
+	var swaps atomic.Int64
+	swapErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			if err := unix.Renameat2(unix.AT_FDCWD, own, unix.AT_FDCWD, hard, unix.RENAME_EXCHANGE); err != nil {
+				swapErr <- err
+				return
+			}
+			swaps.Add(1)
+		}
+	}()
+	const id = 3000000200
+	var given int
+	deadline := time.Now().Add(raceDuration)
+	for i := 0; time.Now().Before(deadline) || swaps.Load() < minSwaps; i++ {
+		if err := giveTree(area, id); err != nil {
+			stop.Store(true)
+			wg.Wait()
+			t.Fatalf("take-over %d: %v", i, err)
+		}
+		if uid, _ := ownerOf(t, host); uid != 0 {
+			given++
+			must(t, os.Lchown(host, 0, 0))
+		}
+		if i > 1_000_000 {
+			break
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	select {
+	case err := <-swapErr:
+		t.Fatalf("exchanging the names: %v", err)
+	default:
+	}
+	if swaps.Load() < minSwaps {
+		t.Fatalf("only %d exchanges ran: the race was not tried", swaps.Load())
+	}
+	if given > 0 {
+		t.Fatalf("the host file was given to the agent %d times in %d exchanges", given, swaps.Load())
 	}
 }
