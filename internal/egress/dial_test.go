@@ -133,6 +133,28 @@ func TestDialsEndWithTheirClientOrPolicy(t *testing.T) {
 			return shared.held() == 0
 		})
 	})
+	t.Run("the client leaves after more than its request's head", func(t *testing.T) {
+		// What a client sent past the head waits unread for the tunnel,
+		// so it cannot be read to see the client go.
+		shared := NewSlots(8)
+		_, proxy, target, looked := slowProxy(t, shared)
+		var clients []net.Conn
+		for range 8 {
+			c := connectTo(t, proxy, target)
+			// The start of a TLS hello, sent without waiting for the answer.
+			if _, err := c.Write([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 'h', 'e', 'l', 'l', 'o'}); err != nil {
+				t.Fatal(err)
+			}
+			clients = append(clients, c)
+		}
+		dialing(t, looked, 8)
+		for _, c := range clients {
+			_ = c.Close()
+		}
+		testenv.Eventually(t, 5*time.Second, "the slots of clients that sent bytes and left are still held by their dials", func() bool {
+			return shared.held() == 0
+		})
+	})
 	t.Run("a new policy refuses the host", func(t *testing.T) {
 		shared := NewSlots(8)
 		p, proxy, target, looked := slowProxy(t, shared)

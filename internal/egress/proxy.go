@@ -304,22 +304,33 @@ func (p *Proxy) dialFor(c net.Conn, br *bufio.Reader, host string, port int) (ne
 	ctx, cancel := context.WithCancelCause(p.ctx)
 	defer cancel(nil)
 	watched := make(chan struct{})
+	dialled := make(chan struct{})
 	go func() {
 		defer close(watched)
-		// Peeked bytes stay for the tunnel or the request's body. A
-		// client that sent something is not watched further: the dial's
-		// deadline bounds it.
+		// Peeked bytes stay for the tunnel or the request's body.
 		if _, err := br.Peek(1); err != nil {
+			cancel(errClientLeft)
+			return
+		}
+		// The client sent more than its request's head (a TLS hello, a
+		// body): those bytes wait unread, and its socket is watched for
+		// its end instead.
+		if hungUp(c, dialled) {
 			cancel(errClientLeft)
 		}
 	}()
 	up, err := p.dial(ctx, host, port)
+	close(dialled)
 	// Wake the watcher and wait for it: br is not read by two at once.
 	_ = c.SetReadDeadline(time.Now())
 	<-watched
 	_ = c.SetReadDeadline(time.Time{})
 	return up, err
 }
+
+// hangupPoll is how often a client that sent more than its request's head
+// is looked at while its dial is under way.
+const hangupPoll = 100 * time.Millisecond
 
 // Why a dial was cancelled.
 var (
