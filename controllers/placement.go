@@ -161,9 +161,9 @@ func SetupPlacement(ctx context.Context, mgr ctrl.Manager, o PlacementOptions) e
 				return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
 			},
 		})).
-		// A class that comes to allow what it refused: its Sandboxes that
-		// have no Pod yet may get one.
-		Watches(&v1alpha1.SandboxClass{}, handler.EnqueueRequestsFromMapFunc(p.unplaced), builder.WithPredicates(predicate.Funcs{
+		// A class that comes to allow what it refused, or to refuse what
+		// it allowed.
+		Watches(&v1alpha1.SandboxClass{}, handler.EnqueueRequestsFromMapFunc(p.classChanged), builder.WithPredicates(predicate.Funcs{
 			CreateFunc: func(event.CreateEvent) bool { return true },
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() || !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
@@ -205,17 +205,21 @@ func (p *placer) sandboxesOn(ctx context.Context, n client.Object) []reconcile.R
 	return out
 }
 
-// unplaced is every Sandbox on no node: those a class kept from a Pod.
-func (p *placer) unplaced(ctx context.Context, _ client.Object) []reconcile.Request {
+// classChanged is every Sandbox a class change may allow a Pod: those on
+// no node (a class kept them from one), and those a class forbids (their
+// Pod was removed). A class that narrows reaches the others through their
+// nodes' controllers, whose ClassForbids is a change of the Sandbox's.
+func (p *placer) classChanged(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list v1alpha1.SandboxList
 	if err := p.List(ctx, &list); err != nil {
-		log.FromContext(ctx).Error(err, "listing the Sandboxes on no node")
+		log.FromContext(ctx).Error(err, "listing the Sandboxes a class change concerns")
 		return nil
 	}
 	var out []reconcile.Request
 	for i := range list.Items {
-		if list.Items[i].Node() == "" {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		sb := &list.Items[i]
+		if sb.Node() == "" || readyReason(sb) == v1alpha1.ReasonClassForbids {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(sb)})
 		}
 	}
 	return out
@@ -286,6 +290,21 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	}
 	if cur == nil {
 		return p.createPod(ctx, &sb, found)
+	}
+	// A class narrowed since the Pod was made: what the Pod carries past
+	// its placement (a priority, tolerations, affinity to other Pods, a
+	// pinned node) goes with it. Only a class found and refusing those:
+	// a class that cannot be picked for a while (two marked default
+	// during a change) leaves the Pod, and the node's controller stops
+	// the Sandbox meanwhile.
+	if why, err := p.schedulingForbidden(ctx, &sb); err != nil {
+		return ctrl.Result{}, err
+	} else if why != "" {
+		log.FromContext(ctx).Info("removing the Sandbox's Pod: its class no longer allows what it carries", "pod", cur.Name, "why", why)
+		if err := p.Delete(ctx, cur, client.Preconditions{UID: &cur.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		return p.notPlaced(ctx, &sb, v1alpha1.ReasonClassForbids, why)
 	}
 	switch image, replace := p.podDrift(&sb, cur); {
 	case replace:
@@ -701,13 +720,14 @@ func SandboxPod(sb *v1alpha1.Sandbox, o PlacementOptions, node string, attempt i
 func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, found podsFound) (ctrl.Result, error) {
 	// The Pod is made before any node checks the Sandbox against its
 	// class: what it carries past its own placement is checked here.
-	var classes v1alpha1.SandboxClassList
-	if err := p.List(ctx, &classes); err != nil {
-		return ctrl.Result{}, fmt.Errorf("listing SandboxClasses: %w", err)
+	class, msg, err := p.classOf(ctx, sb)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	if class, msg := sandboxclass.Select(classes.Items, &sb.Spec); msg != "" {
+	if msg != "" {
 		return p.notPlaced(ctx, sb, v1alpha1.ReasonClassForbids, msg)
-	} else if class != nil {
+	}
+	if class != nil {
 		if v := sandboxclass.Scheduling(class, &sb.Spec); len(v) > 0 {
 			return p.notPlaced(ctx, sb, v1alpha1.ReasonClassForbids, strings.Join(v, "; "))
 		}
@@ -720,7 +740,6 @@ func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, found pods
 	if node == "" && sb.Spec.OnNodeLost != v1alpha1.NodeLostMove {
 		node = found.lastNode
 	}
-	var err error
 	for attempt := found.next; attempt < found.next+4; attempt++ {
 		pod := SandboxPod(sb, p.opts, node, attempt)
 		err = p.Create(ctx, pod)
@@ -756,6 +775,27 @@ func (p *placer) createPod(ctx context.Context, sb *v1alpha1.Sandbox, found pods
 	default:
 		return ctrl.Result{}, err
 	}
+}
+
+// classOf is sb's SandboxClass (nil when the cluster has none), or why it
+// has none.
+func (p *placer) classOf(ctx context.Context, sb *v1alpha1.Sandbox) (*v1alpha1.SandboxClass, string, error) {
+	var classes v1alpha1.SandboxClassList
+	if err := p.List(ctx, &classes); err != nil {
+		return nil, "", fmt.Errorf("listing SandboxClasses: %w", err)
+	}
+	class, msg := sandboxclass.Select(classes.Items, &sb.Spec)
+	return class, msg, nil
+}
+
+// schedulingForbidden is why sb's class refuses what its Pod carries past
+// its placement, "" when it allows it or sb has no class.
+func (p *placer) schedulingForbidden(ctx context.Context, sb *v1alpha1.Sandbox) (string, error) {
+	class, _, err := p.classOf(ctx, sb)
+	if err != nil || class == nil {
+		return "", err
+	}
+	return strings.Join(sandboxclass.Scheduling(class, &sb.Spec), "; "), nil
 }
 
 // bwrapImage is sb's spec.bwrap when it names an image.

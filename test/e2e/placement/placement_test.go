@@ -428,7 +428,7 @@ var _ = Describe("Placement", Ordered, func() {
 		remove(quotaNS, "over")
 	})
 
-	It("makes no Pod for a Sandbox whose class forbids what its Pod would carry, and makes it once the class allows it", func() {
+	It("makes no Pod for a Sandbox whose class forbids what its Pod would carry, makes it once the class allows it, and removes it when the class forbids it again", func() {
 		// Not the default class: the suite's other Sandboxes name none.
 		class := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "placement-scheduling"},
 			Spec: v1alpha1.SandboxClassSpec{AllowedBackends: []v1alpha1.Backend{v1alpha1.BackendBwrap},
@@ -458,6 +458,27 @@ var _ = Describe("Placement", Ordered, func() {
 		pod, err := podOf(ns, "tolerant")()
 		Expect(err).NotTo(HaveOccurred())
 		Expect(pod.Spec.Tolerations).To(ContainElement(HaveField("Key", "dedicated")))
+
+		By("the class narrows again: the Pod that carries the toleration goes")
+		setTolerations := func(keys ...string) {
+			Eventually(func() error {
+				if err := k8s.Get(ctx, client.ObjectKeyFromObject(class), class); err != nil {
+					return err
+				}
+				class.Spec.Scheduling.AllowedTolerations = keys
+				return k8s.Update(ctx, class)
+			}, testharness.Timeout).Should(Succeed())
+		}
+		setTolerations("gpu")
+		Eventually(podOf(ns, "tolerant"), testharness.Timeout).Should(BeNil(), "a Pod keeps a toleration its class came to forbid")
+		Eventually(readyOf(ns, "tolerant"), testharness.Timeout).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", v1alpha1.ReasonClassForbids)))
+		Consistently(podOf(ns, "tolerant"), 2*time.Second).Should(BeNil(), "a Pod was made again while the class forbids it")
+
+		By("and allows it once more: a new Pod")
+		setTolerations("gpu", "dedicated")
+		Eventually(podOf(ns, "tolerant"), testharness.Timeout).ShouldNot(BeNil())
+		Eventually(readyOf(ns, "tolerant"), testharness.Timeout).ShouldNot(HaveField("Reason", v1alpha1.ReasonClassForbids))
 		remove(ns, "tolerant")
 	})
 
