@@ -23,16 +23,15 @@ const maxCopy = 1 << 30
 
 // instance describes the agent's sandbox from the configuration file.
 func (f *sandboxFlags) instance() (runtimes.Instance, error) {
+	if err := f.trust(); err != nil {
+		return runtimes.Instance{}, err
+	}
 	spec, err := sandboxtoml.Load(f.config, f.agent)
 	if err != nil {
 		return runtimes.Instance{}, err
 	}
-	root, err := filepath.Abs(f.areasRoot)
-	if err != nil || f.areasRoot == "" {
-		return runtimes.Instance{}, fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
-	}
 	home, _ := os.UserHomeDir()
-	return instance.Standalone(spec, instance.Host{AreasRoot: root, Home: home})
+	return instance.Standalone(spec, instance.Host{AreasRoot: f.areasRoot, Home: home})
 }
 
 // view opens the agent's file view (areas and mounts) through internal/areas,

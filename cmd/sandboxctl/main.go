@@ -51,6 +51,9 @@ type sandboxFlags struct {
 	// on cgroup v1 its starting thread joins the command's cgroups for
 	// the fork (bwrap.Config.JoinCgroupToStart).
 	oneShot bool
+	// trusted says config, areasRoot and stateDir were resolved and
+	// checked by trust.
+	trusted bool
 }
 
 func (f *sandboxFlags) register(fs *pflag.FlagSet) {
@@ -71,22 +74,13 @@ func defaultAreasRoot() string {
 	return ""
 }
 
-// dirs are the areas root and the state directory, absolute.
+// dirs are the areas root and the state directory, resolved and checked
+// (trust).
 func (f *sandboxFlags) dirs() (root, state string, err error) {
-	root, err = filepath.Abs(f.areasRoot)
-	if err != nil || f.areasRoot == "" {
-		return "", "", fmt.Errorf("areas root %q: give an absolute directory with --areas-root", f.areasRoot)
+	if err := f.trust(); err != nil {
+		return "", "", err
 	}
-	state = f.stateDir
-	if state == "" {
-		// Beside the agents' directories, never inside one: an agent name
-		// cannot begin with a dot.
-		state = filepath.Join(root, ".sandboxctl")
-	}
-	if state, err = filepath.Abs(state); err != nil {
-		return "", "", fmt.Errorf("state directory %q: %w", f.stateDir, err)
-	}
-	return root, state, nil
+	return f.areasRoot, f.stateDir, nil
 }
 
 // runner builds the bwrap driver and a runner over src; the driver's
@@ -128,6 +122,9 @@ func localNetworks(state string) (*egress.Networks, error) {
 // staticRunner is the runner of the agent's sandbox as the configuration
 // file says now.
 func (f *sandboxFlags) staticRunner(warnings io.Writer) (*sandboxtoml.Runner, error) {
+	if err := f.trust(); err != nil {
+		return nil, err
+	}
 	spec, err := sandboxtoml.Load(f.config, f.agent)
 	if err != nil {
 		return nil, err
@@ -224,6 +221,10 @@ func serve(f *sandboxFlags, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logf := func(format string, a ...any) { fmt.Fprintf(stderr, "sandboxctl: "+format+"\n", a...) }
+	if err := f.trust(); err != nil {
+		logf("%v", err)
+		return exitFailed
+	}
 	w, err := sandboxtoml.Watch(ctx, f.config, f.agent, sandboxtoml.WatchOptions{
 		OnReload: func(s sandboxtoml.Snapshot) {
 			logf("%s: configuration generation %d in force from the next command", f.config, s.Generation)
