@@ -105,6 +105,7 @@ func (f *sandboxFlags) runner(src sandboxtoml.Source, warnings io.Writer) (*sand
 	}
 	r := sandboxtoml.NewRunner(src, rt, v1alpha1.BackendBwrap, host)
 	r.Networks = networks
+	r.Guard = []string{f.config, state}
 	return r, nil
 }
 

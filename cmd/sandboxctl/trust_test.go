@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -146,6 +151,104 @@ func TestWhatAnotherUserCanChangeIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		if code, stderr := run(t, link, filepath.Join(mine, "areas")); code != 0 {
+			t.Errorf("exit %d: %s", code, stderr)
+		}
+	})
+}
+
+// asUser runs this test binary as sandboxctl, as uid and gid otherUser,
+// from a copy every user may run.
+func asUser(t *testing.T, bin, cwd, home string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = cwd
+	cmd.Env = []string{"SANDBOXCTL_TEST_AS_MAIN=1", "HOME=" + home, "PATH=" + os.Getenv("PATH")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUser, Gid: otherUser, Groups: []uint32{}}}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, stderr.String()
+	case errors.As(err, &ee):
+		return ee.ExitCode(), stderr.String()
+	}
+	t.Fatalf("running sandboxctl as uid %d: %v", otherUser, err)
+	return 0, ""
+}
+
+// Run by a user other than root, sandboxctl runs the agent's commands as
+// that user: whatever the sandbox may write, the agent may write. A
+// configuration kept in a project the sandbox mounts read-write was
+// rewritten by the agent, and the next command ran with the binaries and
+// mounts the agent chose. A configuration whose read-write mount (or area)
+// holds the configuration file or the state directory is refused, at each
+// generation, before anything runs.
+func TestTheSandboxCannotWriteItsOwnConfiguration(t *testing.T) {
+	needBwrap(t)
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "sandboxctl is run as another user with setuid: run the tests as root (CI does)")
+	}
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "sandboxctl")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	home := mkdirOwned(t, filepath.Join(dir, "home"), 0o755, otherUser)
+	proj := mkdirOwned(t, filepath.Join(home, "proj"), 0o755, otherUser)
+	mkdirOwned(t, filepath.Join(proj, "config"), 0o755, otherUser)
+	config := func(mount, mode string) string {
+		return fmt.Sprintf("[bwrap]\nbinaries = [\"sh\"]\n[[mounts]]\nsource = %q\ntarget = \"m\"\nmode = %q\n", mount, mode)
+	}
+	cfg := filepath.Join(proj, "config", "sandbox.toml")
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(cfg, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(cfg, otherUser, otherUser); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := []string{"run", "--allow-unlimited", "--config", cfg, "--agent", "ada", "--areas-root", filepath.Join(home, "agents"), "--"}
+	rewrite := "printf '[bwrap]\\nbinaries = [\"sh\", \"cat\"]\\n' > /workspace/m/config/sandbox.toml"
+
+	t.Run("a read-write mount holding the configuration", func(t *testing.T) {
+		original := config(proj, "rw")
+		write(original)
+		code, stderr := asUser(t, bin, proj, home, append(base, "sh", "-c", rewrite)...)
+		again, stderr2 := asUser(t, bin, proj, home, append(base, "cat", "/dev/null")...)
+		if got, _ := os.ReadFile(cfg); string(got) != original || again == 0 {
+			t.Fatalf("the agent rewrote its configuration (exit %d: %s) and the next run took it (exit %d: %s)", code, stderr, again, stderr2)
+		}
+		if code != exitFailed || !strings.Contains(stderr, "holds "+cfg) {
+			t.Errorf("exit %d, stderr %q: want %d and the configuration named", code, stderr, exitFailed)
+		}
+	})
+	t.Run("a read-write mount holding the state directory", func(t *testing.T) {
+		write(config(mkdirOwned(t, filepath.Join(home, "agents"), 0o755, otherUser), "rw"))
+		code, stderr := asUser(t, bin, proj, home, append(base, "sh", "-c", "true")...)
+		if code != exitFailed || !strings.Contains(stderr, "holds "+filepath.Join(home, "agents", ".sandboxctl")) {
+			t.Errorf("exit %d, stderr %q: want %d and the state directory named", code, stderr, exitFailed)
+		}
+	})
+	t.Run("a read-only mount holding the configuration", func(t *testing.T) {
+		write(config(proj, "ro"))
+		if code, stderr := asUser(t, bin, proj, home, append(base, "sh", "-c", "test -f /workspace/m/config/sandbox.toml")...); code != 0 {
 			t.Errorf("exit %d: %s", code, stderr)
 		}
 	})

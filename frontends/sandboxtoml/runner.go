@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -33,6 +36,12 @@ type Runner struct {
 	// runner runs (its Dir is the Host's NetnsDir); nil: such a
 	// configuration is refused.
 	Networks *egress.Networks
+	// Guard lists host paths the sandbox must have no writable view of:
+	// the configuration file and the state that records the instance. A
+	// configuration with a read-write mount or area that holds one of
+	// them is refused: the agent would rewrite what it may do, and the
+	// next command (or reload) would take it.
+	Guard []string
 
 	src     Source
 	rt      runtimes.Runtime
@@ -83,6 +92,9 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("describing the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
 	}
+	if err := checkGuard(in, r.Guard); err != nil {
+		return "", fmt.Errorf("the sandbox of agent %s (configuration generation %d): %w", snap.Spec.Agent, snap.Generation, err)
+	}
 	if err := r.serveNetwork(in); err != nil {
 		return "", fmt.Errorf("the egress proxy of agent %s: %w", snap.Spec.Agent, err)
 	}
@@ -92,6 +104,49 @@ func (r *Runner) ensure(ctx context.Context) (string, error) {
 	r.applied, r.name = snap.Generation, in.Name
 	r.standalone = in.Network == nil && len(in.Mounts) == 0
 	return r.name, nil
+}
+
+// checkGuard refuses an instance with a writable area or mount (read-write;
+// an overlay's writes stay in its upper layer) whose source is one of the
+// guarded paths or a directory above one. Sources are compared as the
+// driver resolves them, by the held directory's device and inode; one that
+// cannot be resolved is the driver's to report.
+func checkGuard(in runtimes.Instance, guard []string) error {
+	type held struct {
+		path string
+		fi   os.FileInfo
+	}
+	var above []held
+	for _, g := range guard {
+		for p := g; ; p = filepath.Dir(p) {
+			if fi, err := os.Stat(p); err == nil {
+				above = append(above, held{g, fi})
+			}
+			if p == filepath.Dir(p) {
+				break
+			}
+		}
+	}
+	for _, b := range slices.Concat(in.Areas, in.Mounts) {
+		if b.ReadOnly || b.Overlay != nil {
+			continue
+		}
+		d, err := in.SourceDir(b).Open()
+		if err != nil {
+			continue
+		}
+		fi, err := d.Stat()
+		d.Close()
+		if err != nil {
+			continue
+		}
+		for _, h := range above {
+			if os.SameFile(fi, h.fi) {
+				return fmt.Errorf("%s, writable in the sandbox at %s, holds %s: the sandbox could change what it may do; mount it read-only or as an overlay, or keep %s outside it", b.Source, b.Target, h.path, h.path)
+			}
+		}
+	}
+	return nil
 }
 
 // serveNetwork serves the egress proxy of an instance whose egress is an
