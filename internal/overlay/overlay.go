@@ -177,21 +177,11 @@ func For(agentDir, source, target string) Layers {
 
 // Mounted reports whether an overlay is mounted at l.Merged.
 func (l Layers) Mounted() (bool, error) {
-	var st, parent unix.Stat_t
-	if err := unix.Lstat(l.Merged, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("checking overlay %s: %w", l.Merged, err)
+	m, ok, err := sizedfs.HeldMount(l.areasRoot(), l.Merged, unix.OVERLAYFS_SUPER_MAGIC)
+	if ok {
+		m.Close()
 	}
-	if err := unix.Lstat(filepath.Dir(l.Merged), &parent); err != nil {
-		return false, fmt.Errorf("checking overlay %s: %w", l.Merged, err)
-	}
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(l.Merged, &sfs); err != nil {
-		return false, fmt.Errorf("checking overlay %s: %w", l.Merged, err)
-	}
-	return st.Dev != parent.Dev && sfs.Type == unix.OVERLAYFS_SUPER_MAGIC, nil
+	return ok, err
 }
 
 // Mount creates the upper, work and merged directories when missing and
@@ -245,13 +235,13 @@ func fdPath(f *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(f.Fd
 // Unmount unmounts the merged view, and the sized file system under it;
 // the upper layer (the changes) stays.
 func (l Layers) Unmount() error {
-	ok, err := l.Mounted()
+	m, ok, err := sizedfs.HeldMount(l.areasRoot(), l.Merged, unix.OVERLAYFS_SUPER_MAGIC)
 	if err != nil {
 		return err
 	}
 	if ok {
-		if err := unix.Unmount(l.Merged, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("unmounting overlay %s: %w", l.Merged, err)
+		if err := sizedfs.UnmountHeld(m); err != nil {
+			return fmt.Errorf("overlay: %w", err)
 		}
 	}
 	if l.Disk != "" {

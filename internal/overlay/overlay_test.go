@@ -235,3 +235,29 @@ func TestSizeNeverWalksALinkSwappedIn(t *testing.T) {
 	}
 	t.Logf("%d measures, %d failed", walks, errs)
 }
+
+// TestUnmountNeverFollowsALinkToAnotherMount puts a link where the agent's
+// overlay directory was, leading to another overlay of the host's, as the
+// agent who owns the directories around its layers could. The unmount, run
+// as root when the instance goes, must leave the host's overlay mounted:
+// it resolves the merged view beneath the areas root without links and
+// unmounts the mount it holds.
+func TestUnmountNeverFollowsALinkToAnotherMount(t *testing.T) {
+	host, dir := mounted(t)
+	agent := overlay.For(filepath.Join(dir, "areas", "alice"), filepath.Join(dir, "project"), "project")
+	base := filepath.Dir(agent.Merged)
+	if err := os.MkdirAll(filepath.Dir(base), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The host's overlay's directory, where the agent's would be.
+	if err := os.Symlink(filepath.Dir(host.Merged), base); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := agent.Mounted(); err == nil && ok {
+		t.Errorf("the agent's overlay is told mounted through a link to the host's")
+	}
+	_ = agent.Unmount()
+	if ok, err := host.Mounted(); err != nil || !ok {
+		t.Fatalf("the host's overlay is gone after the agent's unmount through a link (mounted %v, %v)", ok, err)
+	}
+}

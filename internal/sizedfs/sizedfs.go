@@ -60,21 +60,58 @@ func (f FS) held(path string) areas.HostDir {
 
 // Mounted says whether the file system is mounted at Dir.
 func (f FS) Mounted() (bool, error) {
-	var st, parent unix.Stat_t
-	if err := unix.Lstat(f.Dir, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("checking %s: %w", f.Dir, err)
+	m, ok, err := HeldMount(f.Anchor, f.Dir, unix.EXT4_SUPER_MAGIC)
+	if ok {
+		m.Close()
 	}
-	if err := unix.Lstat(filepath.Dir(f.Dir), &parent); err != nil {
-		return false, fmt.Errorf("checking %s: %w", f.Dir, err)
+	return ok, err
+}
+
+// HeldMount resolves dir beneath anchor without following any link and
+// says whether a file system of type magic is mounted on it. When one is,
+// m holds the mount's root: the caller checks and acts on m (Fstatfs,
+// UnmountHeld), never on dir again, which the agent who owns the
+// directories around it may have made lead elsewhere by then. A dir that
+// is missing, or is not a directory (a link put in its place), has
+// nothing of ours mounted on it.
+func HeldMount(anchor, dir string, magic int64) (m *os.File, ok bool, err error) {
+	parent, err := areas.HostDir{Anchor: anchor, Path: filepath.Dir(dir), NoLinks: true}.Open()
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
 	}
+	if err != nil {
+		return nil, false, fmt.Errorf("checking %s: %w", dir, err)
+	}
+	defer parent.Close()
+	fd, err := unix.Openat(int(parent.Fd()), filepath.Base(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("checking %s: %w", dir, err)
+	}
+	m = os.NewFile(uintptr(fd), dir)
+	var st, pst unix.Stat_t
 	var sfs unix.Statfs_t
-	if err := unix.Statfs(f.Dir, &sfs); err != nil {
-		return false, fmt.Errorf("checking %s: %w", f.Dir, err)
+	if err := errors.Join(unix.Fstat(fd, &st), unix.Fstat(int(parent.Fd()), &pst), unix.Fstatfs(fd, &sfs)); err != nil {
+		m.Close()
+		return nil, false, fmt.Errorf("checking %s: %w", dir, err)
 	}
-	return st.Dev != parent.Dev && sfs.Type == unix.EXT4_SUPER_MAGIC, nil
+	if st.Dev == pst.Dev || int64(sfs.Type) != magic {
+		m.Close()
+		return nil, false, nil
+	}
+	return m, true, nil
+}
+
+// UnmountHeld detaches the mount whose root m holds (HeldMount) and closes
+// m.
+func UnmountHeld(m *os.File) error {
+	defer m.Close()
+	if err := unix.Unmount("/proc/self/fd/"+strconv.Itoa(int(m.Fd())), unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmounting %s: %w", m.Name(), err)
+	}
+	return nil
 }
 
 // Mount makes the image when it is missing, grows it when Size grew while
@@ -287,14 +324,11 @@ func attachAndMount(img, dir *os.File) error {
 
 // Unmount unmounts the file system; the image stays.
 func (f FS) Unmount() error {
-	ok, err := f.Mounted()
+	m, ok, err := HeldMount(f.Anchor, f.Dir, unix.EXT4_SUPER_MAGIC)
 	if err != nil || !ok {
 		return err
 	}
-	if err := unix.Unmount(f.Dir, unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("unmounting %s: %w", f.Dir, err)
-	}
-	return nil
+	return UnmountHeld(m)
 }
 
 // Remove unmounts the file system and removes its image and mount point:
@@ -314,8 +348,16 @@ func (f FS) Remove() error {
 
 // Usage is what the mounted file system holds and can hold, in bytes.
 func (f FS) Usage() (used, size int64, err error) {
+	m, ok, err := HeldMount(f.Anchor, f.Dir, unix.EXT4_SUPER_MAGIC)
+	if err != nil {
+		return 0, 0, err
+	}
+	if !ok {
+		return 0, 0, fmt.Errorf("measuring %s: it is not mounted", f.Dir)
+	}
+	defer m.Close()
 	var s unix.Statfs_t
-	if err := unix.Statfs(f.Dir, &s); err != nil {
+	if err := unix.Fstatfs(int(m.Fd()), &s); err != nil {
 		return 0, 0, fmt.Errorf("measuring %s: %w", f.Dir, err)
 	}
 	return int64(s.Blocks-s.Bfree) * s.Bsize, int64(s.Blocks) * s.Bsize, nil

@@ -196,3 +196,27 @@ func TestCopyIntoKeepsLittleOfCpsOutput(t *testing.T) {
 		t.Fatalf("the error of a copy failing for %d files is %d bytes (want at most 8 KiB, saying what was dropped): %.300s", files, len(msg), msg)
 	}
 }
+
+// TestUnmountNeverFollowsALinkToAnotherMount puts a link where the agent's
+// directory was, leading to another sized file system (the host's ext4
+// mount, as far as the agent knows). Unmount, Usage and Remove, run as root,
+// must leave it mounted and never measure it.
+func TestUnmountNeverFollowsALinkToAnotherMount(t *testing.T) {
+	host := sized(t, 1<<20)
+	if _, err := host.Mount(); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	agent := sizedfs.FS{Dir: filepath.Join(root, "alice", "disk"), Size: 1 << 20, Anchor: root}
+	if err := os.Symlink(filepath.Dir(host.Dir), filepath.Join(root, "alice")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := agent.Usage(); err == nil {
+		t.Errorf("the host's file system was measured through a link")
+	}
+	_ = agent.Unmount()
+	_ = agent.Remove()
+	if ok, err := host.Mounted(); err != nil || !ok {
+		t.Fatalf("the host's file system is gone after the agent's unmount through a link (mounted %v, %v)", ok, err)
+	}
+}
