@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -85,7 +86,7 @@ func ServingCert(dir string) (caFile, certFile, keyFile string, err error) {
 		{certFile, "CERTIFICATE", der, 0o644},
 		{keyFile, "EC PRIVATE KEY", keyDER, 0o600},
 	} {
-		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), f.mode); err != nil {
+		if err := writeNew(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), f.mode); err != nil {
 			return "", "", "", fmt.Errorf("writing %s: %w", f.path, err)
 		}
 	}
@@ -115,4 +116,24 @@ func PublishCA(ctx context.Context, cfg *rest.Config, namespace, caFile string) 
 		return fmt.Errorf("creating namespace %s for the exec API's CA: %w", namespace, err)
 	}
 	return servingcert.ExecAPICA.Publish(ctx, c, namespace, ca)
+}
+
+// writeNew writes data to a new file of the given mode beside path and
+// renames it over path: what was at path (a file of a looser mode, a link
+// to another file) is replaced, never written through or kept.
+func writeNew(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".new-*")
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	if err := errors.Join(werr, f.Chmod(mode), f.Close()); err != nil {
+		_ = os.Remove(f.Name())
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		_ = os.Remove(f.Name())
+		return err
+	}
+	return nil
 }

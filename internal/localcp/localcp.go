@@ -56,7 +56,7 @@ func Start(assetsDir, crdDir, kubeconfigPath string) (*ControlPlane, error) {
 		_ = cp.Stop()
 		return nil, fmt.Errorf("writing the local kubeconfig: %w", err)
 	}
-	if err := os.WriteFile(kubeconfigPath, kc, 0o600); err != nil {
+	if err := writeNew(kubeconfigPath, kc, 0o600); err != nil {
 		_ = cp.Stop()
 		return nil, fmt.Errorf("writing the local kubeconfig: %w", err)
 	}

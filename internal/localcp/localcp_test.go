@@ -74,3 +74,39 @@ func children(t *testing.T, names ...string) []int {
 	}
 	return pids
 }
+
+// A key, certificate or kubeconfig written where a file already was (a
+// looser mode, a link another user put in a shared directory) is a new
+// file of its own mode: the old one's mode is not kept and a link's target
+// is never written.
+func TestServingCertReplacesWhatWasThere(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other-users-file")
+	if err := os.WriteFile(other, []byte("theirs"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	certs := filepath.Join(dir, "certs")
+	if err := os.Mkdir(certs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, filepath.Join(certs, "tls.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(certs, "ca.crt"), nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	_, _, keyFile, err := ServingCert(certs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(other); err != nil || string(b) != "theirs" {
+		t.Errorf("the link's target was written: %q, %v", b, err)
+	}
+	fi, err := os.Lstat(keyFile)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Errorf("tls.key is %v (%v), want a regular file of mode 0600", fi.Mode(), err)
+	}
+	if fi, err := os.Lstat(filepath.Join(certs, "ca.crt")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("ca.crt kept its mode %v (%v), want 0644", fi.Mode(), err)
+	}
+}
