@@ -97,7 +97,7 @@ func HeldMount(anchor, dir string, magic int64) (m *os.File, ok bool, err error)
 		m.Close()
 		return nil, false, fmt.Errorf("checking %s: %w", dir, err)
 	}
-	if st.Dev == pst.Dev || int64(sfs.Type) != magic {
+	if st.Dev == pst.Dev || sfs.Type != magic {
 		m.Close()
 		return nil, false, nil
 	}
