@@ -1,8 +1,10 @@
 package execapi
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -32,6 +34,10 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if aerr := oneMessage(w, r); aerr != nil {
+		s.refuse(w, r, u, aerr)
+		return
+	}
 	d := mcpserver.DescribeInstance(ns+"-"+name, t.instance)
 	if w := t.claim.Status.Worktree; w != nil {
 		d.Worktree = w.Path
@@ -39,6 +45,38 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 	server := mcpserver.New(&claimSandbox{s: s, t: t, key: ns + "/" + name, d: d}, mcpVersion)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
 	h.ServeHTTP(w, r)
+}
+
+// oneMessage refuses a JSON-RPC batch. The SDK still takes batches from a
+// client that names an old protocol version (or none), runs their calls
+// at once and holds every answer until the last is done: a batch of a few
+// thousand read_file calls, a few hundred kilobytes of body, would make
+// the controller hold and send gigabytes. A request is one message, so one
+// tool call, bounded as one. The body is bounded as the SDK bounds it,
+// and whitespace before the message is skipped.
+func oneMessage(w http.ResponseWriter, r *http.Request) *apiError {
+	body := http.MaxBytesReader(w, r.Body, mcp.DefaultMaxRequestBodyBytes)
+	br := bufio.NewReader(body)
+	for {
+		b, err := br.ReadByte()
+		if err != nil {
+			// An empty or broken body is the SDK's to answer.
+			break
+		}
+		if b == ' ' || b == '\t' || b == '\n' || b == '\r' {
+			continue
+		}
+		_ = br.UnreadByte()
+		if b == '[' {
+			return &apiError{code: http.StatusBadRequest, refusal: refusalBadRequest, msg: "a JSON-RPC batch is refused: send one message a request"}
+		}
+		break
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{br, body}
+	return nil
 }
 
 // claimSandbox is a claim's sandbox as the MCP tools use it: commands

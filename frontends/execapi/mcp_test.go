@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -213,5 +215,62 @@ func TestMCPBoundsWhatItAnswers(t *testing.T) {
 	}
 	if len(txt) > 16<<20 || grew > 512<<20 {
 		t.Fatalf("exec answered %d bytes of text and allocated %d MiB", len(txt), grew>>20)
+	}
+}
+
+// mcpPost sends body to a claim's MCP endpoint as a client that names no
+// protocol version, and returns the status and at most limit bytes of the
+// answer with the answer's whole length.
+func (f *fixture) mcpPost(claim, body string, limit int64) (int, string, int64) {
+	f.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/"+claim+"/mcp", strings.NewReader(body))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer alice-token")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var kept bytes.Buffer
+	n, _ := io.Copy(&kept, io.LimitReader(resp.Body, limit))
+	rest, _ := io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, kept.String(), n + rest
+}
+
+// A JSON-RPC batch runs its calls at once and is answered when the last
+// is done, every answer held until then: a few hundred kilobytes of calls
+// to read_file made the controller hold and send gigabytes. A request is
+// one message; a batch is refused before any of its calls runs.
+func TestMCPRefusesABatchOfCalls(t *testing.T) {
+	f := newFixture(t, Config{})
+	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.workspace(), "noise"), bytes.Repeat([]byte{1}, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	call := func(id int, tool, args string) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":%s}}`, id, tool, args)
+	}
+	var calls []string
+	for i := range 8 {
+		calls = append(calls, call(i+1, "read_file", `{"path":"/workspace/noise","max_bytes":1048576}`))
+	}
+	calls = append(calls, call(9, "exec", `{"argv":["echo","from a batch"]}`))
+	code, answer, size := f.mcpPost("s1", " \n["+strings.Join(calls, ",")+"]", 4096)
+	if code != http.StatusBadRequest || !strings.Contains(answer, "batch") || size > 64<<10 {
+		t.Fatalf("a batch of 8 read_file calls and an exec: %d, %d bytes answered: %.300q; want 400 saying a batch is refused", code, size, answer)
+	}
+	if got := f.rt.commands(); slices.Contains(got, "echo from a batch") {
+		t.Fatalf("a call of the refused batch ran: %v", got)
+	}
+	// One message, whitespace before it and all, is served.
+	code, answer, _ = f.mcpPost("s1", "\n\t "+call(1, "exec", `{"argv":["echo","alone"]}`), 64<<10)
+	if code != http.StatusOK || !strings.Contains(answer, `alone\n`) {
+		t.Fatalf("one call: %d %.300q", code, answer)
 	}
 }
