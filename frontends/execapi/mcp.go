@@ -3,9 +3,11 @@ package execapi
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -42,7 +44,11 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 	if w := t.claim.Status.Worktree; w != nil {
 		d.Worktree = w.Path
 	}
-	server := mcpserver.New(&claimSandbox{s: s, t: t, key: ns + "/" + name, d: d}, mcpVersion)
+	sb := &claimSandbox{s: s, t: t, key: ns + "/" + name, d: d}
+	// The handler returns once the answer is sent: until then the answer
+	// is in memory, and its tool's slot stays taken.
+	defer sb.release()
+	server := mcpserver.New(sb, mcpVersion)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
 	h.ServeHTTP(w, r)
 }
@@ -79,14 +85,51 @@ func oneMessage(w http.ResponseWriter, r *http.Request) *apiError {
 	return nil
 }
 
-// claimSandbox is a claim's sandbox as the MCP tools use it: commands
-// checked against the allowlist and counted against the claim's limit of
-// concurrent commands, as exec's are; files through its file view.
+// claimSandbox is a claim's sandbox as the MCP tools of one request use
+// it: commands checked against the allowlist, and every tool counted
+// against the claim's limit of concurrent commands, as exec's are, from
+// its start until the request's answer has been sent (release); files
+// through its file view.
 type claimSandbox struct {
 	s   *Server
 	t   *target
 	key string
 	d   mcpserver.Description
+
+	mu       sync.Mutex
+	held     int
+	released bool
+}
+
+// take counts a tool against the claim's limit until release. A tool's
+// answer (a megabyte of a file or of a command's output is about 13 MB of
+// JSON) is held until its client takes it, so the slot is held as long:
+// clients that do not read their answers hold no more of them than the
+// claim may run commands.
+func (c *claimSandbox) take() error {
+	if !c.s.execs.acquire(c.key) {
+		return fmt.Errorf("SessionClaim %s already runs %d commands and tools, the most one claim may run at once", c.key, c.s.cfg.MaxExecsPerClaim)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.released {
+		// The request has ended: a slot taken now would never be given back.
+		c.s.execs.release(c.key)
+		return errors.New("the request has ended")
+	}
+	c.held++
+	return nil
+}
+
+// release gives back every slot the request's tools took.
+func (c *claimSandbox) release() {
+	c.mu.Lock()
+	n := c.held
+	c.held, c.released = 0, true
+	c.mu.Unlock()
+	for range n {
+		c.s.execs.release(c.key)
+	}
 }
 
 func (c *claimSandbox) Exec(ctx context.Context, req runtimes.ExecRequest) (runtimes.ExitStatus, error) {
@@ -94,10 +137,9 @@ func (c *claimSandbox) Exec(ctx context.Context, req runtimes.ExecRequest) (runt
 		c.s.metrics.execs.WithLabelValues(outcomeRefused).Inc()
 		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonRefused, "running a command in", c.t.instance.Name, "%w", err)
 	}
-	if !c.s.execs.acquire(c.key) {
-		return runtimes.ExitStatus{}, fmt.Errorf("SessionClaim %s already runs %d commands, the most one claim may run at once", c.key, c.s.cfg.MaxExecsPerClaim)
+	if err := c.take(); err != nil {
+		return runtimes.ExitStatus{}, err
 	}
-	defer c.s.execs.release(c.key)
 	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.ExecTimeout)
 	defer cancel()
 	st, err := c.t.runtime.Exec(ctx, c.t.instance.Name, req)
@@ -122,53 +164,38 @@ func (c *claimSandbox) Files() (mcpserver.Files, error) {
 }
 
 // claimFiles are a claim's file tools, each counted against the claim's
-// limit of concurrent commands while it runs: a file tool holds memory and
+// limit of concurrent commands (take): a file tool holds memory and
 // descriptors of the server as a command does.
 type claimFiles struct {
 	c *claimSandbox
 	mcpserver.Files
 }
 
-func (f claimFiles) slot() (func(), error) {
-	if !f.c.s.execs.acquire(f.c.key) {
-		return nil, fmt.Errorf("SessionClaim %s already runs %d commands and file tools, the most one claim may run at once", f.c.key, f.c.s.cfg.MaxExecsPerClaim)
-	}
-	return func() { f.c.s.execs.release(f.c.key) }, nil
-}
-
 func (f claimFiles) Read(path string, max int) ([]byte, bool, error) {
-	done, err := f.slot()
-	if err != nil {
+	if err := f.c.take(); err != nil {
 		return nil, false, err
 	}
-	defer done()
 	return f.Files.Read(path, max)
 }
 
 func (f claimFiles) Write(path string, data []byte) error {
-	done, err := f.slot()
-	if err != nil {
+	if err := f.c.take(); err != nil {
 		return err
 	}
-	defer done()
 	return f.Files.Write(path, data)
 }
 
 func (f claimFiles) List(path string) ([]areas.Entry, error) {
-	done, err := f.slot()
-	if err != nil {
+	if err := f.c.take(); err != nil {
 		return nil, err
 	}
-	defer done()
 	return f.Files.List(path)
 }
 
 func (f claimFiles) Remove(path string, recursive bool) error {
-	done, err := f.slot()
-	if err != nil {
+	if err := f.c.take(); err != nil {
 		return err
 	}
-	defer done()
 	return f.Files.Remove(path, recursive)
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -272,5 +273,68 @@ func TestMCPRefusesABatchOfCalls(t *testing.T) {
 	code, answer, _ = f.mcpPost("s1", "\n\t "+call(1, "exec", `{"argv":["echo","alone"]}`), 64<<10)
 	if code != http.StatusOK || !strings.Contains(answer, `alone\n`) {
 		t.Fatalf("one call: %d %.300q", code, answer)
+	}
+}
+
+// An answer stays in the controller's memory until its client takes it:
+// read_file's megabyte of control bytes is about 13 MB of JSON. A tool
+// gave its slot of the claim's limit back when it returned, before its
+// answer was sent, so clients that never read their answers held as many
+// of them as they asked for. A tool's slot is now held until its answer
+// has been sent: a client that does not read keeps it.
+func TestMCPAnswersNotTakenKeepTheirSlots(t *testing.T) {
+	f := newFixture(t, Config{MaxExecsPerClaim: 2})
+	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.workspace(), "noise"), bytes.Repeat([]byte{1}, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A client that reads the headers of an answer and nothing more, with
+	// a receive buffer too small to take the answer in.
+	tr := f.srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		}
+		return c, err
+	}
+	defer tr.CloseIdleConnections()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/workspace/noise","max_bytes":1048576}}}`
+	for range f.api.cfg.MaxExecsPerClaim {
+		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer alice-token")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := (&http.Client{Transport: tr, Timeout: time.Minute}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The answer has begun: the tool has returned.
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("read_file: %d", resp.StatusCode)
+		}
+		defer resp.Body.Close()
+	}
+
+	s, err := f.mcpConnect("alice-token", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"read_file", map[string]any{"path": "/workspace/noise", "max_bytes": 1 << 20}},
+		{"exec", map[string]any{"argv": []string{"echo", "one more"}}},
+	} {
+		if isErr, txt, out := mcpCall(t, s, c.tool, c.args); !isErr || !strings.Contains(txt, "already runs 2") {
+			t.Fatalf("%s while 2 answers of the claim's limit of 2 are not taken: error %v, %.200q, %d bytes of content; want it refused", c.tool, isErr, txt, len(fmt.Sprint(out)))
+		}
 	}
 }
