@@ -158,12 +158,8 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.R
 		return tooLarge(s.cfg.MaxBodyBytes)
 	}
 	ns := r.PathValue("namespace")
-	if ok, byNS := s.uploads.tryAcquire(ns); !ok {
-		w.Header().Set("Retry-After", "1")
-		if byNS {
-			return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("namespace %s has %d uploads in progress, the most one namespace may have at once on this node (--api-max-uploads less a quarter kept for other namespaces); retry later", ns, s.uploads.share)}
-		}
-		return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("%d uploads are in progress, the most this controller receives at once (--api-max-uploads); retry later", s.cfg.MaxUploads)}
+	if aerr := s.takeUpload(w, ns); aerr != nil {
+		return aerr
 	}
 	defer s.uploads.release(ns)
 	if err := receiveFile(root, rel, http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), perm, owner); err != nil {
@@ -175,6 +171,20 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.R
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// takeUpload takes an upload slot for namespace ns (release it with
+// s.uploads.release), or says why none is free.
+func (s *Server) takeUpload(w http.ResponseWriter, ns string) *apiError {
+	ok, byNS := s.uploads.tryAcquire(ns)
+	if ok {
+		return nil
+	}
+	w.Header().Set("Retry-After", "1")
+	if byNS {
+		return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("namespace %s has %d uploads in progress, the most one namespace may have at once on this node (--api-max-uploads less a quarter kept for other namespaces); retry later", ns, s.uploads.share)}
+	}
+	return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("%d uploads are in progress, the most this controller receives at once (--api-max-uploads); retry later", s.cfg.MaxUploads)}
 }
 
 // receiveFile streams body into a temporary file beside rel, opened beneath

@@ -1,7 +1,7 @@
 package execapi
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -36,7 +36,7 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if aerr := oneMessage(w, r); aerr != nil {
+	if aerr := s.readMessage(w, r); aerr != nil {
 		s.refuse(w, r, u, aerr)
 		return
 	}
@@ -53,35 +53,35 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 	h.ServeHTTP(w, r)
 }
 
-// oneMessage refuses a JSON-RPC batch. The SDK still takes batches from a
-// client that names an old protocol version (or none), runs their calls
-// at once and holds every answer until the last is done: a batch of a few
-// thousand read_file calls, a few hundred kilobytes of body, would make
-// the controller hold and send gigabytes. A request is one message, so one
-// tool call, bounded as one. The body is bounded as the SDK bounds it,
-// and whitespace before the message is skipped.
-func oneMessage(w http.ResponseWriter, r *http.Request) *apiError {
-	body := http.MaxBytesReader(w, r.Body, mcp.DefaultMaxRequestBodyBytes)
-	br := bufio.NewReader(body)
-	for {
-		b, err := br.ReadByte()
-		if err != nil {
-			// An empty or broken body is the SDK's to answer.
-			break
-		}
-		if b == ' ' || b == '\t' || b == '\n' || b == '\r' {
-			continue
-		}
-		_ = br.UnreadByte()
-		if b == '[' {
-			return &apiError{code: http.StatusBadRequest, refusal: refusalBadRequest, msg: "a JSON-RPC batch is refused: send one message a request"}
-		}
-		break
+// readMessage reads the request's body whole, as the SDK would, while it
+// holds an upload slot of the namespace: a body is held in memory (up to
+// the SDK's 4 MiB) as it arrives, and a caller that sends most of one and
+// stalls would otherwise hold that memory as many times as it liked.
+//
+// A JSON-RPC batch is refused. The SDK still takes batches from a client
+// that names an old protocol version (or none), runs their calls at once
+// and holds every answer until the last is done: a batch of a few thousand
+// read_file calls, a few hundred kilobytes of body, would make the
+// controller hold and send gigabytes. A request is one message, so one
+// tool call, bounded as one.
+func (s *Server) readMessage(w http.ResponseWriter, r *http.Request) *apiError {
+	ns := r.PathValue("namespace")
+	if aerr := s.takeUpload(w, ns); aerr != nil {
+		return aerr
 	}
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{br, body}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, mcp.DefaultMaxRequestBodyBytes))
+	s.uploads.release(ns)
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return &apiError{code: http.StatusRequestEntityTooLarge, refusal: refusalBodyTooLarge, msg: fmt.Sprintf("the body is larger than the %d-byte limit of one MCP request", mbe.Limit)}
+	case err != nil:
+		return &apiError{code: http.StatusBadRequest, refusal: refusalBadRequest, msg: fmt.Sprintf("reading the MCP request: %v", err)}
+	}
+	if first := bytes.TrimLeft(body, " \t\r\n"); len(first) > 0 && first[0] == '[' {
+		return &apiError{code: http.StatusBadRequest, refusal: refusalBadRequest, msg: "a JSON-RPC batch is refused: send one message a request"}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/cireilclaw/sandbox-controller/frontends/mcpserver"
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 type bearer struct {
@@ -337,4 +339,70 @@ func TestMCPAnswersNotTakenKeepTheirSlots(t *testing.T) {
 			t.Fatalf("%s while 2 answers of the claim's limit of 2 are not taken: error %v, %.200q, %d bytes of content; want it refused", c.tool, isErr, txt, len(fmt.Sprint(out)))
 		}
 	}
+}
+
+// An MCP request's body is read into memory (up to 4 MiB) before any tool
+// runs, and nothing bounded how many bodies were arriving at once: a
+// caller that sent most of a body and stalled held its megabytes for as
+// long as it liked, as many times as it liked. A body arriving takes an
+// upload slot (--api-max-uploads, of which one namespace may hold three
+// quarters) until it is whole.
+func TestMCPBodiesArrivingTakeUploadSlots(t *testing.T) {
+	f := newFixture(t, Config{MaxUploads: 4})
+	// A client whose send buffer is small: a megabyte of body has left it
+	// only once the server has read most of it.
+	tr := f.srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetWriteBuffer(4 << 10)
+		}
+		return c, err
+	}
+	defer tr.CloseIdleConnections()
+	post := func(body io.Reader) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", body)
+		if err != nil {
+			return 0, err.Error()
+		}
+		req.Header.Set("Authorization", "Bearer alice-token")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return resp.StatusCode, string(b)
+	}
+	var stalled []*io.PipeWriter
+	t.Cleanup(func() {
+		for _, pw := range stalled {
+			pw.CloseWithError(errors.New("the test is over"))
+		}
+	})
+	for range 3 {
+		pr, pw := io.Pipe()
+		stalled = append(stalled, pw)
+		go post(pr)
+		head := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write_file","arguments":{"path":"/workspace/big","content":"`
+		if _, err := pw.Write([]byte(head + strings.Repeat("a", 1<<20))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, msg := post(strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec","arguments":{"argv":["echo","fourth"]}}}`))
+	if code != http.StatusTooManyRequests || !strings.Contains(msg, "uploads in progress") {
+		t.Fatalf("a fourth MCP request while three bodies of the namespace stall: %d %.300q; want 429", code, msg)
+	}
+	if got := f.rt.commands(); slices.Contains(got, "echo fourth") {
+		t.Fatalf("the refused request ran its command: %v", got)
+	}
+	for _, pw := range stalled {
+		pw.CloseWithError(errors.New("the test is over"))
+	}
+	testenv.Eventually(t, time.Minute, "the stalled bodies' slots come back", func() bool {
+		code, _ := post(strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec","arguments":{"argv":["echo","fifth"]}}}`))
+		return code == http.StatusOK
+	})
 }
