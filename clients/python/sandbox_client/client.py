@@ -166,7 +166,21 @@ class SandboxClient:
                                "a kubeconfig token is never sent to a node")
         return f"https://{endpoint}/api/{VERSION}", {
             "ca": self._node_ca_file(), "cert": None if self.api_token else self.cfg.cert_file,
-            "key": None if self.api_token else self.cfg.key_file, "verify": True, "headers": headers}
+            "key": None if self.api_token else self.cfg.key_file, "verify": True, "headers": headers,
+            "server_hostname": self._sandbox_node(claim)}
+
+    def _sandbox_node(self, claim: "Claim") -> Optional[str]:
+        """The node of the claim's Sandbox, which the node's certificate
+        must name whatever address the claim's endpoint gives: a node's
+        controller writes that endpoint, and a taken one could point it at
+        itself and take the token sent. None (the address is verified)
+        when the Sandbox is on no node or this user may not read it."""
+        try:
+            name = claim.get().get("spec", {}).get("sandboxName")
+            sb = self.objects.get_namespaced_custom_object(GROUP, VERSION, claim.namespace, "sandboxes", name)
+        except ApiException:
+            return None
+        return sb.get("spec", {}).get("nodeName") or sb.get("status", {}).get("nodeName") or None
 
     def _node_ca_file(self) -> Optional[str]:
         """The exec API's CA, as the cluster publishes it; else the
@@ -285,6 +299,8 @@ class Claim:
             sslopt["certfile"], sslopt["keyfile"] = how["cert"], how["key"]
         if not how["verify"]:
             sslopt["check_hostname"] = False
+        if how.get("server_hostname"):
+            sslopt["server_hostname"] = how["server_hostname"]
         headers = [f"{k}: {v}" for k, v in how["headers"].items()]
         try:
             ws = websocket.create_connection(url, subprotocols=[PROTOCOL], sslopt=sslopt, header=headers,
@@ -378,9 +394,10 @@ class Claim:
         url = base + self._path("files/" + "/".join(quote(p, safe="") for p in parts))
         if query:
             url += "?" + urlencode(query)
+        tls = {"server_hostname": how["server_hostname"]} if how.get("server_hostname") else {}
         pool = urllib3.PoolManager(
             cert_reqs="CERT_REQUIRED" if how["verify"] else "CERT_NONE", ca_certs=how["ca"],
-            cert_file=how["cert"], key_file=how["key"], assert_hostname=None if how["verify"] else False)
+            cert_file=how["cert"], key_file=how["key"], assert_hostname=None if how["verify"] else False, **tls)
         r = pool.request(method, url, body=body, headers=how["headers"], preload_content=preload)
         if r.status // 100 != 2:
             data = r.data if preload else r.read(64 << 10)

@@ -94,6 +94,8 @@ interface Target {
   cert?: Buffer;
   key?: Buffer;
   insecure?: boolean;
+  /** The name the server's certificate must carry, when not the base URL's host. */
+  servername?: string;
   headers: Record<string, string>;
 }
 
@@ -107,7 +109,7 @@ function request(t: Target, method: string, path: string, body?: Uint8Array | st
   const url = new URL(t.base + path);
   return new Promise((resolve, reject) => {
     const req = https.request(url, {
-      method, ca: t.ca, cert: t.cert, key: t.key, rejectUnauthorized: !t.insecure,
+      method, ca: t.ca, cert: t.cert, key: t.key, rejectUnauthorized: !t.insecure, servername: t.servername,
       headers: { ...t.headers, ...headers },
     }, (res) => {
       const chunks: Buffer[] = [];
@@ -221,7 +223,8 @@ export class SandboxClient {
     if (await this.aggregated()) {
       return { ...this.api, base: this.api.base + AGGREGATED_PREFIX };
     }
-    const endpoint = (await claim.get()).status?.endpoint;
+    const sc = await claim.get();
+    const endpoint = sc.status?.endpoint;
     if (!endpoint) throw new SandboxError(`SessionClaim ${claim.namespace}/${claim.name} has no status.endpoint yet`);
     if (!this.opts.apiToken && !this.api.cert) {
       throw new SandboxError("reaching the exec API on the Sandbox's node needs the kubeconfig's client certificate or apiToken; a kubeconfig token is never sent to a node");
@@ -231,7 +234,25 @@ export class SandboxClient {
     return {
       base: `https://${endpoint}/api/${VERSION}`, ca: (await this.execCA()) ?? this.api.ca,
       cert: this.opts.apiToken ? undefined : this.api.cert, key: this.opts.apiToken ? undefined : this.api.key, headers,
+      servername: await this.sandboxNode(claim.namespace, sc.spec?.sandboxName),
     };
+  }
+
+  /**
+   * The node of a claim's Sandbox, which the node's certificate must name
+   * whatever address the claim's endpoint gives: a node's controller writes
+   * that endpoint, and a taken one could point it at itself and take the
+   * token sent. Undefined (the address is verified) when the Sandbox is on
+   * no node or this user may not read it.
+   */
+  private async sandboxNode(ns: string, sandbox?: string): Promise<string | undefined> {
+    if (!sandbox) return undefined;
+    try {
+      const sb = await this.kube("GET", `/apis/${GROUP}/${VERSION}/namespaces/${encodeURIComponent(ns)}/sandboxes/${encodeURIComponent(sandbox)}`);
+      return sb?.spec?.nodeName || sb?.status?.nodeName || undefined;
+    } catch {
+      return undefined;
+    }
   }
 
   private async aggregated(): Promise<boolean> {
@@ -323,7 +344,9 @@ export class Claim {
     q.set("stderr", "true");
     q.set("stdin", opts.stdin !== undefined ? "true" : "false");
     const url = t.base.replace(/^https:/, "wss:") + this.path + "/exec?" + q.toString();
-    const ws = new WebSocket(url, [PROTOCOL], { ca: t.ca, cert: t.cert, key: t.key, rejectUnauthorized: !t.insecure, headers: t.headers });
+    // ws hands servername to tls.connect, which checks the certificate for it.
+    const tlsOpts: WebSocket.ClientOptions & { servername?: string } = { ca: t.ca, cert: t.cert, key: t.key, rejectUnauthorized: !t.insecure, servername: t.servername, headers: t.headers };
+    const ws = new WebSocket(url, [PROTOCOL], tlsOpts);
     const out: Buffer[] = [], err: Buffer[] = [];
     const maxOutput = opts.maxOutput === undefined ? MAX_OUTPUT : opts.maxOutput;
     let kept = 0, tooMuch = false;
