@@ -78,9 +78,19 @@ type Server struct {
 	forwardBase      *http.Transport
 	toNode           sync.Map
 
+	// idleTimeout closes a kept-alive connection that sends no next
+	// request (DefaultIdleTimeout).
+	idleTimeout time.Duration
+
 	mu sync.Mutex
 	ln net.Listener
 }
+
+// DefaultIdleTimeout is how long a kept-alive connection may wait for its
+// next request. Without it anyone who can reach the port, authenticated or
+// not, held as many connections as it liked open forever, each with its
+// goroutine and buffers: one answer (a 401 will do) and then silence.
+const DefaultIdleTimeout = 2 * time.Minute
 
 // New builds the server; Start serves it.
 func New(cfg Config, opts Options) (*Server, error) {
@@ -99,7 +109,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exec API: registering metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads)}
+	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads), idleTimeout: DefaultIdleTimeout}
 	if opts.ForwardOnly && opts.Forwarding == nil {
 		return nil, errors.New("exec API: serving the aggregated API only needs forwarding to the nodes")
 	}
@@ -217,6 +227,7 @@ func (s *Server) Start(ctx context.Context) error {
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       s.idleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
 	done := make(chan error, 1)

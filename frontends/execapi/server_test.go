@@ -1,8 +1,10 @@
 package execapi
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -588,5 +590,47 @@ func TestRequestsCreateNothingForAnAgent(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(f.areas, "fresh")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the requests made the agent's directory: %v", err)
+	}
+}
+
+// A kept-alive connection that sends no next request is closed: before,
+// anyone who could reach the port held connections open forever after one
+// answer, unauthenticated (a 401 will do).
+func TestIdleConnectionsAreClosed(t *testing.T) {
+	f := newFixture(t, Config{BindAddress: "127.0.0.1:0"})
+	cert := f.srv.TLS.Certificates[0]
+	f.api.opts.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }
+	f.api.idleTimeout = time.Second
+	addr, err := f.api.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- f.api.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+
+	conn, err := tls.Dial("tcp", addr.String(), &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/workspace HTTP/1.1\r\nHost: node\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a request without credentials: %d", resp.StatusCode)
+	}
+	// The connection is now idle, and kept alive by the server.
+	_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Fatalf("an idle connection after a refused request: %v; want it closed by the server (EOF)", err)
 	}
 }
