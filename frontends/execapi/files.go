@@ -11,6 +11,7 @@ import (
 	"path"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -131,8 +132,23 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 	w.Header().Set("Content-Type", "application/octet-stream")
 	// ServeContent streams from the open descriptor: the size, ranges and
 	// conditional requests are answered without reading the file into memory.
-	http.ServeContent(w, r, "", e.ModTime, f)
+	http.ServeContent(deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}, r, "", e.ModTime, f)
 	return nil
+}
+
+// deadlineWriter gives each write of a response d to leave. A client that
+// stops reading is then taken as gone, as an exec stream's is; before, it
+// held the agent's open file, its connection and a goroutine for as long
+// as it liked, as many times as it liked.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w deadlineWriter) Write(p []byte) (int, error) {
+	_ = w.rc.SetWriteDeadline(time.Now().Add(w.d))
+	return w.ResponseWriter.Write(p)
 }
 
 // writeFile replaces a file atomically with the request body, or makes a

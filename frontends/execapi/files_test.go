@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -348,4 +349,69 @@ func TestUploadSlotsAreShared(t *testing.T) {
 			t.Fatalf("a stalled upload, once its body ended: %d", code)
 		}
 	}
+}
+
+// openCount is how many descriptors of this process have path open.
+func openCount(t *testing.T, path string) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && l == path {
+			n++
+		}
+	}
+	return n
+}
+
+// A client that stops reading a download is taken as gone once a write
+// has waited its timeout, as an exec stream's client is: before, it held
+// the agent's open file, its connection and a goroutine for as long as it
+// liked.
+func TestAStalledDownloadLetsGoOfTheFile(t *testing.T) {
+	f := newFixture(t, Config{})
+	f.api.downloadWriteTimeout = time.Second
+	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(f.workspace(), "big")
+	if err := os.WriteFile(big, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	// A client with a small receive buffer that reads the headers and
+	// nothing more.
+	tr := f.srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		}
+		return c, err
+	}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/workspace/big", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer alice-token")
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET of a file: %d", resp.StatusCode)
+	}
+	if openCount(t, big) == 0 {
+		t.Fatal("the download does not hold the file open while it sends it")
+	}
+	testenv.Eventually(t, time.Minute, "the stalled download lets go of the file", func() bool {
+		return openCount(t, big) == 0
+	})
 }

@@ -81,6 +81,9 @@ type Server struct {
 	// idleTimeout closes a kept-alive connection that sends no next
 	// request (DefaultIdleTimeout).
 	idleTimeout time.Duration
+	// downloadWriteTimeout bounds the wait for one write of a file's
+	// contents to leave (frameWriteTimeout).
+	downloadWriteTimeout time.Duration
 
 	mu sync.Mutex
 	ln net.Listener
@@ -109,7 +112,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exec API: registering metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads), idleTimeout: DefaultIdleTimeout}
+	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads), idleTimeout: DefaultIdleTimeout, downloadWriteTimeout: frameWriteTimeout}
 	if opts.ForwardOnly && opts.Forwarding == nil {
 		return nil, errors.New("exec API: serving the aggregated API only needs forwarding to the nodes")
 	}
