@@ -406,3 +406,37 @@ func TestMCPBodiesArrivingTakeUploadSlots(t *testing.T) {
 		return code == http.StatusOK
 	})
 }
+
+// A directory's names are the agent's: 20,000 empty files whose names are
+// 255 control bytes each cost it nothing, and each byte is six in JSON and
+// seven more in the text the SDK sends beside it. list_directory answers
+// at most mcpserver.MaxListEntries entries and says when there are more.
+func TestMCPListBoundsWhatItAnswers(t *testing.T) {
+	f := newFixture(t, Config{})
+	dir := filepath.Join(f.workspace(), "crowd")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20_000 {
+		name := fmt.Sprintf("%05d", i) + strings.Repeat("\x01", 250)
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := f.mcpConnect("alice-token", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	isErr, txt, out := mcpCall(t, s, "list_directory", map[string]any{"path": "/workspace/crowd"})
+	entries, _ := out["entries"].([]any)
+	if isErr || len(entries) != mcpserver.MaxListEntries || out["truncated"] != true {
+		t.Fatalf("list_directory of 20,000 entries: error %v, %d entries, truncated %v; want %d and truncated", isErr, len(entries), out["truncated"], mcpserver.MaxListEntries)
+	}
+	if len(txt) > 16<<20 {
+		t.Fatalf("list_directory answered %d bytes of text", len(txt))
+	}
+	if _, _, out := mcpCall(t, s, "list_directory", map[string]any{"path": "/workspace"}); out["truncated"] != false {
+		t.Fatalf("a small directory's listing: %v", out)
+	}
+}

@@ -99,6 +99,10 @@ const (
 	MaxOutput        = 1 << 20
 	DefaultReadBytes = 256 << 10
 	MaxReadBytes     = 1 << 20
+	// MaxListEntries bounds list_directory's answer: a name is up to 255
+	// bytes, each of which may be a control byte, so the answer stays
+	// within what read_file answers by default.
+	MaxListEntries = 1000
 )
 
 // ExecInput is the exec tool's input.
@@ -151,6 +155,8 @@ type FileOutput struct {
 // ListOutput is list_directory's result.
 type ListOutput struct {
 	Entries []ListEntry `json:"entries"`
+	// Truncated says the directory holds more than MaxListEntries entries.
+	Truncated bool `json:"truncated"`
 }
 
 // ListEntry is one entry of a directory.
@@ -176,7 +182,7 @@ func New(sb Sandbox, version string) *mcp.Server {
 		"The command is an argv array, not a shell line: to use shell syntax, run a shell that is allowed with -c. " + offers(d)}, t.exec)
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a text file inside the sandbox: its first 256 KiB, or max_bytes up to 1 MiB; truncated says it holds more (read further parts with a command such as tail or sed through exec). " + places(d)}, t.read)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a whole file inside the sandbox, creating it (and its missing directories) or replacing it atomically; read-only places refuse. " + places(d)}, t.write)
-	mcp.AddTool(s, &mcp.Tool{Name: "list_directory", Description: "List a directory inside the sandbox. " + places(d)}, t.list)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_directory", Description: "List a directory inside the sandbox: at most 1000 entries; truncated says it holds more (list further with a command such as ls or find through exec). " + places(d)}, t.list)
 	mcp.AddTool(s, &mcp.Tool{Name: "remove", Description: "Remove a file, or a directory with recursive; read-only places and the places themselves refuse. " + places(d)}, t.remove)
 	if d.Worktree != "" {
 		mcp.AddTool(s, &mcp.Tool{Name: "git_status", Description: "The state of this session's git worktree, " + d.Worktree +
@@ -327,6 +333,9 @@ func (t tools) list(_ context.Context, _ *mcp.CallToolRequest, in PathInput) (*m
 		return nil, ListOutput{}, err
 	}
 	out := ListOutput{Entries: []ListEntry{}}
+	if len(es) > MaxListEntries {
+		es, out.Truncated = es[:MaxListEntries], true
+	}
 	for _, e := range es {
 		out.Entries = append(out.Entries, ListEntry{Name: e.Name, Type: string(e.Type), Size: e.Size})
 	}
