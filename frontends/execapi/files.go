@@ -1,6 +1,7 @@
 package execapi
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -119,7 +120,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 		if r.Method == http.MethodHead {
 			return nil
 		}
-		return json.NewEncoder(w).Encode(entries)
+		return writeEntries(deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}, entries)
 	}
 	if e.Type != areas.TypeFile {
 		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s is a %s, not a regular file or directory", rel, e.Type)}
@@ -134,6 +135,37 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 	// conditional requests are answered without reading the file into memory.
 	http.ServeContent(deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}, r, "", e.ModTime, f)
 	return nil
+}
+
+// writeEntries answers a listing as one JSON array, an entry at a time
+// through a buffer: the names are the agent's, up to 255 bytes each, and a
+// control byte is six in JSON, so the whole answer at once would be many
+// times the listing (about 160 MB for 100,000 such names) for every
+// listing asked for at once.
+func writeEntries(w io.Writer, entries []areas.Entry) error {
+	bw := bufio.NewWriterSize(w, 32<<10)
+	enc := json.NewEncoder(bw)
+	sep := byte('[')
+	for i := range entries {
+		if err := bw.WriteByte(sep); err != nil {
+			return err
+		}
+		// Encode reuses its buffer from one entry to the next; the line
+		// it ends each with is JSON's whitespace.
+		if err := enc.Encode(&entries[i]); err != nil {
+			return err
+		}
+		sep = ','
+	}
+	if sep == '[' {
+		if _, err := bw.WriteString("["); err != nil {
+			return err
+		}
+	}
+	if _, err := bw.WriteString("]\n"); err != nil {
+		return err
+	}
+	return bw.Flush()
 }
 
 // deadlineWriter gives each write of a response d to leave. A client that

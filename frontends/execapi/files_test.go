@@ -3,6 +3,7 @@ package execapi
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -414,4 +415,71 @@ func TestAStalledDownloadLetsGoOfTheFile(t *testing.T) {
 	testenv.Eventually(t, time.Minute, "the stalled download lets go of the file", func() bool {
 		return openCount(t, big) == 0
 	})
+}
+
+// TestAListingIsAnsweredAnEntryAtATime lists a directory of 20,000 names of
+// 200 control bytes each: its JSON is some 27 MB, six bytes a name's byte,
+// and it was built whole in memory (twice over as its buffer grew) for
+// every listing asked for at once. Now it is written an entry at a time,
+// and what the server allocates is far less than what it answers.
+func TestAListingIsAnsweredAnEntryAtATime(t *testing.T) {
+	f := newFixture(t, Config{})
+	dir := filepath.Join(f.workspace(), "many")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000
+	for i := range n {
+		name := strings.Repeat("\x01", 192) + fmt.Sprintf("%08d", i)
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func() (int64, uint64) {
+		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/workspace/many", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer alice-token")
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		before := m.TotalAlloc
+		resp, err := f.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET of the directory: %d", resp.StatusCode)
+		}
+		// Counted without keeping it: the client's share stays small.
+		got, err := io.Copy(io.Discard, resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&m)
+		return got, m.TotalAlloc - before
+	}
+	answered, grew := get()
+	if answered < n*192*6 {
+		t.Fatalf("the listing answered %d bytes, less than its %d names of 192 escaped control bytes", answered, n)
+	}
+	// The listing itself (names, stats) is about half of the answer; built
+	// whole, the answer allocated more than twice itself.
+	if grew > uint64(answered)/1 {
+		t.Fatalf("a listing of %d bytes allocated %d MiB on the way", answered, grew>>20)
+	}
+	// And it is still one JSON array of every entry.
+	req, _ := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/workspace/many", nil)
+	req.Header.Set("Authorization", "Bearer alice-token")
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var entries []areas.Entry
+	if err := json.NewDecoder(resp.Body).Decode(&entries); err != nil || len(entries) != n {
+		t.Fatalf("the listing decodes to %d entries, %v; want %d", len(entries), err, n)
+	}
 }
