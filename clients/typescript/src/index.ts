@@ -352,10 +352,29 @@ export class Claim {
     let kept = 0, tooMuch = false;
     let status: any;
     return await new Promise<ExecResult>((resolve, reject) => {
-      ws.on("unexpected-response", (_req, res) => {
+      ws.on("unexpected-response", (req, res) => {
+        // The refusal's body is read up to 64 KiB, and its connection is
+        // ended here: ws leaves that to whoever listens for this event,
+        // and a connection kept alive keeps the process from exiting. The
+        // socket is taken now: once the answer has ended, neither the
+        // request nor the answer holds it.
+        const socket = req.socket;
         const chunks: Buffer[] = [];
-        res.on("data", (c: Buffer) => chunks.push(c));
-        res.on("end", () => reject(new SandboxError(`exec in SessionClaim ${this.namespace}/${this.name}: ${message(Buffer.concat(chunks))} (${res.statusCode})`)));
+        let size = 0;
+        const done = () => {
+          socket?.destroy();
+          req.destroy();
+          reject(new SandboxError(`exec in SessionClaim ${this.namespace}/${this.name}: ${message(Buffer.concat(chunks))} (${res.statusCode})`));
+        };
+        res.on("data", (c: Buffer) => {
+          if (size < 64 << 10) {
+            chunks.push(c.subarray(0, (64 << 10) - size));
+            size += c.length;
+          }
+          if (size >= 64 << 10) done();
+        });
+        res.on("end", done);
+        res.on("error", done);
       });
       ws.on("error", (e) => reject(e));
       ws.on("open", () => {

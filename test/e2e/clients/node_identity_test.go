@@ -69,8 +69,8 @@ func startFakeNode(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, 
 		n.mu.Lock()
 		n.seen = append(n.seen, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
 		n.mu.Unlock()
-		// Closed, so that no client waits on a connection kept open.
-		w.Header().Set("Connection", "close")
+		// Kept open after the answer, as the exec API keeps it: a client
+		// must end what it refused itself.
 		http.Error(w, `{"message":"a fake node"}`, http.StatusNotFound)
 	}))
 	n.srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
@@ -187,14 +187,20 @@ for name, call in (("read_file", lambda: c.read_file("/workspace/x")), ("exec", 
 `, kubeconfig, token)
 		py.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(root, "clients", "python"), "PYTHONDONTWRITEBYTECODE=1")
 		pyOut, _ := py.CombinedOutput()
-		js := exec.Command(node, "--input-type=module", "-e", `
+		// A client that leaves a refused connection open never exits.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		js := exec.CommandContext(ctx, node, "--input-type=module", "-e", `
 const { SandboxClient } = await import(process.argv[1]);
 const c = SandboxClient.fromKubeconfig({ kubeconfig: process.argv[2], namespace: "idn", via: "node", apiToken: process.argv[3] }).use("c1");
 for (const [name, call] of [["readFile", () => c.readFile("/workspace/x")], ["exec", () => c.exec(["cat"])]]) {
   try { await call(); console.log("typescript", name, "answered"); } catch (e) { console.log("typescript", name, "failed:", e.message); }
 }
 `, "file://"+filepath.Join(root, "clients", "typescript", "dist", "index.js"), kubeconfig, token)
-		jsOut, _ := js.CombinedOutput()
+		jsOut, err := js.CombinedOutput()
+		if ctx.Err() != nil {
+			t.Fatalf("the TypeScript client did not exit within 2 minutes of its calls (%v): a connection it was refused on is left open:\n%s", err, jsOut)
+		}
 		return string(pyOut) + string(jsOut)
 	}
 
