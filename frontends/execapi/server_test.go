@@ -608,7 +608,12 @@ func TestIdleConnectionsAreClosed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- f.api.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("the server's end: %v", err)
+		}
+	})
 
 	conn, err := tls.Dial("tcp", addr.String(), &tls.Config{InsecureSkipVerify: true})
 	if err != nil {
