@@ -183,6 +183,9 @@ func (w deadlineWriter) Write(p []byte) (int, error) {
 	return w.ResponseWriter.Write(p)
 }
 
+// Unwrap gives http.ResponseController the writer beneath.
+func (w deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // writeFile replaces a file atomically with the request body, or makes a
 // directory with ?directory=true.
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string, owner runtimes.Identity) error {

@@ -50,7 +50,9 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 	defer sb.release()
 	server := mcpserver.New(sb, mcpVersion)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
-	h.ServeHTTP(w, r)
+	// Each write of the answer has a deadline, as a download's has: a
+	// client that stops reading gives its tool's slot back then.
+	h.ServeHTTP(deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}, r)
 }
 
 // readMessage reads the request's body whole, as the SDK would, while it

@@ -440,3 +440,54 @@ func TestMCPListBoundsWhatItAnswers(t *testing.T) {
 		t.Fatalf("a small directory's listing: %v", out)
 	}
 }
+
+// A client that stops reading its answer holds its tool's slot only until
+// a write of the answer has waited its deadline: then the answer is given
+// up and the slot comes back, as a download's file does.
+func TestMCPAnswersNotTakenGiveTheirSlotsBackAtTheDeadline(t *testing.T) {
+	f := newFixture(t, Config{MaxExecsPerClaim: 1})
+	f.api.downloadWriteTimeout = time.Second
+	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.workspace(), "noise"), bytes.Repeat([]byte{1}, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tr := f.srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		}
+		return c, err
+	}
+	defer tr.CloseIdleConnections()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/workspace/noise","max_bytes":1048576}}}`
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer alice-token")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	// The client would give up after five minutes; the slot must come
+	// back long before.
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Minute}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("read_file: %d", resp.StatusCode)
+	}
+
+	s, err := f.mcpConnect("alice-token", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	testenv.Eventually(t, 30*time.Second, "the slot of an answer its client stopped reading came back", func() bool {
+		isErr, _, _ := mcpCall(t, s, "exec", map[string]any{"argv": []string{"echo", "one more"}})
+		return !isErr
+	})
+}
