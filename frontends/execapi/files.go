@@ -100,14 +100,26 @@ func isArea(name string) bool {
 }
 
 // readFile answers a file's contents (ranges allowed) or a directory's
-// entries as JSON; HEAD answers the headers alone.
+// entries as JSON; HEAD answers the headers alone. A GET holds one of the
+// namespace's download slots while it is answered.
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Root, rel string) error {
 	e, err := root.Stat(rel)
 	if err != nil {
 		return err
 	}
+	if !e.IsDir() && e.Type != areas.TypeFile {
+		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s is a %s, not a regular file or directory", rel, e.Type)}
+	}
+	if r.Method != http.MethodHead {
+		ns := r.PathValue("namespace")
+		if aerr := s.takeDownload(w, ns); aerr != nil {
+			return aerr
+		}
+		defer s.downloads.release(ns)
+	}
 	w.Header().Set(headerEntryType, string(e.Type))
 	w.Header().Set(headerFileMode, fmt.Sprintf("%04o", e.Mode.Perm()))
+	out := deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}
 	if e.IsDir() {
 		entries, err := root.List(rel)
 		if err != nil {
@@ -120,10 +132,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 		if r.Method == http.MethodHead {
 			return nil
 		}
-		return writeEntries(deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}, entries)
-	}
-	if e.Type != areas.TypeFile {
-		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s is a %s, not a regular file or directory", rel, e.Type)}
+		return writeEntries(out, entries)
 	}
 	f, err := root.Open(rel)
 	if err != nil {
@@ -133,7 +142,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 	w.Header().Set("Content-Type", "application/octet-stream")
 	// ServeContent streams from the open descriptor: the size, ranges and
 	// conditional requests are answered without reading the file into memory.
-	http.ServeContent(deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}, r, "", e.ModTime, f)
+	http.ServeContent(out, r, "", e.ModTime, f)
 	return nil
 }
 
@@ -227,15 +236,25 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, root *areas.R
 // takeUpload takes an upload slot for namespace ns (release it with
 // s.uploads.release), or says why none is free.
 func (s *Server) takeUpload(w http.ResponseWriter, ns string) *apiError {
-	ok, byNS := s.uploads.tryAcquire(ns)
+	return takeSlot(w, s.uploads, ns, refusalTooManyUploads, "uploads", "receives", "--api-max-uploads", s.cfg.MaxUploads)
+}
+
+// takeDownload takes a download slot for namespace ns (release it with
+// s.downloads.release), or says why none is free.
+func (s *Server) takeDownload(w http.ResponseWriter, ns string) *apiError {
+	return takeSlot(w, s.downloads, ns, refusalTooManyDownloads, "downloads and listings", "answers", "--api-max-downloads", s.cfg.MaxDownloads)
+}
+
+func takeSlot(w http.ResponseWriter, slots *uploadSlots, ns, refusal, what, verb, flag string, n int) *apiError {
+	ok, byNS := slots.tryAcquire(ns)
 	if ok {
 		return nil
 	}
 	w.Header().Set("Retry-After", "1")
 	if byNS {
-		return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("namespace %s has %d uploads in progress, the most one namespace may have at once on this node (--api-max-uploads less a quarter kept for other namespaces); retry later", ns, s.uploads.share)}
+		return &apiError{code: http.StatusTooManyRequests, refusal: refusal, msg: fmt.Sprintf("namespace %s has %d %s in progress, the most one namespace may have at once on this node (%s less a quarter kept for other namespaces); retry later", ns, slots.share, what, flag)}
 	}
-	return &apiError{code: http.StatusTooManyRequests, refusal: refusalTooManyUploads, msg: fmt.Sprintf("%d uploads are in progress, the most this controller receives at once (--api-max-uploads); retry later", s.cfg.MaxUploads)}
+	return &apiError{code: http.StatusTooManyRequests, refusal: refusal, msg: fmt.Sprintf("%d %s are in progress, the most this controller %s at once (%s); retry later", n, what, verb, flag)}
 }
 
 // receiveFile streams body into a temporary file beside rel, opened beneath

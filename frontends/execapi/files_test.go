@@ -483,3 +483,78 @@ func TestAListingIsAnsweredAnEntryAtATime(t *testing.T) {
 		t.Fatalf("the listing decodes to %d entries, %v; want %d", len(entries), err, n)
 	}
 }
+
+// Downloads a client reads slowly, or not at all until the write deadline,
+// each hold an open file, a descriptor and a goroutine: one namespace may
+// have three quarters of --api-max-downloads at once, and the rest is
+// refused with 429 until one ends.
+func TestDownloadSlotsAreBounded(t *testing.T) {
+	f := newFixture(t, Config{MaxDownloads: 4})
+	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(f.workspace(), "big")
+	if err := os.WriteFile(big, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	tr := f.srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		}
+		return c, err
+	}
+	defer tr.CloseIdleConnections()
+	get := func(c *http.Client, p string) (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/"+p, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer alice-token")
+		return c.Do(req)
+	}
+	var stalled []io.Closer
+	for range 3 {
+		resp, err := get(&http.Client{Transport: tr}, "workspace/big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Closed below, once the refusals are seen; this is for a failure.
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("a download within the namespace's share: %d", resp.StatusCode)
+		}
+		stalled = append(stalled, resp.Body)
+	}
+	before := f.refusals(refusalTooManyDownloads)
+	for _, p := range []string{"workspace/big", "workspace"} {
+		resp, err := get(f.srv.Client(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(msg), "--api-max-downloads") {
+			t.Fatalf("GET of %s while the namespace's 3 downloads are stalled: %d %s, want 429 naming --api-max-downloads", p, resp.StatusCode, msg)
+		}
+	}
+	if got := f.refusals(refusalTooManyDownloads); got != before+2 {
+		t.Errorf("refusals{reason=%s}: got %v, want %v", refusalTooManyDownloads, got, before+2)
+	}
+	for _, body := range stalled {
+		body.Close()
+	}
+	testenv.Eventually(t, 30*time.Second, "a download is answered once the stalled ones ended", func() bool {
+		resp, err := get(f.srv.Client(), "workspace")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode == http.StatusOK
+	})
+}

@@ -35,9 +35,14 @@ func (l *claimLimiter) release(key string) {
 // refusalTooManyUploads is the refusal reason of an upload over MaxUploads.
 const refusalTooManyUploads = "TooManyUploads"
 
+// refusalTooManyDownloads is the refusal reason of a download or listing
+// over MaxDownloads.
+const refusalTooManyDownloads = "TooManyDownloads"
+
 // uploadSlots bounds the uploads in progress on the server, and those of
-// any one namespace to three quarters of them: a slot is held for as long
-// as its body takes to arrive, so one tenant sending its bodies a byte a
+// any one namespace to three quarters of them (the downloads have slots of
+// their own, as long as their answer takes to leave): a slot is held for
+// as long as its body takes to arrive, so one tenant sending its bodies a byte a
 // minute would otherwise hold every slot and refuse every other tenant's
 // uploads. A request that finds none free is refused at once rather than
 // queued: a queue would hold its connection and body open anyway.

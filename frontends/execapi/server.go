@@ -69,7 +69,9 @@ type Server struct {
 	metrics *metrics
 	execs   *claimLimiter
 	uploads *uploadSlots
-	handler http.Handler
+	// downloads bounds the file downloads and listings being answered.
+	downloads *uploadSlots
+	handler   http.Handler
 	// forwardTransport reaches other nodes' exec APIs (Options.Forwarding);
 	// forwardBase, when set, is what the transport to each node is made
 	// from (transportTo), one per node name, which the node's serving
@@ -112,7 +114,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exec API: registering metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads), idleTimeout: DefaultIdleTimeout, downloadWriteTimeout: frameWriteTimeout}
+	s := &Server{cfg: cfg, opts: opts, auth: opts.Auth, log: opts.Log, metrics: m, execs: newClaimLimiter(cfg.MaxExecsPerClaim), uploads: newUploadSlots(cfg.MaxUploads), downloads: newUploadSlots(cfg.MaxDownloads), idleTimeout: DefaultIdleTimeout, downloadWriteTimeout: frameWriteTimeout}
 	if opts.ForwardOnly && opts.Forwarding == nil {
 		return nil, errors.New("exec API: serving the aggregated API only needs forwarding to the nodes")
 	}
