@@ -78,6 +78,29 @@ func (f *fixture) putTo(ctx context.Context, token, n, claim, p string, body io.
 	return resp.StatusCode, string(b)
 }
 
+// smallBuffers is the fixture's client transport with a 4 KiB receive
+// buffer on each connection (send, with send): a client that reads the
+// headers of an answer and no more holds the server's writes, and a body
+// leaves it only as fast as the server reads.
+func (f *fixture) smallBuffers(t *testing.T, send bool) *http.Transport {
+	t.Helper()
+	tr := f.srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if send {
+			err = c.(*net.TCPConn).SetWriteBuffer(4 << 10)
+		} else {
+			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		}
+		return c, err
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
 func (f *fixture) workspace() string { return filepath.Join(f.areas, f.agent, "workspace") }
 
 // TestUploadsStreamWithBoundedHeap: 24 uploads of 60 MiB, all in flight at
@@ -387,15 +410,7 @@ func TestAStalledDownloadLetsGoOfTheFile(t *testing.T) {
 	}
 	// A client with a small receive buffer that reads the headers and
 	// nothing more.
-	tr := f.srv.Client().Transport.(*http.Transport).Clone()
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
-		}
-		return c, err
-	}
-	defer tr.CloseIdleConnections()
+	tr := f.smallBuffers(t, false)
 	req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/workspace/big", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -500,15 +515,7 @@ func TestDownloadSlotsAreBounded(t *testing.T) {
 	if err := os.Truncate(big, 256<<20); err != nil {
 		t.Fatal(err)
 	}
-	tr := f.srv.Client().Transport.(*http.Transport).Clone()
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
-		}
-		return c, err
-	}
-	defer tr.CloseIdleConnections()
+	tr := f.smallBuffers(t, false)
 	get := func(c *http.Client, p string) (*http.Response, error) {
 		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/"+p, nil)
 		if err != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -294,15 +293,7 @@ func TestMCPAnswersNotTakenKeepTheirSlots(t *testing.T) {
 	}
 	// A client that reads the headers of an answer and nothing more, with
 	// a receive buffer too small to take the answer in.
-	tr := f.srv.Client().Transport.(*http.Transport).Clone()
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
-		}
-		return c, err
-	}
-	defer tr.CloseIdleConnections()
+	tr := f.smallBuffers(t, false)
 	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/workspace/noise","max_bytes":1048576}}}`
 	for range f.api.cfg.MaxExecsPerClaim {
 		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
@@ -351,15 +342,7 @@ func TestMCPBodiesArrivingTakeUploadSlots(t *testing.T) {
 	f := newFixture(t, Config{MaxUploads: 4})
 	// A client whose send buffer is small: a megabyte of body has left it
 	// only once the server has read most of it.
-	tr := f.srv.Client().Transport.(*http.Transport).Clone()
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			err = c.(*net.TCPConn).SetWriteBuffer(4 << 10)
-		}
-		return c, err
-	}
-	defer tr.CloseIdleConnections()
+	tr := f.smallBuffers(t, true)
 	post := func(body io.Reader) (int, string) {
 		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", body)
 		if err != nil {
@@ -453,15 +436,7 @@ func TestMCPAnswersNotTakenGiveTheirSlotsBackAtTheDeadline(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(f.workspace(), "noise"), bytes.Repeat([]byte{1}, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tr := f.srv.Client().Transport.(*http.Transport).Clone()
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil {
-			err = c.(*net.TCPConn).SetReadBuffer(4 << 10)
-		}
-		return c, err
-	}
-	defer tr.CloseIdleConnections()
+	tr := f.smallBuffers(t, false)
 	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/workspace/noise","max_bytes":1048576}}}`
 	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
 	if err != nil {
