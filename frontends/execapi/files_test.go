@@ -101,6 +101,23 @@ func (f *fixture) smallBuffers(t *testing.T, send bool) *http.Transport {
 	return tr
 }
 
+// sparseFile makes a sparse file of size bytes in the workspace and
+// returns its host path.
+func (f *fixture) sparseFile(t *testing.T, name string, size int64) string {
+	t.Helper()
+	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(f.workspace(), name)
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, size); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func (f *fixture) workspace() string { return filepath.Join(f.areas, f.agent, "workspace") }
 
 // TestUploadsStreamWithBoundedHeap: 24 uploads of 60 MiB, all in flight at
@@ -398,16 +415,7 @@ func openCount(t *testing.T, path string) int {
 func TestAStalledDownloadLetsGoOfTheFile(t *testing.T) {
 	f := newFixture(t, Config{})
 	f.api.downloadWriteTimeout = time.Second
-	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	big := filepath.Join(f.workspace(), "big")
-	if err := os.WriteFile(big, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(big, 256<<20); err != nil {
-		t.Fatal(err)
-	}
+	big := f.sparseFile(t, "big", 256<<20)
 	// A client with a small receive buffer that reads the headers and
 	// nothing more.
 	tr := f.smallBuffers(t, false)
@@ -505,16 +513,7 @@ func TestAListingIsAnsweredAnEntryAtATime(t *testing.T) {
 // refused with 429 until one ends.
 func TestDownloadSlotsAreBounded(t *testing.T) {
 	f := newFixture(t, Config{MaxDownloads: 4})
-	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	big := filepath.Join(f.workspace(), "big")
-	if err := os.WriteFile(big, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(big, 256<<20); err != nil {
-		t.Fatal(err)
-	}
+	f.sparseFile(t, "big", 256<<20)
 	tr := f.smallBuffers(t, false)
 	get := func(c *http.Client, p string) (*http.Response, error) {
 		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/"+p, nil)

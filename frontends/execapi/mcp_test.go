@@ -283,18 +283,25 @@ func TestMCPRefusesABatchOfCalls(t *testing.T) {
 // answer was sent, so clients that never read their answers held as many
 // of them as they asked for. A tool's slot is now held until its answer
 // has been sent: a client that does not read keeps it.
-func TestMCPAnswersNotTakenKeepTheirSlots(t *testing.T) {
-	f := newFixture(t, Config{MaxExecsPerClaim: 2})
+// unreadAnswer makes a megabyte of control bytes in the workspace and
+// returns a transport whose clients cannot take an answer in (smallBuffers)
+// and the body of a read_file call of it: an answer of some 13 MB.
+func (f *fixture) unreadAnswer(t *testing.T) (*http.Transport, string) {
+	t.Helper()
 	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(f.workspace(), "noise"), bytes.Repeat([]byte{1}, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return f.smallBuffers(t, false), `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/workspace/noise","max_bytes":1048576}}}`
+}
+
+func TestMCPAnswersNotTakenKeepTheirSlots(t *testing.T) {
+	f := newFixture(t, Config{MaxExecsPerClaim: 2})
 	// A client that reads the headers of an answer and nothing more, with
 	// a receive buffer too small to take the answer in.
-	tr := f.smallBuffers(t, false)
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/workspace/noise","max_bytes":1048576}}}`
+	tr, body := f.unreadAnswer(t)
 	for range f.api.cfg.MaxExecsPerClaim {
 		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
 		if err != nil {
@@ -430,14 +437,7 @@ func TestMCPListBoundsWhatItAnswers(t *testing.T) {
 func TestMCPAnswersNotTakenGiveTheirSlotsBackAtTheDeadline(t *testing.T) {
 	f := newFixture(t, Config{MaxExecsPerClaim: 1})
 	f.api.downloadWriteTimeout = time.Second
-	if err := os.MkdirAll(f.workspace(), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(f.workspace(), "noise"), bytes.Repeat([]byte{1}, 1<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tr := f.smallBuffers(t, false)
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/workspace/noise","max_bytes":1048576}}}`
+	tr, body := f.unreadAnswer(t)
 	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
