@@ -208,7 +208,10 @@ func (p *placer) sandboxesOn(ctx context.Context, n client.Object) []reconcile.R
 // classChanged is every Sandbox a class change may allow a Pod: those on
 // no node (a class kept them from one), and those a class forbids (their
 // Pod was removed). A class that narrows reaches the others through their
-// nodes' controllers, whose ClassForbids is a change of the Sandbox's.
+// nodes' controllers, whose ClassForbids is a change of the Sandbox's,
+// except those whose spec it still allows while their Pod carries what
+// it no longer does (made before the spec let go of it): those are here
+// too.
 func (p *placer) classChanged(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list v1alpha1.SandboxList
 	if err := p.List(ctx, &list); err != nil {
@@ -220,6 +223,22 @@ func (p *placer) classChanged(ctx context.Context, _ client.Object) []reconcile.
 		sb := &list.Items[i]
 		if sb.Node() == "" || readyReason(sb) == v1alpha1.ReasonClassForbids {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(sb)})
+		}
+	}
+	var pods corev1.PodList
+	if err := p.List(ctx, &pods, client.MatchingLabels{LabelSandboxPod: "true"}); err != nil {
+		log.FromContext(ctx).Error(err, "listing the Pods a class change concerns")
+		return out
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		owner := metav1.GetControllerOf(pod)
+		if owner == nil || owner.Kind != "Sandbox" || !pod.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if c := p.podCarries(pod); c.PriorityClassName != "" || len(c.Tolerations) > 0 ||
+			c.Affinity != nil && (c.Affinity.PodAffinity != nil || c.Affinity.PodAntiAffinity != nil) {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: pod.Namespace, Name: owner.Name}})
 		}
 	}
 	return out
@@ -297,7 +316,7 @@ func (p *placer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	// a class that cannot be picked for a while (two marked default
 	// during a change) leaves the Pod, and the node's controller stops
 	// the Sandbox meanwhile.
-	if why, err := p.schedulingForbidden(ctx, &sb); err != nil {
+	if why, err := p.schedulingForbidden(ctx, &sb, cur); err != nil {
 		return ctrl.Result{}, err
 	} else if why != "" {
 		log.FromContext(ctx).Info("removing the Sandbox's Pod: its class no longer allows what it carries", "pod", cur.Name, "why", why)
@@ -788,14 +807,65 @@ func (p *placer) classOf(ctx context.Context, sb *v1alpha1.Sandbox) (*v1alpha1.S
 	return class, msg, nil
 }
 
-// schedulingForbidden is why sb's class refuses what its Pod carries past
-// its placement, "" when it allows it or sb has no class.
-func (p *placer) schedulingForbidden(ctx context.Context, sb *v1alpha1.Sandbox) (string, error) {
+// schedulingForbidden is why sb's class refuses what its Pod pod carries
+// past its placement, "" when it allows it or sb has no class. Both the
+// Sandbox's spec and the Pod itself are checked: a Pod cannot drop a
+// toleration, so one made before the spec let go of a toleration, a
+// priority or an affinity still carries it.
+func (p *placer) schedulingForbidden(ctx context.Context, sb *v1alpha1.Sandbox, pod *corev1.Pod) (string, error) {
 	class, _, err := p.classOf(ctx, sb)
 	if err != nil || class == nil {
 		return "", err
 	}
-	return strings.Join(sandboxclass.Scheduling(class, &sb.Spec), "; "), nil
+	why := sandboxclass.Scheduling(class, &sb.Spec)
+	if len(why) == 0 {
+		for _, w := range sandboxclass.Scheduling(class, p.podCarries(pod)) {
+			why = append(why, "its Pod "+pod.Name+" carries "+w)
+		}
+	}
+	return strings.Join(why, "; "), nil
+}
+
+// podCarries is what pod carries past its placement, as the spec of a
+// Sandbox would ask it, less what the placer adds to every Pod (the
+// backend's affinity term, the tolerations of a lost node, SandboxPod).
+// Its node is left out: the placer pins a Pod to its Sandbox's last node
+// itself.
+func (p *placer) podCarries(pod *corev1.Pod) *v1alpha1.SandboxSpec {
+	spec := &v1alpha1.SandboxSpec{PriorityClassName: pod.Spec.PriorityClassName}
+	for _, t := range pod.Spec.Tolerations {
+		if t.Operator == corev1.TolerationOpExists && t.Effect == corev1.TaintEffectNoExecute &&
+			(t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable) {
+			continue
+		}
+		spec.Tolerations = append(spec.Tolerations, v1alpha1.Toleration{Key: t.Key})
+	}
+	if a := pod.Spec.Affinity; a != nil {
+		carried := &v1alpha1.Affinity{}
+		if a.PodAntiAffinity != nil {
+			carried.PodAntiAffinity = &v1alpha1.PodAffinity{}
+		}
+		if pa := a.PodAffinity; pa != nil && (len(pa.PreferredDuringSchedulingIgnoredDuringExecution) > 0 ||
+			slices.ContainsFunc(pa.RequiredDuringSchedulingIgnoredDuringExecution, func(t corev1.PodAffinityTerm) bool { return !p.backendTerm(t) })) {
+			carried.PodAffinity = &v1alpha1.PodAffinity{}
+		}
+		spec.Affinity = carried
+	}
+	return spec
+}
+
+// backendTerm says whether t is the affinity term the placer gives every
+// Pod: to a node whose controller enables the Sandbox's backend.
+func (p *placer) backendTerm(t corev1.PodAffinityTerm) bool {
+	if t.LabelSelector == nil || len(t.LabelSelector.MatchExpressions) > 0 || len(t.LabelSelector.MatchLabels) != 1 ||
+		t.NamespaceSelector != nil || len(t.MatchLabelKeys) > 0 || len(t.MismatchLabelKeys) > 0 ||
+		!slices.Equal(t.Namespaces, []string{p.opts.SystemNamespace}) || t.TopologyKey != corev1.LabelHostname {
+		return false
+	}
+	for k, v := range t.LabelSelector.MatchLabels {
+		return strings.HasPrefix(k, LabelBackendPrefix) && v == "true"
+	}
+	return false
 }
 
 // bwrapImage is sb's spec.bwrap when it names an image.

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
 )
 
 func quantity(s string) *resource.Quantity {
@@ -306,5 +307,53 @@ func TestPodRefNamesOnlyAContainerOfTheSandboxsImage(t *testing.T) {
 	plain := &v1alpha1.Sandbox{}
 	if podRef(plain, pod("registry.k8s.io/pause:3.10", "registry.k8s.io/pause:3.10")).ContainerID != id {
 		t.Error("a Sandbox without an image: its Pod's container is not named")
+	}
+}
+
+// What a Pod carries past its placement is what its Sandbox's spec asked,
+// never what the placer adds to every Pod: a class that allows nothing of
+// the kind must not see the placer's own affinity term or tolerations,
+// or it would remove every Pod it finds, and make it again, for ever.
+func TestPodCarriesWhatTheSpecAsked(t *testing.T) {
+	class := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "narrow"}}
+	o := PlacementOptions{}
+	o.defaults()
+	p := &placer{opts: o}
+	for _, tc := range []struct {
+		name string
+		spec v1alpha1.SandboxSpec
+		want int
+	}{
+		{"nothing", v1alpha1.SandboxSpec{}, 0},
+		{"moves", v1alpha1.SandboxSpec{OnNodeLost: v1alpha1.NodeLostMove}, 0},
+		{"a shorter toleration of its node's loss", v1alpha1.SandboxSpec{OnNodeLost: v1alpha1.NodeLostMove, Tolerations: []v1alpha1.Toleration{
+			{Key: corev1.TaintNodeUnreachable, Operator: "Exists", Effect: "NoExecute", TolerationSeconds: new(int64(5))}}}, 0},
+		{"node affinity", v1alpha1.SandboxSpec{Affinity: &v1alpha1.Affinity{NodeAffinity: &v1alpha1.NodeAffinity{}}}, 0},
+		{"a toleration", v1alpha1.SandboxSpec{Tolerations: []v1alpha1.Toleration{{Key: "gpu", Operator: "Exists"}}}, 1},
+		{"every taint", v1alpha1.SandboxSpec{Tolerations: []v1alpha1.Toleration{{Operator: "Exists"}}}, 1},
+		{"a priority", v1alpha1.SandboxSpec{PriorityClassName: "agents"}, 1},
+		{"affinity to other Pods", v1alpha1.SandboxSpec{Affinity: &v1alpha1.Affinity{PodAffinity: &v1alpha1.PodAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []v1alpha1.WeightedPodAffinityTerm{{Weight: 1, PodAffinityTerm: v1alpha1.PodAffinityTerm{TopologyKey: "zone"}}}}}}, 1},
+		{"a required term like the placer's own", v1alpha1.SandboxSpec{Affinity: &v1alpha1.Affinity{PodAffinity: &v1alpha1.PodAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []v1alpha1.PodAffinityTerm{{TopologyKey: corev1.LabelHostname,
+				LabelSelector: &v1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}, Namespaces: []string{o.SystemNamespace}}}}}}, 1},
+		{"anti-affinity", v1alpha1.SandboxSpec{Affinity: &v1alpha1.Affinity{PodAntiAffinity: &v1alpha1.PodAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []v1alpha1.PodAffinityTerm{{TopologyKey: "zone"}}}}}, 1},
+		{"all of them", v1alpha1.SandboxSpec{PriorityClassName: "agents", Tolerations: []v1alpha1.Toleration{{Key: "gpu"}, {Key: "b"}},
+			Affinity: &v1alpha1.Affinity{PodAntiAffinity: &v1alpha1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []v1alpha1.PodAffinityTerm{{TopologyKey: "zone"}}}}}, 4},
+	} {
+		for _, node := range []string{"", "n1"} {
+			sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "a", UID: "u"}, Spec: tc.spec}
+			pod := SandboxPod(sb, o, node, 0)
+			got := sandboxclass.Scheduling(class, p.podCarries(pod))
+			if len(got) != tc.want {
+				t.Errorf("%s, node %q: the Pod carries %q, want %d refusals", tc.name, node, got, tc.want)
+			}
+			// Never more than its spec: tolerations of the node's loss
+			// are the placer's own on every Pod, whoever asked.
+			if want := sandboxclass.Scheduling(class, &tc.spec); len(got) > len(want) {
+				t.Errorf("%s, node %q: the Pod is refused %q, its spec only %q", tc.name, node, got, want)
+			}
+		}
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -478,6 +479,31 @@ var _ = Describe("Placement", Ordered, func() {
 		By("and allows it once more: a new Pod")
 		setTolerations("gpu", "dedicated")
 		Eventually(podOf(ns, "tolerant"), testharness.Timeout).ShouldNot(BeNil())
+		Eventually(readyOf(ns, "tolerant"), testharness.Timeout).ShouldNot(HaveField("Reason", v1alpha1.ReasonClassForbids))
+		carrier, err := podOf(ns, "tolerant")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(carrier.Spec.Tolerations).To(ContainElement(HaveField("Key", "dedicated")))
+
+		By("the spec lets go of the toleration, which its Pod keeps, and the class narrows: that Pod goes too")
+		Eventually(func() error {
+			var sb v1alpha1.Sandbox
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tolerant"}, &sb); err != nil {
+				return err
+			}
+			sb.Spec.Tolerations = nil
+			return k8s.Update(ctx, &sb)
+		}, testharness.Timeout).Should(Succeed())
+		Consistently(func() (types.UID, error) {
+			pod, err := podOf(ns, "tolerant")()
+			if err != nil || pod == nil {
+				return "", err
+			}
+			return pod.UID, nil
+		}, 2*time.Second).Should(Equal(carrier.UID), "a Pod was replaced while its class allowed what it carries")
+		setTolerations("gpu")
+		Eventually(podOf(ns, "tolerant"), testharness.Timeout).Should(And(Not(BeNil()),
+			Not(HaveField("UID", carrier.UID)), HaveField("Spec.Tolerations", Not(ContainElement(HaveField("Key", "dedicated"))))),
+			"the Pod made when the spec tolerated what its class now forbids is still there")
 		Eventually(readyOf(ns, "tolerant"), testharness.Timeout).ShouldNot(HaveField("Reason", v1alpha1.ReasonClassForbids))
 		remove(ns, "tolerant")
 	})
