@@ -610,10 +610,23 @@ func TestNewPolicyClosesRefusedTunnels(t *testing.T) {
 	_ = resp.Body.Close()
 }
 
-// withECH is a ClientHello record for serverName with an outer Encrypted
-// Client Hello extension appended: the name it shows is serverName, the
-// one an ECH-aware server would serve is sealed inside.
+// withECH is a ClientHello for serverName with an outer Encrypted Client
+// Hello extension appended: the name it shows is serverName, the one an
+// ECH-aware server would serve is sealed inside.
 func withECH(t *testing.T, serverName string) []byte {
+	t.Helper()
+	// An outer ECH extension: type 0 (outer), HKDF-SHA256, AES-128-GCM,
+	// config 7, an encapsulated key and a sealed inner hello.
+	payload := append([]byte{0, 0, 1, 0, 1, 7, 0, 32}, make([]byte, 32)...)
+	payload = append(payload, 0, 64)
+	payload = append(payload, bytes.Repeat([]byte{0xa5}, 64)...)
+	return withExtension(t, serverName, 0xfe0d, payload)
+}
+
+// withExtension is the records of a ClientHello for serverName with an
+// extension of type typ appended, split as TLS splits a hello longer
+// than a record.
+func withExtension(t *testing.T, serverName string, typ uint16, payload []byte) []byte {
 	t.Helper()
 	cli, srv := net.Pipe()
 	go func() {
@@ -629,12 +642,7 @@ func withECH(t *testing.T, serverName string) []byte {
 	if _, err := io.ReadFull(srv, body); err != nil {
 		t.Fatal(err)
 	}
-	// An outer ECH extension: type 0 (outer), HKDF-SHA256, AES-128-GCM,
-	// config 7, an encapsulated key and a sealed inner hello.
-	payload := append([]byte{0, 0, 1, 0, 1, 7, 0, 32}, make([]byte, 32)...)
-	payload = append(payload, 0, 64)
-	payload = append(payload, bytes.Repeat([]byte{0xa5}, 64)...)
-	ext := append([]byte{0xfe, 0x0d, byte(len(payload) >> 8), byte(len(payload))}, payload...)
+	ext := append([]byte{byte(typ >> 8), byte(typ), byte(len(payload) >> 8), byte(len(payload))}, payload...)
 	// The extensions end the ClientHello: their length is the last
 	// length field before them.
 	off := 4 + 2 + 32
@@ -646,13 +654,21 @@ func withECH(t *testing.T, serverName string) []byte {
 	body = append(body, ext...)
 	hsLen := len(body) - 4
 	body[1], body[2], body[3] = byte(hsLen>>16), byte(hsLen>>8), byte(hsLen)
-	return append([]byte{head[0], head[1], head[2], byte(len(body) >> 8), byte(len(body))}, body...)
+	var out []byte
+	for len(body) > 0 {
+		n := min(len(body), 16<<10)
+		out = append(out, head[0], head[1], head[2], byte(n>>8), byte(n))
+		out = append(out, body[:n]...)
+		body = body[n:]
+	}
+	return out
 }
 
 // What a hostile client sends a tunnel: a ClientHello that hides the name
-// it asks for, and a host name sized to fill the controller's metrics.
+// it asks for, one too long for the proxy to read, and a host name sized
+// to fill the controller's metrics.
 func TestTunnelRefusesWhatItCannotCheck(t *testing.T) {
-	h := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0)
+	h := newHarness(t, labPolicy(Rule{Host: "example.com"}, Rule{Host: "127.0.0.1"}), names{"example.com": loopback}, 0)
 	connect := func(target string) (net.Conn, int) {
 		t.Helper()
 		c, err := net.Dial("tcp", h.proxyURL.Host)
@@ -687,6 +703,23 @@ func TestTunnelRefusesWhatItCannotCheck(t *testing.T) {
 		}
 		if !seen {
 			t.Fatalf("no refusal names the Encrypted Client Hello: %+v", h.denied())
+		}
+	})
+
+	t.Run("a ClientHello too long to read, to an address literal", func(t *testing.T) {
+		// An address literal's tunnel takes a hello that names no server;
+		// one the proxy could not read names one all the same.
+		c, code := connect(fmt.Sprintf("127.0.0.1:%d", port(t, h.tlsSrv)))
+		if code != http.StatusOK {
+			t.Fatalf("CONNECT to an allowed address: %d", code)
+		}
+		hello := withExtension(t, "other.example", 0x0015, make([]byte, 20<<10)) // padding
+		if _, err := c.Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatalf("the server answered a %d-byte ClientHello for other.example through a tunnel to 127.0.0.1 (%d bytes)", len(hello), n)
 		}
 	})
 

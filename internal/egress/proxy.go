@@ -443,6 +443,12 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 		d.Reason = fmt.Sprintf("the client sent nothing the proxy could check within %s", p.HelloTimeout)
 		p.decide(d)
 		return
+	case isTLS && !hello.read:
+		// Its server name is unknown, not absent: the tunnel's server
+		// may read the hello and serve the name in it.
+		d.Reason = fmt.Sprintf("the TLS ClientHello could not be read within its first %d bytes", maxHello)
+		p.decide(d)
+		return
 	case isTLS && hello.encryptedName:
 		// The outer ClientHello may name the allowed host while the inner
 		// one, which a server of the same provider decrypts and serves,
@@ -661,6 +667,9 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 // clientHello is what the proxy reads of a TLS ClientHello.
 type clientHello struct {
+	// read says the ClientHello was read whole; nothing else is known
+	// when it was not.
+	read bool
 	// name is its server name ("" when it names none).
 	name string
 	// encryptedName says it carries an encrypted inner ClientHello (ECH,
@@ -694,6 +703,7 @@ func peekHello(br *bufio.Reader) (first []byte, hello clientHello, isTLS bool, e
 	// abandoned once it has, and nothing is ever written to the client.
 	errSeen := errors.New("seen")
 	_ = tls.Server(rec, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		hello.read = true
 		hello.name = h.ServerName
 		for _, ext := range h.Extensions {
 			if ext == extensionECH || ext == extensionESNI {
