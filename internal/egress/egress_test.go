@@ -723,6 +723,23 @@ func TestTunnelRefusesWhatItCannotCheck(t *testing.T) {
 		}
 	})
 
+	t.Run("a server name of 12 KB", func(t *testing.T) {
+		c, code := connect(fmt.Sprintf("example.com:%d", port(t, h.tlsSrv)))
+		if code != http.StatusOK {
+			t.Fatalf("CONNECT to an allowed host: %d", code)
+		}
+		tc := tls.Client(c, &tls.Config{ServerName: strings.Repeat("\xff", 12<<10), InsecureSkipVerify: true})
+		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := tc.Handshake(); err == nil {
+			t.Fatal("a handshake for another name went through")
+		}
+		for _, d := range h.denied() {
+			if len(d.Reason) > 512 {
+				t.Fatalf("a refusal reports %d bytes of reason to the metrics and Events", len(d.Reason))
+			}
+		}
+	})
+
 	t.Run("a host name of 16 KB", func(t *testing.T) {
 		_, code := connect(strings.Repeat("\xff", 12<<10) + ":443")
 		if code != http.StatusBadRequest {

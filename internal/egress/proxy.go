@@ -457,7 +457,7 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 		p.decide(d)
 		return
 	case isTLS && !serverNameFits(name, host):
-		d.Reason = fmt.Sprintf("TLS server name %q is not the host %s the tunnel was opened for", name, host)
+		d.Reason = fmt.Sprintf("TLS server name %s is not the host %s the tunnel was opened for", clip(name), host)
 		p.decide(d)
 		return
 	case !isTLS && (port == 443 || port == 80):
@@ -492,7 +492,8 @@ func checkRequestHost(host string) error {
 }
 
 // clip is s quoted, cut to its first 64 bytes: what a request names goes
-// into answers, metrics and Events, and the request's head may be 16 KiB.
+// into answers, metrics and Events, and the request's head, or a TLS
+// server name, may be 16 KiB.
 func clip(s string) string {
 	const keep = 64
 	if len(s) <= keep {
