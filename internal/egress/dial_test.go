@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -211,4 +212,83 @@ func TestDialIsBounded(t *testing.T) {
 			t.Fatalf("the second of two addresses: %q, %v", body, err)
 		}
 	})
+}
+
+// Stopping a proxy gives its tunnels' slots back at once, whatever they
+// wait for: their share of a bandwidth bound, or a destination that stops
+// reading what they write.
+func TestStopEndsTunnelsThatWait(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		bytesPerSecond int64
+		read           bool
+		write          int
+	}{
+		{name: "for the bandwidth bound", bytesPerSecond: 1 << 10, read: true, write: 32 << 10},
+		{name: "for a destination that does not read", write: 8 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dest := destination(t, tc.read)
+			shared := NewSlots(16)
+			p := &Proxy{
+				Policy:         Policy{Rules: []Rule{{Host: "example.com", Ports: []int{dest}}}, AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+				Resolver:       names{"example.com": loopback},
+				BytesPerSecond: tc.bytesPerSecond,
+				Shared:         shared,
+			}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go func() { _ = p.Serve(l) }()
+			const conns = 8
+			for range conns {
+				c := connectTo(t, l.Addr().String(), fmt.Sprintf("example.com:%d", dest))
+				resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+				if err != nil || resp.StatusCode != http.StatusOK {
+					t.Fatalf("CONNECT to an allowed host: %v %v", resp, err)
+				}
+				_ = resp.Body.Close()
+				go func() { _, _ = c.Write(make([]byte, tc.write)) }()
+			}
+			// Every tunnel waits by now.
+			time.Sleep(time.Second)
+			p.Stop()
+			deadline := time.Now().Add(5 * time.Second)
+			for shared.held() > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d slots still held 5s after the proxy stopped", shared.held(), conns)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// destination is a port on 127.0.0.1 whose connections are read to
+// their end, or never read when read is false.
+func destination(t *testing.T, read bool) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if read {
+				go func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+			} else {
+				// Held open, unread, until the test ends.
+				go func() { <-done; _ = c.Close() }()
+			}
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
 }

@@ -470,14 +470,29 @@ func (p *Proxy) tunnel(c net.Conn, br *bufio.Reader, req *http.Request) {
 	if _, err := up.Write(first); err != nil {
 		return
 	}
-	addr, _ := netip.ParseAddrPort(up.RemoteAddr().String())
-	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), end: func() { _ = c.Close() }}
+	ctx, t := p.opened(host, port, c, up)
+	defer t.end()
 	defer p.track(t)()
 	// A policy set between the check and now has not seen this tunnel.
 	if t.refusedBy(p.policy()) {
 		return
 	}
-	p.splice(c, br, up)
+	p.splice(ctx, c, br, up)
+}
+
+// opened is the open tunnel (or plain request) from c to up, for host and
+// port, and a context that ends with it: ending it closes both
+// connections and cancels a wait for the bandwidth bound, so nothing
+// blocked in a write (to a destination that stopped reading, say) holds
+// its slots on. The caller ends it when it is done.
+func (p *Proxy) opened(host string, port int, c, up net.Conn) (context.Context, *openTunnel) {
+	addr, _ := netip.ParseAddrPort(up.RemoteAddr().String())
+	ctx, cancel := context.WithCancel(p.ctx)
+	return ctx, &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), end: func() {
+		cancel()
+		_ = c.Close()
+		_ = up.Close()
+	}}
 }
 
 // checkRequestHost says whether host, as a request named it, is a name or
@@ -558,8 +573,8 @@ func (p *Proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request) {
 	// A new policy closes a request under way to a host it refuses, as it
 	// closes a tunnel: a request's body may stream for as long as a byte
 	// moves every IdleTimeout.
-	addr, _ := netip.ParseAddrPort(up.RemoteAddr().String())
-	t := &openTunnel{host: host, port: port, addr: addr.Addr().Unmap(), end: func() { _ = c.Close() }}
+	ctx, t := p.opened(host, port, c, up)
+	defer t.end()
 	defer p.track(t)()
 	if t.refusedBy(p.policy()) {
 		return
@@ -570,10 +585,10 @@ func (p *Proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request) {
 	req.RequestURI = ""
 	idle := &idleClock{timeout: p.IdleTimeout, conns: []net.Conn{c, up}}
 	idle.touch()
-	if err := req.Write(limited(p.up, idle.writer(up))); err != nil {
+	if err := req.Write(limited(ctx, p.up, idle.writer(up))); err != nil {
 		return
 	}
-	_, _ = io.Copy(limited(p.down, idle.writer(c)), up)
+	_, _ = io.Copy(limited(ctx, p.down, idle.writer(c)), up)
 }
 
 // answer refuses a request, telling the client why in a short body and
@@ -592,19 +607,19 @@ func (p *Proxy) answer(c net.Conn, d Decision, err error) {
 
 // splice copies both ways until either side ends or the connection is
 // idle for IdleTimeout.
-func (p *Proxy) splice(c net.Conn, fromClient io.Reader, up net.Conn) {
+func (p *Proxy) splice(ctx context.Context, c net.Conn, fromClient io.Reader, up net.Conn) {
 	idle := &idleClock{timeout: p.IdleTimeout, conns: []net.Conn{c, up}}
 	idle.touch()
 	done := make(chan struct{}, 2)
 	go func() {
-		_, _ = io.Copy(limited(p.up, idle.writer(up)), fromClient)
+		_, _ = io.Copy(limited(ctx, p.up, idle.writer(up)), fromClient)
 		if tc, ok := up.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
 		done <- struct{}{}
 	}()
 	go func() {
-		_, _ = io.Copy(limited(p.down, idle.writer(c)), up)
+		_, _ = io.Copy(limited(ctx, p.down, idle.writer(c)), up)
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
@@ -637,8 +652,9 @@ func (i *idleClock) writer(w io.Writer) io.Writer {
 // maxBurst bounds a limiter's burst, and so each write it lets through.
 const maxBurst = 64 << 10
 
-// limited is w written no faster than l allows; w itself without l.
-func limited(l *rate.Limiter, w io.Writer) io.Writer {
+// limited is w written no faster than l allows, until ctx ends; w itself
+// without l.
+func limited(ctx context.Context, l *rate.Limiter, w io.Writer) io.Writer {
 	if l == nil {
 		return w
 	}
@@ -646,9 +662,10 @@ func limited(l *rate.Limiter, w io.Writer) io.Writer {
 		n := 0
 		for len(b) > 0 {
 			chunk := b[:min(len(b), l.Burst())]
-			// A chunk is at most a second's worth (the burst), so no
-			// wait is longer than that.
-			if err := l.WaitN(context.Background(), len(chunk)); err != nil {
+			// A chunk is at most a second's worth (the burst), but
+			// the connections sharing l queue for it: a wait may be
+			// long, and ends with ctx.
+			if err := l.WaitN(ctx, len(chunk)); err != nil {
 				return n, err
 			}
 			m, err := w.Write(chunk)
