@@ -3,6 +3,7 @@ package bwrap_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -78,6 +79,23 @@ func TestMemoryHogIsKilledAtTheMemoryLimit(t *testing.T) {
 	}
 	if code, out, _ := s.exec(t, "sh", "-c", "echo alive"); code != 0 || out != "alive\n" {
 		t.Fatalf("after the kill: exit %d %q", code, out)
+	}
+}
+
+// TCP buffers count against the memory limit: on cgroup v1 the kernel
+// charges a cgroup's sockets only where it has a TCP limit, and without
+// one a command queued a gigabyte on loopback connections under a 128 MiB
+// limit, memory of the host's (and host-wide TCP memory pressure) that
+// no cgroup counted.
+func TestTCPBuffersCountAgainstTheMemoryLimit(t *testing.T) {
+	s := limited(t)
+	code, out, stderr := s.exec(t, "python3", "-c", testenv.TCPHog(512))
+	var queued int
+	if _, err := fmt.Sscanf(out, "queued %d", &queued); err != nil || code != 0 {
+		t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
+	}
+	if queued >= 256 {
+		t.Fatalf("a command queued %d MiB on TCP connections under a 128 MiB memory limit", queued)
 	}
 }
 

@@ -90,6 +90,9 @@ type Manager struct {
 	// (swapAccounted): a memory limit then forbids swap beyond it, and
 	// the memory used counts what is swapped.
 	swap bool
+	// tcp says the parent's memory cgroup has a TCP buffer limit of its
+	// own (cgroup v1, tcpLimited).
+	tcp bool
 }
 
 // New prepares the parent named name: below this process's own cgroup
@@ -123,6 +126,7 @@ func New(name, parent string) (*Manager, error) {
 		m.dirs[c] = dir
 	}
 	m.swap = swapAccounted(false, m.dirs["memory"])
+	m.tcp = tcpLimited(false, m.dirs["memory"])
 	return m, nil
 }
 
@@ -185,6 +189,23 @@ func swapAccounted(v2 bool, dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, swapUsageFile(v2)))
 	return err == nil
 }
+
+// tcpLimited says whether the memory cgroup dir has a TCP buffer limit
+// apart from its memory limit: cgroup v1 charges a cgroup's sockets to
+// nothing until that limit is set, so without it a command queues what it
+// likes on TCP connections (a gigabyte under a 128 MiB limit, on loopback
+// in its own network namespace) and every TCP user of the host meets the
+// kernel's memory pressure. cgroup v2 charges sockets to the memory limit.
+func tcpLimited(v2 bool, dir string) bool {
+	if v2 {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(dir, tcpLimitFile))
+	return err == nil
+}
+
+// tcpLimitFile bounds a v1 memory cgroup's TCP buffers.
+const tcpLimitFile = "memory.kmem.tcp.limit_in_bytes"
 
 // swapUsageFile is the file that counts a cgroup's swap: on v1 memory
 // and swap together, on v2 swap alone.
@@ -389,6 +410,10 @@ func (m *Manager) settings(l Limits, raising bool) []setting {
 		} else {
 			memory = append(memory, memsw)
 		}
+	}
+	if m.tcp {
+		// Counted apart from memory: the TCP buffers get as much again.
+		memory = append(memory, setting{"memory/" + tcpLimitFile, mem})
 	}
 	out := append([]setting{{"pids/pids.max", pids}}, memory...)
 	out = append(out, setting{"cpu/cpu.cfs_period_us", strconv.Itoa(period)}, setting{"cpu/cpu.cfs_quota_us", quota})

@@ -179,6 +179,7 @@ func At(root, parent string) (*Manager, error) {
 		return nil, fmt.Errorf("%w: %s is not in every hierarchy below %s", ErrPodNotFound, parent, root)
 	}
 	m.swap = swapAccounted(v2, m.Dir("memory", ""))
+	m.tcp = tcpLimited(v2, m.Dir("memory", ""))
 	return m, nil
 }
 

@@ -33,3 +33,28 @@ for i in range(%d):
 print("touched", len(b) >> 20)
 `, mib)
 }
+
+// TCPHog is a python3 program that queues up to mib MiB on loopback TCP
+// connections nobody reads, connection after connection until a send
+// would block on each, and prints "queued N" (MiB).
+func TCPHog(mib int) string {
+	return fmt.Sprintf(`
+import socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(512)
+keep, total = [], 0
+for i in range(400):
+    if total >= %d << 20:
+        break
+    c = socket.create_connection(srv.getsockname())
+    keep += [c, srv.accept()[0]]
+    c.setblocking(False)
+    try:
+        while total < %d << 20:
+            total += c.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+print("queued", total >> 20, flush=True)
+`, mib, mib)
+}
