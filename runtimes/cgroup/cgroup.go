@@ -390,11 +390,14 @@ func (m *Manager) settings(l Limits, raising bool) []setting {
 		if m.swap {
 			out = append(out, setting{"/memory.swap.max", swap})
 		}
+		// cgroup v2 weight 1..10000, 100 for one core as Kubernetes maps
+		// it; without a request the kernel's default, so a request taken
+		// away leaves no weight behind.
+		weight := "100"
 		if l.CPURequestMillis > 0 {
-			// cgroup v2 weight 1..10000, 100 for one core as Kubernetes maps it.
-			out = append(out, setting{"/cpu.weight", strconv.FormatInt(min(max(l.CPURequestMillis/10, 1), 10000), 10)})
+			weight = strconv.FormatInt(min(max(l.CPURequestMillis/10, 1), 10000), 10)
 		}
-		return out
+		return append(out, setting{"/cpu.weight", weight})
 	}
 	if mem == "max" {
 		mem = "-1"
@@ -417,10 +420,11 @@ func (m *Manager) settings(l Limits, raising bool) []setting {
 	}
 	out := append([]setting{{"pids/pids.max", pids}}, memory...)
 	out = append(out, setting{"cpu/cpu.cfs_period_us", strconv.Itoa(period)}, setting{"cpu/cpu.cfs_quota_us", quota})
+	shares := "1024"
 	if l.CPURequestMillis > 0 {
-		out = append(out, setting{"cpu/cpu.shares", strconv.FormatInt(max(l.CPURequestMillis*1024/1000, 2), 10)})
+		shares = strconv.FormatInt(max(l.CPURequestMillis*1024/1000, 2), 10)
 	}
-	return out
+	return append(out, setting{"cpu/cpu.shares", shares})
 }
 
 // Start starts cmd inside instance name's cgroup: the command and every
