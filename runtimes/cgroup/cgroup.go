@@ -359,6 +359,22 @@ func (m *Manager) raisesMemory(name string, l Limits) bool {
 	return err == nil && l.MemoryBytes > n
 }
 
+// CFSQuota is the CFS quota (µs a period) of a CPU limit of millis
+// thousandths of a CPU, at least the kernel's smallest (1 ms); 0 for no
+// limit: none set, or more than the largest quota the kernel takes (its
+// bandwidth fits in 44 bits: 176 million CPUs, which no host has), never
+// a quota the kernel refuses or one wrapped around to 1% of a CPU.
+func CFSQuota(millis, period int64) int64 {
+	const maxQuota = 1<<44 - 1
+	if millis <= 0 || millis > maxQuota/period*1000 {
+		return 0
+	}
+	return max(millis*period/1000, 1000)
+}
+
+// maxShares is the largest v1 CPU weight: a larger request gets it.
+const maxShares = 262144
+
 // setting is an interface file ("controller/file") and its value.
 type setting struct{ file, value string }
 
@@ -382,8 +398,8 @@ func (m *Manager) settings(l Limits, raising bool) []setting {
 	}
 	const period = 100000
 	quota := "max"
-	if l.CPUMillis > 0 {
-		quota = strconv.FormatInt(max(l.CPUMillis*period/1000, 1000), 10)
+	if q := CFSQuota(l.CPUMillis, period); q > 0 {
+		quota = strconv.FormatInt(q, 10)
 	}
 	if m.V2 {
 		out := []setting{{"/pids.max", pids}, {"/memory.max", mem}, {"/cpu.max", quota + " " + strconv.Itoa(period)}}
@@ -422,7 +438,7 @@ func (m *Manager) settings(l Limits, raising bool) []setting {
 	out = append(out, setting{"cpu/cpu.cfs_period_us", strconv.Itoa(period)}, setting{"cpu/cpu.cfs_quota_us", quota})
 	shares := "1024"
 	if l.CPURequestMillis > 0 {
-		shares = strconv.FormatInt(max(l.CPURequestMillis*1024/1000, 2), 10)
+		shares = strconv.FormatInt(max(min(l.CPURequestMillis, maxShares*1000/1024)*1024/1000, 2), 10)
 	}
 	return append(out, setting{"cpu/cpu.shares", shares})
 }

@@ -42,3 +42,25 @@ func TestCPURequestRemovedRestoresTheDefaultWeight(t *testing.T) {
 		t.Fatalf("the request taken away, the weight is %s; want the default %s", got, def)
 	}
 }
+
+// A CPU limit beyond what the kernel's CFS quota can hold is no limit (no
+// host has that many CPUs), never a quota wrapped to 1% of one or one the
+// kernel refuses; the same for a request beyond the largest weight.
+func TestHugeCPUAmountsAreNoLimit(t *testing.T) {
+	m := newManager(t)
+	for _, l := range []Limits{
+		{Pids: 64, CPUMillis: 1 << 60, CPURequestMillis: 1 << 60},
+		{Pids: 64, CPUMillis: 200_000_000_000, CPURequestMillis: 1 << 62},
+	} {
+		if err := m.Ensure("inst", l); err != nil {
+			t.Fatalf("limits %+v: %v", l, err)
+		}
+		quota := cpuFile(t, m, "cpu.cfs_quota_us", "cpu.max")
+		if quota != "-1" && !strings.HasPrefix(quota, "max ") {
+			t.Errorf("limits %+v: the CFS quota is %s; want none", l, quota)
+		}
+		if w := cpuFile(t, m, "cpu.shares", "cpu.weight"); w != "262144" && w != "10000" {
+			t.Errorf("limits %+v: the weight is %s; want the largest", l, w)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 )
 
 // Labels and extensions on every container the driver makes. The owner
@@ -215,10 +216,7 @@ const cpuPeriod = 100000
 
 // cpuQuota is the CFS quota of the instance's CPU limit; 0 for none.
 func cpuQuota(in runtimes.Instance) int64 {
-	if in.Resources.CPUMillis <= 0 {
-		return 0
-	}
-	return max(in.Resources.CPUMillis*cpuPeriod/1000, 1000)
+	return cgroup.CFSQuota(in.Resources.CPUMillis, cpuPeriod)
 }
 
 func rootfsLimit(in runtimes.Instance) int64 {

@@ -181,6 +181,18 @@ func TestLiveResourcesLiftUnsetLimits(t *testing.T) {
 	}
 }
 
+// A CPU limit a tenant writes larger than any CFS quota the kernel takes
+// is no quota, not one wrapped around to 1% of a CPU (the spec's value,
+// 1,152,921,504,606,847 CPUs, passes admission where no class bounds it).
+func TestHugeCPULimitIsNoQuota(t *testing.T) {
+	in := describe(t, func(s *v1alpha1.SandboxSpec) {
+		s.Resources = &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{CPU: ptr.To(resource.MustParse("1152921504606847"))}}
+	})
+	if q := *liveResources(in, false).CPU.Quota; q != -1 {
+		t.Errorf("a limit of %d thousandths of a CPU: a CFS quota of %d µs; want none (-1)", in.Resources.CPUMillis, q)
+	}
+}
+
 // Where the kernel accounts swap, the memory limit is that of memory and
 // swap together (runc's swap limit), at creation and live: a process over
 // it is killed, not swapped out. Where it does not, no swap limit is
