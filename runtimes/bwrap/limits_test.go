@@ -89,13 +89,31 @@ func TestMemoryHogIsKilledAtTheMemoryLimit(t *testing.T) {
 // no cgroup counted.
 func TestTCPBuffersCountAgainstTheMemoryLimit(t *testing.T) {
 	s := limited(t)
-	code, out, stderr := s.exec(t, "python3", "-c", testenv.TCPHog(512))
+	code, out, stderr := s.exec(t, "python3", "-c", testenv.TCPHog(512, 0))
 	var queued int
 	if _, err := fmt.Sscanf(out, "queued %d", &queued); err != nil || code != 0 {
 		t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
 	}
 	if queued >= 256 {
 		t.Fatalf("a command queued %d MiB on TCP connections under a 128 MiB memory limit", queued)
+	}
+}
+
+// The memory an instance uses counts its TCP buffers, which cgroup v1
+// counts apart from the rest.
+func TestUsageCountsTCPBuffers(t *testing.T) {
+	s := limited(t)
+	done := make(chan string)
+	go func() {
+		_, out, _ := s.exec(t, "python3", "-c", testenv.TCPHog(96, 3))
+		done <- out
+	}()
+	var seen int64
+	for deadline := time.Now().Add(3 * time.Second); seen < 96<<20 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		seen = max(seen, usage(t, s).MemoryBytes)
+	}
+	if out := <-done; seen < 96<<20 {
+		t.Fatalf("a command holding 96 MiB on TCP connections (%q): the instance's usage said at most %d MiB", out, seen>>20)
 	}
 }
 

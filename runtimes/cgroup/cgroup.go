@@ -647,9 +647,9 @@ func (m *Manager) Usage(name string) (Usage, error) {
 		f = m.usage.take(name)
 	}
 	if f == nil {
-		return readUsage(m.V2, m.swap, dir)
+		return readUsage(m.V2, m.swap, m.tcp, dir)
 	}
-	u, byPath, err := f.readAll(m.V2, m.swap, dir)
+	u, byPath, err := f.readAll(m.V2, m.swap, m.tcp, dir)
 	switch {
 	case err == nil:
 		return u, nil
@@ -660,7 +660,7 @@ func (m *Manager) Usage(name string) (Usage, error) {
 	default:
 		// Gone, or made again by someone else: the files by path say.
 		m.usage.dropIf(name, f)
-		return readUsage(m.V2, m.swap, dir)
+		return readUsage(m.V2, m.swap, m.tcp, dir)
 	}
 }
 
@@ -703,7 +703,7 @@ func ProcessUsage(procDir string, pid int, top func(path string) string) (Usage,
 		}
 		return filepath.Join(Mount, c, paths[c])
 	}
-	return readUsage(v2, swapAccounted(v2, dir("memory")), dir)
+	return readUsage(v2, swapAccounted(v2, dir("memory")), tcpLimited(v2, dir("memory")), dir)
 }
 
 // readFile reads a cgroup interface file, which holds a few lines at
@@ -730,13 +730,15 @@ const maxInterfaceFile = 1 << 20
 // controller (any on v2). swap says the kernel accounts swap there
 // (swapAccounted): the memory used then counts what is swapped, which
 // the memory limit forbids but a cgroup made before it did may hold.
-func readUsage(v2, swap bool, dir func(c string) string) (Usage, error) {
-	return readUsageWith(v2, swap, dir, readFile)
+// tcp says a v1 cgroup has a TCP buffer limit (tcpLimited): the memory
+// used then counts its TCP buffers, which v1 counts apart.
+func readUsage(v2, swap, tcp bool, dir func(c string) string) (Usage, error) {
+	return readUsageWith(v2, swap, tcp, dir, readFile)
 }
 
 // readUsageWith is readUsage reading each file with readFile (a benchmark
 // gives another reader as its baseline).
-func readUsageWith(v2, swap bool, dir func(c string) string, readFile func(string) (string, error)) (Usage, error) {
+func readUsageWith(v2, swap, tcp bool, dir func(c string) string, readFile func(string) (string, error)) (Usage, error) {
 	var u Usage
 	var err error
 	read := func(c, file string) int64 {
@@ -783,6 +785,9 @@ func readUsageWith(v2, swap bool, dir func(c string) string, readFile func(strin
 		u.MemoryBytes = read("memory", swapUsageFile(false))
 	} else {
 		u.MemoryBytes = read("memory", "memory.usage_in_bytes")
+	}
+	if tcp {
+		u.MemoryBytes += read("memory", "memory.kmem.tcp.usage_in_bytes")
 	}
 	u.Pids = read("pids", "pids.current")
 	u.OOMKills = field("memory", "memory.oom_control", "oom_kill")

@@ -301,7 +301,7 @@ func TestInstanceRunsInThePodsCgroupAndLeavesIt(t *testing.T) {
 	// The Pod's and the container's cgroups count the instance's
 	// processes, as the kubelet reads them.
 	for _, p := range []string{podPath, parent} {
-		u, err := readUsage(v2, m.swap, func(c string) string { return filepath.Join(Mount, c, p) })
+		u, err := readUsage(v2, m.swap, m.tcp, func(c string) string { return filepath.Join(Mount, c, p) })
 		if err != nil {
 			t.Fatal(err)
 		}

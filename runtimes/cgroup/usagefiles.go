@@ -49,7 +49,8 @@ type openFiles struct {
 }
 
 // filesPerInstance is how many interface files a usage read opens at most
-// (cgroup v1's five; v2 reads six where it accounts swap).
+// (five, and six on v2 where it accounts swap, on v1 where a TCP limit
+// is set).
 const filesPerInstance = 6
 
 // newUsageFiles sizes the cache by the process's descriptor limit.
@@ -122,11 +123,11 @@ func (f *openFiles) closeLocked() {
 // readAll reads a usage through f: readUsageWith with f.read. byPath
 // says a failure was in opening a file by its path, which a read by path
 // would meet the same way (a stopped instance has no cgroup).
-func (f *openFiles) readAll(v2, swap bool, dir func(c string) string) (u Usage, byPath bool, err error) {
+func (f *openFiles) readAll(v2, swap, tcp bool, dir func(c string) string) (u Usage, byPath bool, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.next, f.openFailed = 0, false
-	u, err = readUsageWith(v2, swap, dir, f.read)
+	u, err = readUsageWith(v2, swap, tcp, dir, f.read)
 	return u, f.openFailed, err
 }
 

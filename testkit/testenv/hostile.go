@@ -36,10 +36,11 @@ print("touched", len(b) >> 20)
 
 // TCPHog is a python3 program that queues up to mib MiB on loopback TCP
 // connections nobody reads, connection after connection until a send
-// would block on each, and prints "queued N" (MiB).
-func TCPHog(mib int) string {
+// would block on each, prints "queued N" (MiB), and holds them for hold
+// seconds.
+func TCPHog(mib, hold int) string {
 	return fmt.Sprintf(`
-import socket
+import socket, time
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen(512)
@@ -56,5 +57,6 @@ for i in range(400):
     except BlockingIOError:
         pass
 print("queued", total >> 20, flush=True)
-`, mib, mib)
+time.sleep(%d)
+`, mib, mib, hold)
 }
