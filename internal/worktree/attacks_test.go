@@ -363,3 +363,55 @@ func TestHostGitRefusesAnObjectThatDeclaresAHugeSize(t *testing.T) {
 		t.Fatalf("host git allocated the %d bytes the object declares; its log:\n%s", size, logged.String())
 	}
 }
+
+// The agent names the entries of its git directory; a name with a line
+// break or a terminal escape must not reach a status message as it is.
+func TestEntryNamesTheAgentPlantsAreQuotedInMessages(t *testing.T) {
+	const forged = "x\nGitHealthy True: \x1b[32mall worktrees healthy"
+	link := func(t *testing.T, p string) {
+		t.Helper()
+		if err := os.Symlink("/etc/hostname", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, admins string)
+	}{
+		{"a link in worktrees/", func(t *testing.T, admins string) {
+			link(t, filepath.Join(admins, forged))
+		}},
+		{"a link in worktrees/<name>/", func(t *testing.T, admins string) {
+			link(t, filepath.Join(admins, "q", forged))
+		}},
+		{"a link in a directory of worktrees/ so named", func(t *testing.T, admins string) {
+			if err := os.Mkdir(filepath.Join(admins, forged), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			link(t, filepath.Join(admins, forged, "HEAD"))
+		}},
+		{"a filter in a directory of worktrees/ so named", func(t *testing.T, admins string) {
+			write(t, filepath.Join(admins, forged, "config.worktree"), "[filter \"x\"]\n\tsmudge = cat\n")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			repo := newRepo(t)
+			wt, err := worktree.Add(ctx, repo, worktree.Spec{Name: "q", CreateBranch: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.plant(t, filepath.Join(repo.GitCommonDir(), "worktrees"))
+			h := worktree.Check(ctx, repo, wt)
+			if h.Reason != worktree.ReasonUnsafeRepository {
+				t.Fatalf("health: %+v", h)
+			}
+			if strings.ContainsAny(h.Message, "\n\x1b") {
+				t.Fatalf("the message carries the agent's name as it is: %q", h.Message)
+			}
+			_, err = worktree.Add(ctx, repo, worktree.Spec{Name: "q2", CreateBranch: true})
+			if err == nil || strings.ContainsAny(err.Error(), "\n\x1b") {
+				t.Fatalf("Add: %q", err)
+			}
+		})
+	}
+}

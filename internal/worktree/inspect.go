@@ -154,7 +154,7 @@ func checkGitDir(repo Repo) error {
 	}
 	for _, a := range admins {
 		if a.Type != areas.TypeDir {
-			return unsafeRepo("%s/.git/worktrees/%s is a %s, not a directory", repo.HostPath(), a.Name, a.Type)
+			return unsafeRepo("%s/.git/worktrees/%s is a %s, not a directory", repo.HostPath(), quote(a.Name), a.Type)
 		}
 		if err := checkAdminDir(repo, a.Name); err != nil {
 			return err
@@ -183,21 +183,21 @@ func checkAdminDir(repo Repo, name string) error {
 		return nil
 	}
 	if err != nil {
-		return unsafeRepo("checking %s/.git/worktrees/%s: %v", repo.HostPath(), name, err)
+		return unsafeRepo("checking %s/.git/worktrees/%s: %v", repo.HostPath(), quote(name), err)
 	}
 	if fi.Type != areas.TypeDir {
-		return unsafeRepo("%s/.git/worktrees/%s is a %s, not a directory", repo.HostPath(), name, fi.Type)
+		return unsafeRepo("%s/.git/worktrees/%s is a %s, not a directory", repo.HostPath(), quote(name), fi.Type)
 	}
 	entries, err := repo.Mount.ListAtMost(admin, maxAdminEntries)
 	if errors.Is(err, areas.ErrTooManyEntries) {
-		return unsafeRepo("%s/.git/worktrees/%s has more than %d entries; git keeps a handful there", repo.HostPath(), name, maxAdminEntries)
+		return unsafeRepo("%s/.git/worktrees/%s has more than %d entries; git keeps a handful there", repo.HostPath(), quote(name), maxAdminEntries)
 	}
 	if err != nil {
-		return unsafeRepo("listing %s/.git/worktrees/%s: %v", repo.HostPath(), name, err)
+		return unsafeRepo("listing %s/.git/worktrees/%s: %v", repo.HostPath(), quote(name), err)
 	}
 	for _, e := range entries {
 		if e.Type != areas.TypeFile && e.Type != areas.TypeDir {
-			return unsafeRepo("%s/.git/worktrees/%s/%s is a %s; host git reads only regular files there", repo.HostPath(), name, e.Name, e.Type)
+			return unsafeRepo("%s/.git/worktrees/%s/%s is a %s; host git reads only regular files there", repo.HostPath(), quote(name), quote(e.Name), e.Type)
 		}
 	}
 	return checkConfig(repo, path.Join(admin, "config.worktree"))
@@ -217,8 +217,10 @@ func mustBeRegular(repo Repo, rel string) error {
 	return nil
 }
 
+// shown is rel as a message shows it: quoted, since a directory on its
+// way may be one the agent named.
 func shown(repo Repo, rel string) string {
-	return path.Join(repo.Mount.HostPath(), rel)
+	return strconv.Quote(path.Join(repo.Mount.HostPath(), rel))
 }
 
 // checkConfig refuses a git configuration file that declares a command
