@@ -159,15 +159,26 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		return ctrl.Result{}, nil
 	}
 	if !st.CheckedOut {
-		// Inside the sandbox, where the repository's own filters may run.
-		if _, stderr, err := r.git(ctx, cr, "-C", st.Path, "reset", "--hard", "--quiet"); err != nil {
-			logGitOutput(ctx, "checkout inside the sandbox failed", st.Path, err, stderr)
-			fail(fmt.Errorf("checking out worktree %s inside the sandbox: %w; the controller log has git's output", st.Path, err))
+		// A worktree holding more than its .git file was checked out
+		// already: by this claim before its status write was lost, or for
+		// another claim that names the same worktree. Checking it out
+		// again would reset the work in it.
+		untouched, err := worktree.Untouched(cr.repo, wt)
+		if err != nil {
+			fail(err)
 			return ctrl.Result{}, err
+		}
+		if untouched {
+			if err := r.checkout(ctx, cr, st.Path); err != nil {
+				fail(err)
+				return ctrl.Result{}, err
+			}
+			log.FromContext(ctx).Info("worktree checked out", "path", st.Path, "branch", st.Branch, "head", st.Head)
+		} else {
+			log.FromContext(ctx).Info("worktree holds files already; taken as checked out", "path", st.Path)
 		}
 		st.CheckedOut = true
 		r.checkedOut.Store(c.UID, st.DeepCopy())
-		log.FromContext(ctx).Info("worktree checked out", "path", st.Path, "branch", st.Branch, "head", st.Head)
 	}
 	f.worktree, f.worktreeMessage = worktreeCheckedOut, fmt.Sprintf("worktree %s checked out at %s", st.Path, describeRef(st))
 
@@ -181,6 +192,16 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 		f.git = gitHealth{healthy: true, reason: v1alpha1.ReasonHealthy, message: h.Message + "; git works inside the sandbox"}
 	}
 	return ctrl.Result{RequeueAfter: r.healthInterval()}, nil
+}
+
+// checkout checks the worktree at path out inside the sandbox, where the
+// repository's own filters may run.
+func (r *SessionClaimReconciler) checkout(ctx context.Context, cr *claimRepo, path string) error {
+	if _, stderr, err := r.git(ctx, cr, "-C", path, "reset", "--hard", "--quiet"); err != nil {
+		logGitOutput(ctx, "checkout inside the sandbox failed", path, err, stderr)
+		return fmt.Errorf("checking out worktree %s inside the sandbox: %w; the controller log has git's output", path, err)
+	}
+	return nil
 }
 
 // maxGitLog bounds how much of git's output goes to the log.

@@ -186,6 +186,28 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		Expect(code).To(Equal(0), stderr)
 	})
 
+	It("does not check out again a worktree a second claim names: the first claim's uncommitted work stays", func() {
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		wt := c.Status.Worktree.Path
+		code, _, stderr := sandboxRun(agent, "sh", "-c", "cd "+wt+" && echo unsaved >> README")
+		Expect(code).To(Equal(0), stderr)
+
+		again := newClaim(ns, "s1-again", "gitty")
+		again.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app", Name: "s1"}
+		Expect(k8s.Create(ctx, again)).To(Succeed())
+		Eventually(claimStatus(ns, "s1-again"), timeout).Should(And(
+			HaveField("Worktree.Path", wt),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated))))
+		Expect(os.ReadFile(filepath.Join(c.Status.Worktree.HostPath, "README"))).To(Equal([]byte("hello\nunsaved\n")),
+			"a worktree with files in it was checked out already; checking it out again resets that work")
+
+		deleteAndWait(again)
+		Expect(os.ReadFile(filepath.Join(c.Status.Worktree.HostPath, "README"))).To(Equal([]byte("hello\nunsaved\n")), "dirty: kept")
+		code, _, stderr = sandboxRun(agent, "git", "-C", wt, "checkout", "--", "README")
+		Expect(code).To(Equal(0), stderr)
+	})
+
 	It("takes a worktree with relative links as it is: no git directory at its host path, git works through the mount", func() {
 		var s1 v1alpha1.SessionClaim
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &s1)).To(Succeed())
