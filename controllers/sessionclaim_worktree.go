@@ -275,6 +275,10 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 			keep(err.Error())
 			return
 		}
+		if !dirty && detachedAway(out, st.Head) {
+			keep(fmt.Sprintf("its detached HEAD has moved from %s, and commits made there are on no branch; removing the worktree would leave them to git gc", st.Head))
+			return
+		}
 	} else {
 		// Never checked out: only files someone put there can be work.
 		untouched, err := worktree.Untouched(cr.repo, wt)
@@ -315,6 +319,22 @@ func statusDirty(out string) (bool, error) {
 		return false, errors.New("git status inside the sandbox answered without its branch header, so its answer is incomplete and the changes could not be read")
 	}
 	return false, nil
+}
+
+// detachedAway reads the output of git status --porcelain=v2 --branch and
+// says whether HEAD is detached at a commit other than made, the one the
+// worktree was added at: commits made on a detached HEAD are on no branch,
+// and only the worktree's own HEAD and reflog hold them.
+func detachedAway(out, made string) bool {
+	var oid string
+	detached := false
+	for line := range strings.SplitSeq(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "# branch.oid "); ok {
+			oid = v
+		}
+		detached = detached || line == "# branch.head (detached)"
+	}
+	return detached && oid != made
 }
 
 // git runs git inside the claim's sandbox and returns stdout and stderr.

@@ -24,3 +24,22 @@ func TestStatusDirty(t *testing.T) {
 		})
 	}
 }
+
+func TestDetachedAway(t *testing.T) {
+	const made = "4f2304e1"
+	for _, tc := range []struct {
+		name, out string
+		away      bool
+	}{
+		{name: "on a branch", out: "# branch.oid 9a81c0d2\n# branch.head s2\n"},
+		{name: "detached where it was made", out: "# branch.oid 4f2304e1\n# branch.head (detached)\n"},
+		{name: "detached after commits", out: "# branch.oid 9a81c0d2\n# branch.head (detached)\n", away: true},
+		{name: "detached, no commit read", out: "# branch.head (detached)\n", away: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := detachedAway(tc.out, made); got != tc.away {
+				t.Fatalf("detachedAway(%q, %q) = %v, want %v", tc.out, made, got, tc.away)
+			}
+		})
+	}
+}

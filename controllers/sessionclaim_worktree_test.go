@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -206,6 +207,28 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		Expect(os.ReadFile(filepath.Join(c.Status.Worktree.HostPath, "README"))).To(Equal([]byte("hello\nunsaved\n")), "dirty: kept")
 		code, _, stderr = sandboxRun(agent, "git", "-C", wt, "checkout", "--", "README")
 		Expect(code).To(Equal(0), stderr)
+	})
+
+	It("keeps a clean worktree whose detached HEAD holds commits no branch has when its claim goes", func() {
+		c := newClaim(ns, "detached", "gitty")
+		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app"}
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		Eventually(claimStatus(ns, "detached"), timeout).Should(And(
+			HaveField("Worktree.Branch", ""),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated))))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(c), c)).To(Succeed())
+		wt := c.Status.Worktree.Path
+		code, _, stderr := sandboxRun(agent, "sh", "-c", "cd "+wt+" && echo work >> README && git add README && "+
+			"git -c user.name=agent -c user.email=agent@example.com commit -q -m 'on a detached HEAD'")
+		Expect(code).To(Equal(0), stderr)
+		code, commit, stderr := sandboxRun(agent, "git", "-C", wt, "rev-parse", "HEAD")
+		Expect(code).To(Equal(0), stderr)
+
+		deleteAndWait(c)
+		Expect(testharness.HostGit(repo, "rev-list", "--all")).To(ContainSubstring(strings.TrimSpace(commit)),
+			"the commit made on the detached HEAD is still reachable")
+		Expect(c.Status.Worktree.HostPath).To(BeADirectory(), "kept")
+		testharness.HostGit(repo, "worktree", "remove", "--force", c.Status.Worktree.HostPath)
 	})
 
 	It("takes a worktree with relative links as it is: no git directory at its host path, git works through the mount", func() {
