@@ -55,10 +55,17 @@ type gitHealth struct {
 	reason, message string
 }
 
+// maxGitSummary bounds the Sandbox's GitHealthy message: the API refuses
+// a status whose condition message is over 32768 bytes, and a tenant makes
+// as many claims as it likes, each with a message up to
+// maxConditionMessage.
+const maxGitSummary = 8 * maxConditionMessage
+
 // gitSummary is the Sandbox's GitHealthy from its live claims' worktrees;
-// nil when none has a worktree.
+// nil when none has a worktree. It names the unhealthy claims within
+// maxGitSummary and counts the rest.
 func gitSummary(claims []v1alpha1.SessionClaim) *gitHealth {
-	var total int
+	var total, unhealthy, size int
 	var bad []string
 	reason := v1alpha1.ReasonHealthy
 	for _, c := range claims {
@@ -72,17 +79,25 @@ func gitSummary(claims []v1alpha1.SessionClaim) *gitHealth {
 			if cond != nil {
 				r, m = cond.Reason, cond.Message
 			}
-			if len(bad) == 0 {
+			if unhealthy == 0 {
 				reason = r
 			}
-			bad = append(bad, fmt.Sprintf("claim %s: %s: %s", c.Name, r, m))
+			unhealthy++
+			entry := fmt.Sprintf("claim %s: %s: %s", c.Name, r, boundedMessage(m))
+			if size+len(entry) <= maxGitSummary {
+				bad = append(bad, entry)
+				size += len(entry) + len("; ")
+			}
 		}
 	}
 	switch {
 	case total == 0:
 		return nil
-	case len(bad) == 0:
+	case unhealthy == 0:
 		return &gitHealth{healthy: true, reason: v1alpha1.ReasonHealthy, message: fmt.Sprintf("%d worktree(s) healthy", total)}
+	case len(bad) < unhealthy:
+		return &gitHealth{reason: reason, message: fmt.Sprintf("%s; and %d more: %d of %d worktree(s) unhealthy",
+			strings.Join(bad, "; "), unhealthy-len(bad), unhealthy, total)}
 	default:
 		return &gitHealth{reason: reason, message: strings.Join(bad, "; ")}
 	}

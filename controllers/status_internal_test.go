@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -478,5 +479,32 @@ func TestQueuedSandboxesLastUntilTheFirstPass(t *testing.T) {
 	none.passed(key)
 	if none.queued(key) {
 		t.Fatal("a nil set holds a Sandbox")
+	}
+}
+
+// The Sandbox's GitHealthy lists its unhealthy claims; however many the
+// tenant makes, and however long the messages the agent's repository
+// earns them, the summary fits the API's bound on a condition's message
+// (32768 bytes), or the API server refuses the Sandbox's whole status.
+func TestGitSummaryFitsAConditionMessage(t *testing.T) {
+	const apiLimit = 32768
+	var claims []v1alpha1.SessionClaim
+	for i := range 64 {
+		c := v1alpha1.SessionClaim{}
+		c.Name = fmt.Sprintf("claim-%02d", i)
+		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "repo"}
+		c.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionGitHealthy, Status: metav1.ConditionFalse,
+			Reason: v1alpha1.ReasonGitdirMismatch, Message: strings.Repeat("m", maxConditionMessage)}}
+		claims = append(claims, c)
+	}
+	g := gitSummary(claims)
+	if g == nil || g.healthy || g.reason != v1alpha1.ReasonGitdirMismatch {
+		t.Fatalf("summary: %+v", g)
+	}
+	if len(g.message) > apiLimit {
+		t.Fatalf("the summary is %d bytes, over the API's %d", len(g.message), apiLimit)
+	}
+	if !strings.Contains(g.message, "claim-00: ") || !strings.Contains(g.message, "64") {
+		t.Fatalf("the summary names neither the first claim nor how many: %.200q", g.message)
 	}
 }
