@@ -151,7 +151,7 @@ func (s *Server) runExec(r *http.Request, u *kubeauth.User, t *target, req execR
 	}
 	st.closeStdin()
 
-	status, outcome := s.execStatus(ctx, res, err)
+	status, outcome := s.execStatus(ctx, t.claim.Namespace+"/"+t.claim.Name, res, err)
 	if outcome == outcomeRefused {
 		s.noteRefusal(r, u, &apiError{refusal: refusalCommandRefused, msg: err.Error()})
 	}
@@ -161,14 +161,14 @@ func (s *Server) runExec(r *http.Request, u *kubeauth.User, t *target, req execR
 }
 
 // execStatus is the status-channel message for how a command ended.
-func (s *Server) execStatus(ctx context.Context, res runtimes.ExitStatus, err error) (metav1.Status, string) {
+func (s *Server) execStatus(ctx context.Context, claim string, res runtimes.ExitStatus, err error) (metav1.Status, string) {
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return failure(metav1.StatusReasonTimeout, fmt.Sprintf("the command ran longer than the exec timeout (%s) and was killed", s.cfg.ExecTimeout)), outcomeFailed
 	case err != nil && runtimes.ReasonOf(err) == runtimes.ReasonRefused:
 		return failure(reasonCommandRefused, err.Error()), outcomeRefused
 	case err != nil:
-		return failure(metav1.StatusReason(instance.ErrorReason(err)), err.Error()), outcomeFailed
+		return failure(metav1.StatusReason(instance.ErrorReason(err)), s.hideFailure("running the command", claim, err)), outcomeFailed
 	case res.Code == 0:
 		return metav1.Status{Status: metav1.StatusSuccess}, outcomeExited
 	default:

@@ -59,7 +59,7 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	root, rel, err := v.Resolve(sandboxPath)
 	if err != nil {
-		s.refuse(w, r, u, fileError(sandboxPath, err))
+		s.refuse(w, r, u, s.fileError(ns+"/"+name, sandboxPath, err))
 		return
 	}
 	switch r.Method {
@@ -73,7 +73,7 @@ func (s *Server) serveFiles(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var aerr *apiError
 		if !errors.As(err, &aerr) {
-			aerr = fileError(sandboxPath, err)
+			aerr = s.fileError(ns+"/"+name, sandboxPath, err)
 		}
 		s.refuse(w, r, u, aerr)
 	}
@@ -315,9 +315,10 @@ func removeFile(w http.ResponseWriter, r *http.Request, v *areas.View, sandboxPa
 	return nil
 }
 
-// fileError maps an areas error to the answer: escapes and read-only
-// roots are refusals (403), counted.
-func fileError(p string, err error) *apiError {
+// fileError maps an areas error of a request of claim for path p to the
+// answer: escapes and read-only roots are refusals (403), counted; what
+// is no fault of the caller's is told by hideFailure (500).
+func (s *Server) fileError(claim, p string, err error) *apiError {
 	switch {
 	case errors.Is(err, areas.ErrEscape):
 		return &apiError{code: http.StatusForbidden, refusal: refusalEscape, msg: err.Error()}
@@ -339,6 +340,6 @@ func fileError(p string, err error) *apiError {
 		errors.Is(err, areas.ErrTooManyEntries):
 		return &apiError{code: http.StatusBadRequest, msg: fmt.Sprintf("%s: %v", p, err)}
 	default:
-		return &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf("%s: %v", p, err)}
+		return &apiError{code: http.StatusInternalServerError, msg: s.hideFailure("the file request for "+p, claim, err)}
 	}
 }

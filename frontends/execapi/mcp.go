@@ -153,7 +153,11 @@ func (c *claimSandbox) Exec(ctx context.Context, req runtimes.ExecRequest) (runt
 		}
 	}
 	c.s.metrics.execs.WithLabelValues(outcome).Inc()
-	return st, err
+	if ctx.Err() != nil {
+		// The tool says how long the command ran.
+		return st, err
+	}
+	return st, c.s.hiddenRuntimeError("running a command in", c.key, c.t.instance.Name, err)
 }
 
 func (c *claimSandbox) Files() (mcpserver.Files, error) {
@@ -177,28 +181,43 @@ func (f claimFiles) Read(path string, max int) ([]byte, bool, error) {
 	if err := f.c.take(); err != nil {
 		return nil, false, err
 	}
-	return f.Files.Read(path, max)
+	b, cut, err := f.Files.Read(path, max)
+	return b, cut, f.failed(path, err)
 }
 
 func (f claimFiles) Write(path string, data []byte) error {
 	if err := f.c.take(); err != nil {
 		return err
 	}
-	return f.Files.Write(path, data)
+	return f.failed(path, f.Files.Write(path, data))
 }
 
 func (f claimFiles) List(path string) ([]areas.Entry, error) {
 	if err := f.c.take(); err != nil {
 		return nil, err
 	}
-	return f.Files.List(path)
+	entries, err := f.Files.List(path)
+	return entries, f.failed(path, err)
 }
 
 func (f claimFiles) Remove(path string, recursive bool) error {
 	if err := f.c.take(); err != nil {
 		return err
 	}
-	return f.Files.Remove(path, recursive)
+	return f.failed(path, f.Files.Remove(path, recursive))
+}
+
+// failed is err of a file tool on path as the model reads it: the
+// caller's mistakes and refusals as they are, what is no fault of its
+// (the file API's 500) by hideFailure.
+func (f claimFiles) failed(path string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if e := f.c.s.fileError(f.c.key, path, err); e.code == http.StatusInternalServerError {
+		return e
+	}
+	return err
 }
 
 func (c *claimSandbox) Describe() mcpserver.Description { return c.d }

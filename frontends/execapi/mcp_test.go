@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -465,4 +466,20 @@ func TestMCPAnswersNotTakenGiveTheirSlotsBackAtTheDeadline(t *testing.T) {
 		isErr, _, _ := mcpCall(t, s, "exec", map[string]any{"argv": []string{"echo", "one more"}})
 		return !isErr
 	})
+}
+
+// A failure of the runtime that is no refusal reaches the model as its
+// reason and an id: the runtime's own words may name host paths, which
+// the node's log keeps.
+func TestMCPToolsNameNoHostPathOfARuntimeFailure(t *testing.T) {
+	f := newFixture(t, Config{})
+	s, err := f.mcpConnect("alice-token", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	isErr, txt, _ := mcpCall(t, s, "exec", map[string]any{"argv": []string{"broken"}})
+	if !isErr || strings.Contains(txt, "/var/lib") || !regexp.MustCompile(`failed \(RuntimeError\); the node's log has why, under failure [0-9a-f]{12}`).MatchString(txt) {
+		t.Fatalf("a runtime failure: error %v, %q", isErr, txt)
+	}
 }

@@ -76,6 +76,9 @@ func (f *fakeRuntime) Exec(ctx context.Context, name string, req runtimes.ExecRe
 		// git -C WORKTREE status|diff ...: says where it ran and what.
 		fmt.Fprintf(req.Stdout, "ran in %s: %s\n", req.Argv[2], strings.Join(req.Argv[3:], " "))
 		return runtimes.ExitStatus{}, nil
+	case "broken":
+		// As a driver says it could not read its own state.
+		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonFailed, "reading state of", name, "/var/lib/sandbox-controller/bwrap/%s.json is corrupt", name)
 	case "sleep":
 		<-ctx.Done()
 		f.killed <- strings.Join(req.Argv, " ")
@@ -144,7 +147,7 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: v1alpha1.SandboxSpec{
 				Agent:    name,
-				Binaries: []v1alpha1.BinaryName{"echo", "fail", "cat", "sleep", "missing", "git"},
+				Binaries: []v1alpha1.BinaryName{"echo", "fail", "cat", "sleep", "missing", "git", "broken"},
 				Mounts:   []v1alpha1.Mount{{Source: f.roMount, Target: "docs", Mode: v1alpha1.MountReadOnly}},
 			},
 			Status: v1alpha1.SandboxStatus{Conditions: []metav1.Condition{condition(v1alpha1.ConditionReady, ready)}},

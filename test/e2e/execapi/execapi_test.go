@@ -320,6 +320,33 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			Eventually(done, timeout).Should(Receive())
 		})
 
+		It("answers a failure of the runtime with its reason and an id, naming no host path", func() {
+			By("making a Sandbox of its own, whose instance record is then damaged")
+			Expect(env.Client.Create(ctx, &v1alpha1.Sandbox{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "damaged"},
+				Spec:       v1alpha1.SandboxSpec{Agent: "dora-" + ns, Binaries: []v1alpha1.BinaryName{"true"}},
+			})).To(Succeed())
+			Expect(env.Client.Create(ctx, testharness.NewClaim(ns, "d1", "damaged"))).To(Succeed())
+			Eventually(env.ClaimStatus(ns, "d1"), timeout).Should(HaveField("Conditions", testharness.HaveCondition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonSandboxReady)))
+			record := filepath.Join(env.Dir, "bwrap", v1alpha1.InstanceName("dora-"+ns)+".json")
+			kept, err := os.ReadFile(record)
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(func() {
+				Expect(os.WriteFile(record, kept, 0o600)).To(Succeed())
+				for _, o := range []client.Object{testharness.NewClaim(ns, "d1", "damaged"),
+					&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "damaged"}}} {
+					env.DeleteAndWait(o)
+				}
+			})
+			Expect(os.WriteFile(record, []byte("{damaged"), 0o600)).To(Succeed())
+
+			res := execIn(ctx, alice, ns, "d1", nil, nil, "true")
+			Expect(res.err).To(HaveOccurred())
+			// The runtime's own words name the record's host path.
+			Expect(res.err.Error()).NotTo(ContainSubstring(env.Dir), "the answer names a host path")
+			Expect(res.err.Error()).To(MatchRegexp(`running the command failed \(RuntimeError\); the node's log has why, under failure [0-9a-f]{12}`))
+		})
+
 		It("streams a large output without holding it in memory", func() {
 			const size = 50 << 20
 			old := debug.SetGCPercent(10)
