@@ -121,18 +121,11 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 	w.Header().Set(headerFileMode, fmt.Sprintf("%04o", e.Mode.Perm()))
 	out := deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.downloadWriteTimeout}
 	if e.IsDir() {
-		entries, err := root.List(rel)
-		if err != nil {
-			return err
-		}
-		if entries == nil {
-			entries = []areas.Entry{}
-		}
-		w.Header().Set("Content-Type", "application/json")
 		if r.Method == http.MethodHead {
+			w.Header().Set("Content-Type", "application/json")
 			return nil
 		}
-		return writeEntries(out, entries)
+		return writeEntries(out, root, rel)
 	}
 	f, err := root.Open(rel)
 	if err != nil {
@@ -146,35 +139,55 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, root *areas.Ro
 	return nil
 }
 
-// writeEntries answers a listing as one JSON array, an entry at a time
-// through a buffer: the names are the agent's, up to 255 bytes each, and a
-// control byte is six in JSON, so the whole answer at once would be many
-// times the listing (about 160 MB for 100,000 such names) for every
-// listing asked for at once.
-func writeEntries(w io.Writer, entries []areas.Entry) error {
-	bw := bufio.NewWriterSize(w, 32<<10)
-	enc := json.NewEncoder(bw)
+// writeEntries answers the listing of directory rel as one JSON array, in
+// the directory's order, an entry at a time through a buffer, as
+// root.Each reads them: the names are the agent's, up to 255 bytes each,
+// and a control byte is six in JSON, so a listing held whole, or its
+// answer, would be many times what one batch is (about 160 MB of answer
+// for 100,000 such names), for every listing asked for at once. A
+// directory of too many entries is refused before anything is written;
+// a failure once the answer has begun aborts it, which the client sees
+// as a broken answer, never as a shorter listing.
+func writeEntries(w http.ResponseWriter, root *areas.Root, rel string) error {
+	var bw *bufio.Writer
+	var enc *json.Encoder
 	sep := byte('[')
-	for i := range entries {
-		if err := bw.WriteByte(sep); err != nil {
-			return err
+	err := root.Each(rel, areas.MaxListEntries, func(batch []areas.Entry) error {
+		if bw == nil {
+			w.Header().Set("Content-Type", "application/json")
+			bw = bufio.NewWriterSize(w, 32<<10)
+			enc = json.NewEncoder(bw)
 		}
-		// Encode reuses its buffer from one entry to the next; the line
-		// it ends each with is JSON's whitespace.
-		if err := enc.Encode(&entries[i]); err != nil {
-			return err
+		for i := range batch {
+			if err := bw.WriteByte(sep); err != nil {
+				return err
+			}
+			// Encode reuses its buffer from one entry to the next; the
+			// line it ends each with is JSON's whitespace.
+			if err := enc.Encode(&batch[i]); err != nil {
+				return err
+			}
+			sep = ','
 		}
-		sep = ','
-	}
-	if sep == '[' {
-		if _, err := bw.WriteString("["); err != nil {
-			return err
-		}
-	}
-	if _, err := bw.WriteString("]\n"); err != nil {
+		return nil
+	})
+	switch {
+	case err != nil && bw == nil:
+		return err
+	case err != nil:
+		panic(http.ErrAbortHandler)
+	case bw == nil:
+		w.Header().Set("Content-Type", "application/json")
+		_, err = io.WriteString(w, "[]\n")
 		return err
 	}
-	return bw.Flush()
+	if _, err := bw.WriteString("]\n"); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if err := bw.Flush(); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	return nil
 }
 
 // deadlineWriter gives each write of a response d to leave. A client that

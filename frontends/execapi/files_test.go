@@ -564,3 +564,52 @@ func TestDownloadSlotsAreBounded(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	})
 }
+
+// A listing holds a batch of its directory at a time, not the directory:
+// four listings of 40,000 names of 200 bytes, whose clients stop reading,
+// hold the server's heap by a few batches; read whole first, each held
+// about 11 MB until its client went.
+func TestAStalledListingHoldsABatchNotTheDirectory(t *testing.T) {
+	f := newFixture(t, Config{})
+	dir := filepath.Join(f.workspace(), "crowd")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const n, listings = 40000, 4
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%08d", i)+strings.Repeat("n", 192)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr := f.smallBuffers(t, false)
+	c := &http.Client{Transport: tr}
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	base := m.HeapAlloc
+	for range listings {
+		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/files/workspace/crowd", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer alice-token")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The headers and nothing more: the answer waits on its client.
+		t.Cleanup(func() { resp.Body.Close() })
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET of the directory: %d", resp.StatusCode)
+		}
+	}
+	// Until the server's writes have filled the sockets and block.
+	time.Sleep(time.Second)
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	held := int64(m.HeapAlloc) - int64(base)
+	t.Logf("%d stalled listings of %d names hold %.1f MiB", listings, n, float64(held)/(1<<20))
+	if held > 8<<20 {
+		t.Fatalf("%d stalled listings of %d names hold %d MiB of the heap", listings, n, held>>20)
+	}
+}

@@ -192,12 +192,12 @@ func (f claimFiles) Write(path string, data []byte) error {
 	return f.failed(path, f.Files.Write(path, data))
 }
 
-func (f claimFiles) List(path string) ([]areas.Entry, error) {
+func (f claimFiles) List(path string, max int) ([]areas.Entry, bool, error) {
 	if err := f.c.take(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	entries, err := f.Files.List(path)
-	return entries, f.failed(path, err)
+	entries, more, err := f.Files.List(path, max)
+	return entries, more, f.failed(path, err)
 }
 
 func (f claimFiles) Remove(path string, recursive bool) error {

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -46,7 +47,9 @@ type Files interface {
 	// holds more.
 	Read(path string, max int) (data []byte, more bool, err error)
 	Write(path string, data []byte) error
-	List(path string) ([]areas.Entry, error)
+	// List describes at most max entries of a directory, sorted by name,
+	// and says whether it holds more.
+	List(path string, max int) (entries []areas.Entry, more bool, err error)
 	Remove(path string, recursive bool) error
 }
 
@@ -328,14 +331,11 @@ func (t tools) list(_ context.Context, _ *mcp.CallToolRequest, in PathInput) (*m
 	if err != nil {
 		return nil, ListOutput{}, err
 	}
-	es, err := f.List(in.Path)
+	es, more, err := f.List(in.Path, MaxListEntries)
 	if err != nil {
 		return nil, ListOutput{}, err
 	}
-	out := ListOutput{Entries: []ListEntry{}}
-	if len(es) > MaxListEntries {
-		es, out.Truncated = es[:MaxListEntries], true
-	}
+	out := ListOutput{Entries: []ListEntry{}, Truncated: more}
 	for _, e := range es {
 		out.Entries = append(out.Entries, ListEntry{Name: e.Name, Type: string(e.Type), Size: e.Size})
 	}
@@ -416,12 +416,30 @@ func (v ViewFiles) Write(path string, data []byte) error {
 }
 
 // List implements Files.
-func (v ViewFiles) List(path string) ([]areas.Entry, error) {
+// What it holds at once is max entries and a batch, however many the
+// directory has: the entries given are the first in the directory's
+// order, not the first by name.
+func (v ViewFiles) List(path string, max int) ([]areas.Entry, bool, error) {
 	r, rel, err := v.View.Resolve(path)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return r.List(rel)
+	var out []areas.Entry
+	more := false
+	errEnough := errors.New("enough")
+	err = r.Each(rel, areas.MaxListEntries, func(batch []areas.Entry) error {
+		if room := max - len(out); len(batch) > room {
+			out, more = append(out, batch[:room]...), true
+			return errEnough
+		}
+		out = append(out, batch...)
+		return nil
+	})
+	if err != nil && !errors.Is(err, errEnough) {
+		return nil, false, err
+	}
+	slices.SortFunc(out, func(a, b areas.Entry) int { return strings.Compare(a.Name, b.Name) })
+	return out, more, nil
 }
 
 // Remove implements Files.

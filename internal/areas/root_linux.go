@@ -321,12 +321,79 @@ func (r *Root) list(rel string, max int) ([]Entry, error) {
 		}
 	}
 	slices.Sort(names)
+	return r.statEntries(op, rel, fd, names)
+}
+
+// eachBatch is how many entries Each reads, stats and hands on at once.
+const eachBatch = 256
+
+// Each gives fn the entries of directory rel, in the directory's order, a
+// batch at a time: what it holds at once is one batch, however many names
+// the agent made (List holds them all, to sort them). The names are
+// counted first, so that a directory of more than max fails with
+// ErrTooManyEntries before fn sees any; names made after the count are
+// not given past max, and a name removed meanwhile is left out. Entries
+// are not followed. fn's error ends it and is returned as it is.
+func (r *Root) Each(rel string, max int, fn func([]Entry) error) error {
+	const op = "listing"
+	fd, err := actV(r, func() (int, error) { return r.at(op, rel, rel, unix.O_RDONLY|unix.O_DIRECTORY) })
+	if err != nil {
+		return err
+	}
+	dir := os.NewFile(uintptr(fd), r.name+"/"+rel)
+	defer dir.Close()
+	// Reading names needs nothing of the identity that opened the
+	// directory; a stat beneath it does.
+	n := 0
+	for {
+		batch, err := dir.Readdirnames(1024)
+		if n += len(batch); n > max {
+			return r.wrap(op, rel, fmt.Errorf("%w (%d)", ErrTooManyEntries, max))
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(batch) == 0) {
+			break
+		}
+		if err != nil {
+			return r.wrap(op, rel, err)
+		}
+	}
+	if _, err := dir.Seek(0, io.SeekStart); err != nil {
+		return r.wrap(op, rel, err)
+	}
+	given := 0
+	for given < max {
+		names, err := dir.Readdirnames(min(eachBatch, max-given))
+		if len(names) > 0 {
+			entries, serr := actV(r, func() ([]Entry, error) { return r.statEntries(op, rel, fd, names) })
+			if serr != nil {
+				return serr
+			}
+			given += len(names)
+			if len(entries) > 0 {
+				if ferr := fn(entries); ferr != nil {
+					return ferr
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(names) == 0) {
+			return nil
+		}
+		if err != nil {
+			return r.wrap(op, rel, err)
+		}
+	}
+	return nil
+}
+
+// statEntries describes names, entries of the directory fd (rel), without
+// following them; a name removed since it was read is left out.
+func (r *Root) statEntries(op, rel string, fd int, names []string) ([]Entry, error) {
 	out := make([]Entry, 0, len(names))
 	for _, n := range names {
 		var st unix.Stat_t
 		err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW)
 		if errors.Is(err, unix.ENOENT) {
-			continue // removed since it was read
+			continue
 		}
 		if err != nil {
 			return nil, r.wrap(op, rel, fmt.Errorf("stat of entry %q: %w", n, err))

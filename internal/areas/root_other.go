@@ -47,6 +47,11 @@ func (r *Root) Lstat(rel string) (Entry, error) { return Entry{}, r.unsupported(
 
 func (r *Root) List(rel string) ([]Entry, error) { return nil, r.unsupported("listing", rel) }
 
+// Each always fails off Linux.
+func (r *Root) Each(rel string, _ int, _ func([]Entry) error) error {
+	return r.unsupported("listing", rel)
+}
+
 // ListAtMost always fails off Linux.
 func (r *Root) ListAtMost(rel string, _ int) ([]Entry, error) {
 	return nil, r.unsupported("listing", rel)
