@@ -261,9 +261,10 @@ type EgressRule struct {
 	// Host is a domain name ("github.com"), "*." and a domain for every
 	// name below it but not the domain itself ("*.pythonhosted.org"), or an
 	// IP address, the only way an address literal is allowed. Names are
-	// resolved by the proxy, which never connects to loopback, link-local
-	// (cloud metadata), private or cluster addresses unless the Sandbox's
-	// class allows them (allowedEgressNetworks).
+	// resolved by the proxy, which never connects to the node's own
+	// addresses or loopback, nor to link-local (cloud metadata), private or
+	// cluster addresses unless the Sandbox's class allows them
+	// (allowedEgressNetworks).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule=`isIP(self) || self.matches(r'^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])+[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')`,message="network.allow hosts are lowercase domain names of at least two labels, '*.' and such a name, or IP addresses"

@@ -168,9 +168,11 @@ type SandboxClassSpec struct {
 	AllowedEgress []string `json:"allowedEgress,omitempty"`
 
 	// AllowedEgressNetworks are internal address ranges (private,
-	// loopback, link-local, shared, cluster) the proxy of this class's
+	// link-local, shared, cluster) the proxy of this class's
 	// Sandboxes may connect to when an allowed name resolves into them.
-	// Empty: never; public addresses only.
+	// Empty: never; public addresses only. No range opens the node's own
+	// addresses or loopback: the proxy connects from the node, where they
+	// reach every service the node runs.
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:items:MaxLength=64
 	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="allowedEgressNetworks entries are address ranges in CIDR notation, such as 10.0.0.0/8"

@@ -115,6 +115,10 @@ func TestReachable(t *testing.T) {
 	if !cluster.Reachable(netip.MustParseAddr("11.96.0.10")) {
 		t.Error("a class's AllowedNets opens an operator's internal range")
 	}
+	node := Policy{AllowedNets: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, NodeNets: []netip.Prefix{netip.MustParsePrefix("10.0.1.5/32")}}
+	if node.Reachable(netip.MustParseAddr("10.0.1.5")) || node.Reachable(netip.MustParseAddr("::ffff:10.0.1.5")) || !node.Reachable(netip.MustParseAddr("10.0.1.6")) {
+		t.Error("a class's AllowedNets opens the node's own address inside it, or NodeNets closes more than the node")
+	}
 }
 
 // names resolves the test's names; anything else does not resolve.

@@ -36,6 +36,9 @@ type Networks struct {
 	BytesPerSecond int64
 	// InternalNets are added to every policy's (Policy.InternalNets).
 	InternalNets []netip.Prefix
+	// NodeNets are added to every policy's (Policy.NodeNets): the node's
+	// own addresses, as RefuseHostAddresses finds them.
+	NodeNets []netip.Prefix
 	// OnDecision, when set, hears of every request of every proxy, with
 	// the name of the instance it was for.
 	OnDecision func(name string, d Decision)
@@ -235,20 +238,24 @@ func (n *Networks) Prune(keep func(name string) bool) []string {
 	return out
 }
 
-// RefuseHostAddresses adds the addresses of this host's interfaces to
-// InternalNets: a permitted name resolving to the host's public address
-// would reach the host's own services.
+// RefuseHostAddresses adds this host's own addresses to NodeNets: all of
+// loopback, the unspecified addresses and its interfaces' addresses. A
+// permitted name resolving to one would reach the host's own services,
+// whatever range a class allows. Every Networks that serves Sandboxes
+// calls it; only tests whose servers listen on loopback leave it out.
 func (n *Networks) RefuseHostAddresses() error {
 	own, err := HostAddresses()
 	if err != nil {
 		return fmt.Errorf("this host's own addresses, which egress proxies must not reach: %w", err)
 	}
-	n.InternalNets = append(n.InternalNets, own...)
+	n.NodeNets = append(append(n.NodeNets, nodeNets...), own...)
 	return nil
 }
 
-// withInternal is pol with the operator's internal ranges added.
+// withInternal is pol with the operator's internal ranges and the node's
+// own addresses added.
 func (n *Networks) withInternal(pol Policy) Policy {
 	pol.InternalNets = append(slices.Clip(pol.InternalNets), n.InternalNets...)
+	pol.NodeNets = append(slices.Clip(pol.NodeNets), n.NodeNets...)
 	return pol
 }

@@ -46,12 +46,21 @@ type Policy struct {
 	Rules []Rule
 	// AllowedNets are address ranges a name may resolve to although they
 	// are internal (loopback, private, link-local, shared, multicast...),
-	// as a SandboxClass may allow; none by default.
+	// as a SandboxClass may allow; none by default. They never open
+	// NodeNets.
 	AllowedNets []netip.Prefix
 	// InternalNets are more ranges treated as internal, as the operator
 	// knows them (a cluster's service and pod ranges outside the private
 	// ones).
 	InternalNets []netip.Prefix
+	// NodeNets are the addresses of the node the proxy dials from
+	// (Networks.RefuseHostAddresses): never reachable, whatever
+	// AllowedNets says. A connection to one reaches every service bound on
+	// the node (the kubelet, the controller's own listeners) and comes
+	// from the node itself, past firewall rules for remote traffic; a
+	// class range written for a lab or cluster network (10.0.0.0/8) must
+	// not open the node inside it.
+	NodeNets []netip.Prefix
 }
 
 // CheckRule says what is wrong with r, or nil: the rules admission holds
@@ -161,24 +170,45 @@ func mustPrefixes(ss ...string) []netip.Prefix {
 	return out
 }
 
+// nodeNets are the addresses that are the node itself on every host, its
+// interfaces' aside: all of loopback, and the unspecified addresses,
+// which Linux connects to the host's own listeners.
+var nodeNets = mustPrefixes("0.0.0.0/8", "127.0.0.0/8", "::/128", "::1/128")
+
+// reach is whether an address is reachable, and why not.
+type reach int
+
+const (
+	addrReachable reach = iota
+	// addrInternal is internal and no AllowedNets range opens it.
+	addrInternal
+	// addrOfNode is the node's own (NodeNets), which nothing opens.
+	addrOfNode
+)
+
 // Reachable says whether the policy lets a connection go to addr: any
-// public address outside InternalNets, and an internal one only inside
-// AllowedNets.
+// public address outside InternalNets, an internal one only inside
+// AllowedNets, and never one of NodeNets.
 func (p Policy) Reachable(addr netip.Addr) bool {
+	return p.reach(addr) == addrReachable
+}
+
+func (p Policy) reach(addr netip.Addr) reach {
 	addr = addr.Unmap()
-	for _, n := range p.AllowedNets {
-		if n.Contains(addr) {
-			return true
-		}
+	if containsAddr(p.NodeNets, addr) {
+		return addrOfNode
 	}
-	for _, nets := range [][]netip.Prefix{internalNets, p.InternalNets} {
-		for _, n := range nets {
-			if n.Contains(addr) {
-				return false
-			}
-		}
+	if containsAddr(p.AllowedNets, addr) {
+		return addrReachable
 	}
-	return addr.IsValid()
+	if containsAddr(internalNets, addr) || containsAddr(p.InternalNets, addr) || !addr.IsValid() {
+		return addrInternal
+	}
+	return addrReachable
+}
+
+func containsAddr(nets []netip.Prefix, addr netip.Addr) bool {
+	return slices.ContainsFunc(nets, func(n netip.Prefix) bool { return n.Contains(addr) })
 }
 
 // splitHostPort is host and port of hostport, with defaultPort when it has
@@ -224,9 +254,9 @@ func Covers(pattern, host string) bool {
 	return false
 }
 
-// HostAddresses are this host's own addresses, each a range of one: a
-// proxy dials from the host, so a public address of the host would reach
-// services that trust the host itself.
+// HostAddresses are the addresses of this host's interfaces, each a
+// range of one: a proxy dials from the host, so a public address of the
+// host would reach services that trust the host itself.
 func HostAddresses() ([]netip.Prefix, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {

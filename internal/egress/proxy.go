@@ -370,13 +370,14 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 			return nil, refuse(http.StatusBadGateway, "%s does not resolve", host)
 		}
 	}
-	var reachable []netip.Addr
-	for _, a := range addrs {
-		if pol.Reachable(a) {
-			reachable = append(reachable, a)
-		}
-	}
-	if len(reachable) == 0 {
+	reachable, node := reachableAddrs(pol, addrs)
+	switch {
+	case len(reachable) > 0:
+	case node.IsValid() && node.String() == host:
+		return nil, refuse(http.StatusForbidden, "%s is this node's own address, which the egress proxy never connects to: a SandboxClass's allowedEgressNetworks does not open the node", host)
+	case node.IsValid():
+		return nil, refuse(http.StatusForbidden, "%s resolves to %s, this node's own address, which the egress proxy never connects to: a SandboxClass's allowedEgressNetworks does not open the node", host, node)
+	default:
 		return nil, refuse(http.StatusForbidden, "%s resolves only to internal addresses, which the Sandbox may not reach", host)
 	}
 	reachable = reachable[:min(len(reachable), maxDialAddrs)]
@@ -405,6 +406,23 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 		return nil, refuse(http.StatusBadGateway, "connecting to %s:%d: %v", host, port, cause)
 	}
 	return nil, refuse(http.StatusBadGateway, "connecting to %s:%d: %v", host, port, last)
+}
+
+// reachableAddrs are the addresses of addrs pol lets a connection go to,
+// and the first of the node's own among the others (none when there is
+// none), for the refusal to name.
+func reachableAddrs(pol Policy, addrs []netip.Addr) (reachable []netip.Addr, node netip.Addr) {
+	for _, a := range addrs {
+		switch pol.reach(a) {
+		case addrReachable:
+			reachable = append(reachable, a)
+		case addrOfNode:
+			if !node.IsValid() {
+				node = a.Unmap()
+			}
+		}
+	}
+	return reachable, node
 }
 
 // tunnel serves a CONNECT: the destination is checked and dialled, the
