@@ -151,7 +151,7 @@ func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, s
 	if own {
 		ns, err := rep.NetworkNamespace(ctx, s.instance.Name)
 		if err == nil {
-			err = r.Networks.ServeIn(s.instance.Name, ns, pol)
+			err = r.Networks.ServeIn(s.instance.Name, s.sb.Namespace, ns, pol)
 			ns.Close()
 		}
 		if err != nil {
@@ -159,7 +159,7 @@ func (r *SandboxReconciler) serveNetwork(ctx context.Context, s *sandboxScope, s
 		}
 		return nil
 	}
-	path, err := r.Networks.Serve(s.instance.Name, pol)
+	path, err := r.Networks.Serve(s.instance.Name, s.sb.Namespace, pol)
 	if err != nil {
 		return fmt.Errorf("serving the egress proxy of %s: %w", s.instance.Name, err)
 	}

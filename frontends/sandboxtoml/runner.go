@@ -170,7 +170,8 @@ func (r *Runner) serveNetwork(in runtimes.Instance) error {
 	if err != nil {
 		return err
 	}
-	if _, err := r.Networks.Serve(in.Name, pol); err != nil {
+	// One machine's user is its only tenant.
+	if _, err := r.Networks.Serve(in.Name, "", pol); err != nil {
 		return fmt.Errorf("serving it: %w", err)
 	}
 	r.proxied = in.Name

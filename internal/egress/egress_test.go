@@ -858,7 +858,7 @@ func TestConnectionsAreBoundedAcrossProxies(t *testing.T) {
 	}
 	var refused bool
 	for _, d := range b.denied() {
-		refused = refused || d.Reason == "too many connections on this node"
+		refused = refused || strings.HasPrefix(d.Reason, "too many connections on this node")
 	}
 	if !refused {
 		t.Fatalf("no refusal says the node's bound was reached: %+v", b.denied())
@@ -872,5 +872,53 @@ func TestConnectionsAreBoundedAcrossProxies(t *testing.T) {
 			t.Fatalf("a slot given back was not taken again: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The node's bound is shared by every tenant: the Sandboxes of one
+// namespace together hold at most three quarters of it, so however many
+// Sandboxes a tenant runs at their own bound, a Sandbox of another
+// namespace still gets a connection.
+func TestANamespaceHoldsAtMostItsShareOfTheNode(t *testing.T) {
+	shared := NewSlots(8)
+	of := func(tenant string) func(*Proxy) {
+		return func(p *Proxy) { p.Shared, p.Tenant = shared, tenant }
+	}
+	a1 := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0, of("team-a"))
+	a2 := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0, of("team-a"))
+	b := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0, of("team-b"))
+	// tunnel opens a tunnel through h and says whether the proxy let it
+	// through; an open one stays open until the test ends.
+	tunnel := func(h *harness) bool {
+		t.Helper()
+		c, err := net.Dial("tcp", h.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "CONNECT example.com:%d HTTP/1.1\r\nHost: example.com\r\n\r\n", port(t, h.tlsSrv))
+		buf := make([]byte, 64)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, _ := c.Read(buf)
+		return strings.Contains(string(buf[:n]), " 200 ")
+	}
+	held := 0
+	for _, h := range []*harness{a1, a2, a1, a2, a1, a2, a1, a2} {
+		if tunnel(h) {
+			held++
+		}
+	}
+	if held != 6 {
+		t.Errorf("the Sandboxes of namespace team-a hold %d of the node's 8 connections, want 6 (three quarters)", held)
+	}
+	var named bool
+	for _, d := range append(a1.denied(), a2.denied()...) {
+		named = named || strings.Contains(d.Reason, "team-a") && strings.Contains(d.Reason, "--egress-max-connections-total")
+	}
+	if !named {
+		t.Errorf("no refusal names the namespace and the node's bound: %+v %+v", a1.denied(), a2.denied())
+	}
+	if !tunnel(b) {
+		t.Fatalf("a Sandbox of namespace team-b gets no connection while team-a holds %d: %+v", held, b.denied())
 	}
 }

@@ -102,7 +102,7 @@ func TestReleaseEndsWhatTheProxyServes(t *testing.T) {
 		Shared: NewSlots(8),
 	}
 	defer n.Close()
-	path, err := n.Serve("sb", Policy{
+	path, err := n.Serve("sb", "team-a", Policy{
 		Rules:       []Rule{{Host: "example.com", Ports: []int{srvPort}}, {Host: "slow.example", Ports: []int{slow}}},
 		AllowedNets: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 	})
@@ -156,4 +156,31 @@ func TestReleaseEndsWhatTheProxyServes(t *testing.T) {
 		t.Fatal("the tunnel of a released proxy is still open")
 	}
 	testenv.Eventually(t, 5*time.Second, "a released proxy's dial still holds a slot of the node's bound", func() bool { return n.Shared.held() == 0 })
+}
+
+// A proxy's connections count against the share of the tenant it was
+// served for; the name served for another tenant gets a proxy of its own,
+// or that tenant's connections would count against the first one's share.
+func TestServeKeepsTheTenantOfItsSandbox(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "root", "network namespaces need CAP_SYS_ADMIN: run the tests as root (make test does in CI)")
+	}
+	n := &Networks{Dir: t.TempDir(), Shared: NewSlots(8)}
+	defer n.Close()
+	tenant := func() string {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.served["sb"].proxy.Tenant
+	}
+	for _, want := range []string{"team-a", "team-a", "team-b"} {
+		if _, err := n.Serve("sb", want, Policy{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := tenant(); got != want {
+			t.Fatalf("served for %s, the proxy counts against %s", want, got)
+		}
+	}
+	if err := n.Release("sb"); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -28,8 +28,8 @@ type Networks struct {
 	// zero).
 	MaxConns    int
 	IdleTimeout time.Duration
-	// Shared bounds the connections of every proxy together (none when
-	// nil).
+	// Shared bounds the connections of every proxy together, and those of
+	// each tenant's proxies to its share (none when nil).
 	Shared *Slots
 	// BytesPerSecond bounds each proxy's traffic, each way (none when
 	// zero).
@@ -50,6 +50,9 @@ type Networks struct {
 type served struct {
 	proxy *Proxy
 	l     net.Listener
+	// tenant is the namespace of the Sandbox served, whose share of
+	// Shared its connections count against.
+	tenant string
 	// ino is the namespace of a runtime's own (ServeIn), which may be
 	// replaced when its instance restarts; 0 for one of Dir.
 	ino uint64
@@ -59,9 +62,10 @@ type served struct {
 const nsfsMagic = 0x6e736673
 
 // Serve makes sure the namespace of instance name exists and its proxy
-// serves pol there; a proxy already serving takes pol for its next
-// requests. It returns the namespace's path.
-func (n *Networks) Serve(name string, pol Policy) (string, error) {
+// serves pol there for tenant (the namespace of the Sandbox it is for); a
+// proxy already serving tenant takes pol for its next requests, one
+// serving another tenant is replaced. It returns the namespace's path.
+func (n *Networks) Serve(name, tenant string, pol Policy) (string, error) {
 	if name == "" || name != filepath.Base(name) || name == "." || name == ".." {
 		return "", fmt.Errorf("network namespace name %q is not a file name", name)
 	}
@@ -69,8 +73,12 @@ func (n *Networks) Serve(name string, pol Policy) (string, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s, ok := n.served[name]; ok {
-		s.proxy.SetPolicy(n.withInternal(pol))
-		return path, nil
+		if s.tenant == tenant {
+			s.proxy.SetPolicy(n.withInternal(pol))
+			return path, nil
+		}
+		s.stop()
+		delete(n.served, name)
 	}
 	if err := os.MkdirAll(n.Dir, 0o700); err != nil {
 		return "", fmt.Errorf("the network namespaces' directory: %w", err)
@@ -79,7 +87,7 @@ func (n *Networks) Serve(name string, pol Policy) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	n.start(name, l, pol, 0)
+	n.start(name, tenant, l, pol, 0)
 	return path, nil
 }
 
@@ -113,12 +121,13 @@ func (n *Networks) listen(path string) (net.Listener, error) {
 	return l, err
 }
 
-// ServeIn serves pol in a network namespace a runtime made for instance
-// name (an Incus container's, ns the open namespace of its init, which
-// the caller keeps and closes), bringing its loopback up; the namespace
-// is not held here and not removed by Release. A namespace that changed
-// (the instance restarted) gets a new listener.
-func (n *Networks) ServeIn(name string, ns *os.File, pol Policy) error {
+// ServeIn serves pol for tenant in a network namespace a runtime made for
+// instance name (an Incus container's, ns the open namespace of its init,
+// which the caller keeps and closes), bringing its loopback up; the
+// namespace is not held here and not removed by Release. A namespace that
+// changed (the instance restarted), or another tenant, gets a new
+// listener.
+func (n *Networks) ServeIn(name, tenant string, ns *os.File, pol Policy) error {
 	fd := int(ns.Fd())
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -131,7 +140,7 @@ func (n *Networks) ServeIn(name string, ns *os.File, pol Policy) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s, ok := n.served[name]; ok {
-		if s.ino == st.Ino {
+		if s.ino == st.Ino && s.tenant == tenant {
 			s.proxy.SetPolicy(n.withInternal(pol))
 			return nil
 		}
@@ -150,21 +159,21 @@ func (n *Networks) ServeIn(name string, ns *os.File, pol Policy) error {
 	if err != nil {
 		return fmt.Errorf("listening in the network namespace of %s: %w", name, err)
 	}
-	n.start(name, l, pol, st.Ino)
+	n.start(name, tenant, l, pol, st.Ino)
 	return nil
 }
 
-// start serves pol on l for instance name.
-func (n *Networks) start(name string, l net.Listener, pol Policy, ino uint64) {
+// start serves pol on l for instance name of tenant.
+func (n *Networks) start(name, tenant string, l net.Listener, pol Policy, ino uint64) {
 	pol = n.withInternal(pol)
-	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout, BytesPerSecond: n.BytesPerSecond, Shared: n.Shared}
+	p := &Proxy{Policy: pol, Resolver: n.Resolver, MaxConns: n.MaxConns, IdleTimeout: n.IdleTimeout, BytesPerSecond: n.BytesPerSecond, Shared: n.Shared, Tenant: tenant}
 	if n.OnDecision != nil {
 		p.OnDecision = func(d Decision) { n.OnDecision(name, d) }
 	}
 	if n.served == nil {
 		n.served = map[string]*served{}
 	}
-	n.served[name] = &served{proxy: p, l: l, ino: ino}
+	n.served[name] = &served{proxy: p, l: l, tenant: tenant, ino: ino}
 	go func() { _ = p.Serve(l) }()
 }
 

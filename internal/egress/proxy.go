@@ -84,6 +84,9 @@ type Proxy struct {
 	// few goroutines of the controller, not of the Sandbox, so many
 	// Sandboxes at their own bound would run the controller out of them.
 	Shared *Slots
+	// Tenant is the namespace of the Sandbox the proxy serves: the
+	// proxies of one tenant hold together at most its share of Shared.
+	Tenant string
 
 	once  sync.Once
 	slots chan struct{}
@@ -213,47 +216,71 @@ func (p *Proxy) Serve(l net.Listener) error {
 			_ = c.Close()
 			continue
 		}
-		if !p.Shared.take() {
+		if err := p.Shared.take(p.Tenant); err != nil {
 			<-p.slots
-			p.decide(Decision{Reason: "too many connections on this node"})
+			p.decide(Decision{Reason: err.Error()})
 			_ = c.Close()
 			continue
 		}
 		go func() {
-			defer func() { <-p.slots; p.Shared.give() }()
+			defer func() { <-p.slots; p.Shared.give(p.Tenant) }()
 			p.serveConn(c)
 		}()
 	}
 }
 
-// Slots bound connections across proxies (Proxy.Shared).
-type Slots struct{ c chan struct{} }
+// Slots bound connections across proxies (Proxy.Shared), and those of
+// any one tenant to three quarters of them: each connection holds the
+// controller's descriptors, and one tenant's Sandboxes at their own
+// bound would otherwise take every other tenant's way out with them.
+type Slots struct {
+	max, share int
+
+	mu       sync.Mutex
+	taken    int
+	byTenant map[string]int
+}
 
 // NewSlots is a bound of n connections; nil (no bound) when n <= 0.
 func NewSlots(n int) *Slots {
 	if n <= 0 {
 		return nil
 	}
-	return &Slots{c: make(chan struct{}, n)}
+	return &Slots{max: n, share: tenantShare(n), byTenant: map[string]int{}}
 }
 
-// take takes a slot, when one is free.
-func (s *Slots) take() bool {
+// tenantShare is the most connections one tenant may hold out of n: all
+// but a quarter, which stays for the other tenants (and at least one).
+func tenantShare(n int) int { return max(1, n-n/4) }
+
+// take takes a slot for tenant, or says which bound is reached.
+func (s *Slots) take(tenant string) error {
 	if s == nil {
-		return true
+		return nil
 	}
-	select {
-	case s.c <- struct{}{}:
-		return true
-	default:
-		return false
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.taken >= s.max:
+		return fmt.Errorf("too many connections on this node: the egress proxies of all its Sandboxes serve at most %d at once (--egress-max-connections-total)", s.max)
+	case s.byTenant[tenant] >= s.share:
+		return fmt.Errorf("namespace %s has %d connections open through its Sandboxes' egress proxies, the most one namespace may have on this node (--egress-max-connections-total %d less a quarter kept for other namespaces)", tenant, s.share, s.max)
 	}
+	s.taken++
+	s.byTenant[tenant]++
+	return nil
 }
 
-// give gives back a slot taken.
-func (s *Slots) give() {
-	if s != nil {
-		<-s.c
+// give gives back a slot tenant took.
+func (s *Slots) give(tenant string) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.taken--
+	if s.byTenant[tenant]--; s.byTenant[tenant] <= 0 {
+		delete(s.byTenant, tenant)
 	}
 }
 
