@@ -48,6 +48,9 @@ type SessionClaimReconciler struct {
 	// the pass) takes it from here: adding the worktree and resetting it
 	// again would wipe what the agent did in it since.
 	checkedOut sync.Map
+	// worktreeLocks keep a claim taking a worktree and another claim
+	// releasing it apart.
+	worktreeLocks worktreeLocks
 }
 
 // A claim with a worktree is updated for its finalizer and owner

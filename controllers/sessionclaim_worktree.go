@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -126,6 +128,17 @@ func (r *SessionClaimReconciler) reconcileWorktree(ctx context.Context, c *v1alp
 			c.Status.Worktree = v.(*v1alpha1.WorktreeStatus).DeepCopy()
 		}
 	}
+	if st := c.Status.Worktree; st == nil || !st.CheckedOut || st.HostPath != wt.HostPath {
+		// Taking the worktree, which another claim may share, is never
+		// interleaved with that claim's release of it: the release either
+		// sees this claim's record in checkedOut or goes first.
+		unlock, err := r.worktreeLocks.lock(ctx, wt.HostPath)
+		if err != nil {
+			fail(fmt.Errorf("waiting for another claim's release of worktree %s: %w", wt.HostPath, err))
+			return ctrl.Result{}, err
+		}
+		defer unlock()
+	}
 	added := false
 	if st := c.Status.Worktree; st == nil || !st.CheckedOut || st.HostPath != wt.HostPath {
 		// Once checked out the worktree is never made again: if it breaks,
@@ -236,7 +249,8 @@ func describeRef(st *v1alpha1.WorktreeStatus) string {
 }
 
 // releaseWorktree removes a clean worktree when its claim goes and keeps a
-// dirty one (or one whose state cannot be read) on disk. The claim's
+// dirty one (or one whose state cannot be read) on disk, and one another
+// live claim of the Sandbox uses (its release is only logged). The claim's
 // deletion completes either way.
 func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha1.SessionClaim, sb *v1alpha1.Sandbox) {
 	r.checkedOut.Delete(c.UID)
@@ -255,6 +269,21 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 	}
 	if sb == nil {
 		keep(fmt.Sprintf("Sandbox %q is gone, so its uncommitted changes cannot be checked", c.Spec.SandboxName))
+		return
+	}
+	unlock, err := r.worktreeLocks.lock(ctx, st.HostPath)
+	if err != nil {
+		keep(fmt.Sprintf("waiting for another claim taking it: %v", err))
+		return
+	}
+	defer unlock()
+	other, err := r.sharedWith(ctx, c, st.HostPath)
+	if err != nil {
+		keep(err.Error())
+		return
+	}
+	if other != "" {
+		log.FromContext(ctx).Info("released worktree; kept on disk for another claim", "path", st.HostPath, "claim", other)
 		return
 	}
 	cr, err := r.resolveRepo(ctx, c, sb)
@@ -296,6 +325,79 @@ func (r *SessionClaimReconciler) releaseWorktree(ctx context.Context, c *v1alpha
 		keep(err.Error())
 	default:
 		log.FromContext(ctx).Info("removed clean worktree", "path", st.HostPath, "branch", st.Branch)
+	}
+}
+
+// sharedWith names a live claim of c's Sandbox, not c, whose worktree is
+// the one at hostPath: "" when none is. A claim being deleted is not live,
+// so of two claims deleted at once the second to look removes the
+// worktree; both look under the worktree's lock, in the one cache, which
+// showed each its own deletion before it looked.
+func (r *SessionClaimReconciler) sharedWith(ctx context.Context, c *v1alpha1.SessionClaim, hostPath string) (string, error) {
+	var list v1alpha1.SessionClaimList
+	if err := r.List(ctx, &list, client.InNamespace(c.Namespace), client.MatchingFields{indexClaimSandbox: c.Spec.SandboxName}); err != nil {
+		return "", fmt.Errorf("listing the claims of Sandbox %q to see whether another one uses the worktree: %w", c.Spec.SandboxName, err)
+	}
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.UID != c.UID && o.DeletionTimestamp.IsZero() && r.records(o, hostPath) {
+			return o.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// records says whether claim o's worktree is the one at hostPath: its
+// status says so, or this process checked it out for o and the cache has
+// not shown that status write yet.
+func (r *SessionClaimReconciler) records(o *v1alpha1.SessionClaim, hostPath string) bool {
+	if st := o.Status.Worktree; st != nil && st.HostPath == hostPath {
+		return true
+	}
+	v, ok := r.checkedOut.Load(o.UID)
+	return ok && v.(*v1alpha1.WorktreeStatus).HostPath == hostPath
+}
+
+// worktreeLocks serialises, worktree by worktree (by host path), the
+// claims that take it and those that release it.
+type worktreeLocks struct {
+	mu   sync.Mutex
+	held map[string]*worktreeLock
+}
+
+type worktreeLock struct {
+	turn  chan struct{}
+	users int
+}
+
+// lock waits for the worktree at hostPath, or for ctx to end, and returns
+// what lets it go. A worktree no one waits for holds no memory.
+func (l *worktreeLocks) lock(ctx context.Context, hostPath string) (func(), error) {
+	l.mu.Lock()
+	if l.held == nil {
+		l.held = map[string]*worktreeLock{}
+	}
+	e := l.held[hostPath]
+	if e == nil {
+		e = &worktreeLock{turn: make(chan struct{}, 1)}
+		l.held[hostPath] = e
+	}
+	e.users++
+	l.mu.Unlock()
+	select {
+	case e.turn <- struct{}{}:
+		return func() { <-e.turn; l.leave(hostPath, e) }, nil
+	case <-ctx.Done():
+		l.leave(hostPath, e)
+		return nil, ctx.Err()
+	}
+}
+
+func (l *worktreeLocks) leave(hostPath string, e *worktreeLock) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e.users--; e.users == 0 {
+		delete(l.held, hostPath)
 	}
 }
 

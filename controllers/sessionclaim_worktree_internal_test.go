@@ -1,6 +1,11 @@
 package controllers
 
-import "testing"
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
 
 func TestStatusDirty(t *testing.T) {
 	for _, tc := range []struct {
@@ -41,5 +46,34 @@ func TestDetachedAway(t *testing.T) {
 				t.Fatalf("detachedAway(%q, %q) = %v, want %v", tc.out, made, got, tc.away)
 			}
 		})
+	}
+}
+
+// A claim taking a worktree waits for another's release of it, gives up
+// with its context, and a worktree no one holds leaves nothing behind.
+func TestWorktreeLocks(t *testing.T) {
+	var l worktreeLocks
+	unlock, err := l.lock(context.Background(), "/repo/.worktrees/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := l.lock(context.Background(), "/repo/.worktrees/b")
+	if err != nil {
+		t.Fatalf("another worktree waits: %v", err)
+	}
+	other()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := l.lock(ctx, "/repo/.worktrees/a"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a held worktree: %v, want the context's deadline", err)
+	}
+	unlock()
+	again, err := l.lock(context.Background(), "/repo/.worktrees/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again()
+	if len(l.held) != 0 {
+		t.Fatalf("%d worktree(s) still held", len(l.held))
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -207,6 +208,47 @@ var _ = Describe("Session worktree health", Ordered, func() {
 		Expect(os.ReadFile(filepath.Join(c.Status.Worktree.HostPath, "README"))).To(Equal([]byte("hello\nunsaved\n")), "dirty: kept")
 		code, _, stderr = sandboxRun(agent, "git", "-C", wt, "checkout", "--", "README")
 		Expect(code).To(Equal(0), stderr)
+	})
+
+	It("keeps a shared worktree while another live claim records it, and removes it with the last claim", func() {
+		var c v1alpha1.SessionClaim
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "s1"}, &c)).To(Succeed())
+		again := newClaim(ns, "s1-again", "gitty")
+		again.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app", Name: "s1"}
+		Expect(k8s.Create(ctx, again)).To(Succeed())
+		Eventually(claimStatus(ns, "s1-again"), timeout).Should(And(
+			HaveField("Worktree.HostPath", c.Status.Worktree.HostPath),
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated))))
+		code, out, stderr := sandboxRun(agent, "git", "-C", c.Status.Worktree.Path, "status", "--porcelain")
+		Expect(code).To(Equal(0), stderr)
+		Expect(out).To(BeEmpty(), "clean: only another claim's use keeps it")
+
+		deleteAndWait(again)
+		Expect(filepath.Join(c.Status.Worktree.HostPath, "README")).To(BeARegularFile(), "s1 still uses its worktree")
+		Consistently(claimStatus(ns, "s1"), 2*time.Second).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
+
+		// Two claims of one worktree deleted at once: neither is live when
+		// the other goes, so the worktree goes with them.
+		first := claimWithWorktree(ns, "pair", "gitty", "project/app")
+		Expect(k8s.Create(ctx, first)).To(Succeed())
+		Eventually(claimStatus(ns, "pair"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)))
+		second := newClaim(ns, "pair-again", "gitty")
+		second.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "project/app", Name: "pair"}
+		Expect(k8s.Create(ctx, second)).To(Succeed())
+		Eventually(claimStatus(ns, "pair-again"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionWorktreeReady, metav1.ConditionTrue, v1alpha1.ReasonWorktreeCreated)))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(first), first)).To(Succeed())
+		shared := first.Status.Worktree.HostPath
+		Expect(k8s.Delete(ctx, first)).To(Succeed())
+		Expect(k8s.Delete(ctx, second)).To(Succeed())
+		for _, gone := range []client.Object{first, second} {
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(gone), gone))
+			}, timeout).Should(BeTrue(), "%s should be gone", gone.GetName())
+		}
+		Expect(shared).NotTo(BeADirectory(), "the last claim of a clean worktree removes it")
 	})
 
 	It("keeps a clean worktree whose detached HEAD holds commits no branch has when its claim goes", func() {
