@@ -110,7 +110,18 @@ type conditionChanges struct {
 	list       []conditionChange
 }
 
+// set records a condition. Its message is cut at maxConditionMessage:
+// messages quote what agents, git and runtimes say (paths of the agent's
+// making, a lock reason, an error naming a file in the agent's areas) and
+// what a tenant's spec holds.
 func (c *conditionChanges) set(typ string, ok bool, reason, msg string) {
+	c.setWithin(typ, ok, reason, msg, maxConditionMessage)
+}
+
+// setWithin is set with a bound of the caller's: the Sandbox's GitHealthy
+// lists claims' messages within maxGitSummary.
+func (c *conditionChanges) setWithin(typ string, ok bool, reason, msg string, bound int) {
+	msg = cutMessage(msg, bound)
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue
@@ -197,7 +208,7 @@ func sandboxConditions(f sandboxFacts) []conditionChange {
 		if g := gitSummary(f.claims); g == nil {
 			remove(v1alpha1.ConditionGitHealthy)
 		} else {
-			set(v1alpha1.ConditionGitHealthy, g.healthy, g.reason, g.message)
+			changes.setWithin(v1alpha1.ConditionGitHealthy, g.healthy, g.reason, g.message, maxGitSummary+maxConditionMessage)
 		}
 	}
 	return changes.list

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -230,15 +231,23 @@ func logGitOutput(ctx context.Context, what, path string, err error, stderr stri
 	log.FromContext(ctx).Info("worktree: "+what, "path", path, "error", err.Error(), "stderr", stderr)
 }
 
-// maxConditionMessage bounds a worktree condition's message: it may quote
-// paths and values from the agent's files.
+// maxConditionMessage bounds a condition's message: it may quote paths
+// and values from the agent's files.
 const maxConditionMessage = 1024
 
-func boundedMessage(s string) string {
-	if len(s) > maxConditionMessage {
-		return s[:maxConditionMessage] + "…"
+func boundedMessage(s string) string { return cutMessage(s, maxConditionMessage) }
+
+// cutMessage cuts s at most max bytes in, at the start of a character:
+// a character cut in two would reach the API as U+FFFD, and the stored
+// message would never equal the one derived again.
+func cutMessage(s string, max int) string {
+	if len(s) <= max {
+		return s
 	}
-	return s
+	for max > 0 && !utf8.RuneStart(s[max]) {
+		max--
+	}
+	return s[:max] + "…"
 }
 
 func describeRef(st *v1alpha1.WorktreeStatus) string {

@@ -541,3 +541,40 @@ var _ = Describe("A worktree whose git status answer is lost on its way out of t
 		quiet.lose.Store(false)
 	})
 })
+
+var _ = Describe("Worktree condition messages", func() {
+	It("are cut at 1 KiB when they quote a long repository path and the agent's lock reason", func() {
+		testenv.Binary(GinkgoT(), "git", "install git (hack/install-deps.sh)")
+		const agent = "verbose"
+		ns := newNamespace()
+		mountDir := filepath.Join(env.Dir, ns, "projects")
+		// The tenant names the repository (up to 1024 characters), the
+		// agent makes its directories and writes the lock reason.
+		long := strings.Repeat(strings.Repeat("d", 240)+"/", 4) + "app"
+		newRepo(filepath.Join(mountDir, long))
+		sb := newSandbox(ns, "verbose", agent, time.Minute)
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"git", "sh"}
+		sb.Spec.Mounts = []v1alpha1.Mount{{Source: mountDir, Target: "project", Mode: v1alpha1.MountReadWrite}}
+		Expect(k8s.Create(ctx, sb)).To(Succeed())
+		giveToAgent(mountDir, agent)
+		c := claimWithWorktree(ns, "long-path", "verbose", "project/"+long)
+		Expect(k8s.Create(ctx, c)).To(Succeed())
+		Eventually(claimStatus(ns, "long-path"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionTrue, v1alpha1.ReasonHealthy)))
+
+		locked := "/workspace/project/" + long + "/.git/worktrees/long-path/locked"
+		code, _, stderr := sandboxRun(agent, "sh", "-c", "printf '%04096d' 0 > "+locked)
+		Expect(code).To(Equal(0), stderr)
+		Eventually(claimStatus(ns, "long-path"), timeout).Should(
+			HaveField("Conditions", haveCondition(v1alpha1.ConditionGitHealthy, metav1.ConditionFalse, v1alpha1.ReasonWorktreeLocked)))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(c), c)).To(Succeed())
+		sizes := map[string]int{}
+		for _, cond := range c.Status.Conditions {
+			sizes[cond.Type] = len(cond.Message)
+		}
+		Expect(sizes).To(HaveEach(BeNumerically("<=", 1024+len("…"))), "message sizes")
+		Expect(meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionGitHealthy).Message).To(
+			HavePrefix("worktree " + c.Status.Worktree.HostPath[:100]))
+		deleteAndWait(c)
+	})
+})

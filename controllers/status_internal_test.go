@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -506,5 +507,54 @@ func TestGitSummaryFitsAConditionMessage(t *testing.T) {
 	}
 	if !strings.Contains(g.message, "claim-00: ") || !strings.Contains(g.message, "64") {
 		t.Fatalf("the summary names neither the first claim nor how many: %.200q", g.message)
+	}
+}
+
+// Condition messages quote what agents, git, runtimes and specs say: a
+// path of the agent's making, a lock reason, a runtime's error naming a
+// file in the agent's areas. Each is cut at maxConditionMessage (the
+// Sandbox's GitHealthy summary has a bound of its own), on a character
+// boundary, so the message the API stores is the one derived and an
+// unchanged status is not written again.
+func TestConditionMessagesAreBounded(t *testing.T) {
+	// One byte first, so a cut at the bound falls inside a character.
+	long := "x" + strings.Repeat("é", 3*maxConditionMessage)
+	ready := &metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonMountSourceMissing, Message: long}
+	for _, tc := range []struct {
+		name    string
+		changes []conditionChange
+	}{
+		{"a claim's unhealthy worktree", claimConditions(claimFacts{binding: bindingBound, sandboxReady: ready,
+			worktree: worktreeCheckedOut, worktreeMessage: long, git: gitHealth{reason: v1alpha1.ReasonWorktreeLocked, message: long}})},
+		{"a claim's healthy worktree", claimConditions(claimFacts{binding: bindingBound,
+			worktree: worktreeCheckedOut, worktreeMessage: long, git: gitHealth{healthy: true, reason: v1alpha1.ReasonHealthy, message: long}})},
+		{"a claim's waiting worktree", claimConditions(claimFacts{binding: bindingNoNode, sandboxReady: ready, worktree: worktreeWaiting, worktreeMessage: long})},
+		{"a claim whose Sandbox does not own its agent", claimConditions(claimFacts{binding: bindingConflict, conflict: long})},
+		{"a Sandbox's problem", sandboxConditions(sandboxFacts{problem: &problem{reason: v1alpha1.ReasonMountSourceMissing, message: long}})},
+		{"a Sandbox's overlay", sandboxConditions(sandboxFacts{converged: true, run: runForClaims,
+			overlay: &runtimes.Health{Reason: runtimes.ReasonNotMounted, Message: long}})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, c := range tc.changes {
+				m := c.condition.Message
+				if len(m) > maxConditionMessage+len("…") || !utf8.ValidString(m) {
+					t.Errorf("%s: %d bytes, valid UTF-8 %v", c.condition.Type, len(m), utf8.ValidString(m))
+				}
+			}
+		})
+	}
+	var claims []v1alpha1.SessionClaim
+	for i := range 4 {
+		c := v1alpha1.SessionClaim{}
+		c.Name = fmt.Sprintf("claim-%d", i)
+		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "repo"}
+		c.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionGitHealthy, Status: metav1.ConditionFalse,
+			Reason: v1alpha1.ReasonWorktreeLocked, Message: long}}
+		claims = append(claims, c)
+	}
+	for _, c := range sandboxConditions(sandboxFacts{converged: true, run: runForClaims, claims: claims}) {
+		if c.condition.Type == v1alpha1.ConditionGitHealthy && !strings.Contains(c.condition.Message, "claim-3: ") {
+			t.Errorf("the GitHealthy summary is cut to its claims' bound: %d bytes", len(c.condition.Message))
+		}
 	}
 }
