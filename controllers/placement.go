@@ -140,7 +140,7 @@ func SetupPlacement(ctx context.Context, mgr ctrl.Manager, o PlacementOptions) e
 		Client:   mgr.GetClient(),
 		status:   statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader(), shared: true},
 		opts:     o,
-		recorder: mgr.GetEventRecorderFor("sandbox-placement"), //nolint:staticcheck // core/v1 Events, as the reconcilers'
+		recorder: bounded(mgr.GetEventRecorderFor("sandbox-placement")), //nolint:staticcheck // core/v1 Events, as the reconcilers'
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Sandbox{}, builder.WithPredicates(predicate.Funcs{

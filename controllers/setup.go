@@ -159,7 +159,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		if err := registerEgressMetrics(); err != nil {
 			return fmt.Errorf("registering the egress metrics: %w", err)
 		}
-		ew = &egressWatch{recorder: mgr.GetEventRecorderFor("sandbox-egress"), now: opts.Now, owners: map[string]*egressOwner{}} //nolint:staticcheck // core/v1 Events, as the reconcilers'
+		ew = &egressWatch{recorder: bounded(mgr.GetEventRecorderFor("sandbox-egress")), now: opts.Now, owners: map[string]*egressOwner{}} //nolint:staticcheck // core/v1 Events, as the reconcilers'
 		opts.Networks.OnDecision = ew.decide
 		opts.Host.NetnsDir = opts.Networks.Dir
 	}
@@ -174,7 +174,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	// With a node name the placer (SetupPlacement, in another process)
 	// writes conditions too.
 	status := statusWriter{client: mgr.GetClient(), reader: mgr.GetAPIReader(), shared: opts.NodeName != ""}
-	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), gate: gate, status: status, egress: ew, notices: notices, queued: queued, writes: writes} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
+	sr := &SandboxReconciler{Client: mgr.GetClient(), Options: opts, Recorder: bounded(mgr.GetEventRecorderFor("sandbox-controller")), gate: gate, status: status, egress: ew, notices: notices, queued: queued, writes: writes} //nolint:staticcheck // core/v1 Events, which kubectl describe shows; moving to events.k8s.io is a change of its own
 	if err := sr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Sandbox controller: %w", err)
 	}
@@ -188,7 +188,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(&shutdownStopper{gate: gate, reader: mgr.GetAPIReader(), runtimes: opts.Runtimes, opts: opts}); err != nil {
 		return fmt.Errorf("adding the shutdown stopper: %w", err)
 	}
-	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: mgr.GetEventRecorderFor("sandbox-controller"), status: status, notices: notices, queued: queued, writes: writes} //nolint:staticcheck // as above
+	cr := &SessionClaimReconciler{Client: mgr.GetClient(), Options: opts, Recorder: bounded(mgr.GetEventRecorderFor("sandbox-controller")), status: status, notices: notices, queued: queued, writes: writes} //nolint:staticcheck // as above
 	if err := cr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the SessionClaim controller: %w", err)
 	}
