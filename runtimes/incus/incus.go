@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 )
 
@@ -109,12 +110,17 @@ func limitsConfig(r runtimes.Resources) map[string]string {
 	if r.Pids > 0 {
 		out["limits.processes"] = strconv.FormatInt(r.Pids, 10)
 	}
-	if r.CPUMillis > 0 {
-		// A share of each 100 ms period, as a CFS quota.
-		out["limits.cpu.allowance"] = fmt.Sprintf("%dms/100ms", max(r.CPUMillis/10, 1))
+	// A share of each 100 ms period, as a CFS quota: none for a limit
+	// beyond the kernel's largest quota, which Incus would pass on to a
+	// kernel that refuses it, and the instance would not start.
+	if q := cgroup.CFSQuota(r.CPUMillis, cpuPeriod); q > 0 {
+		out["limits.cpu.allowance"] = fmt.Sprintf("%dms/100ms", q/1000)
 	}
 	return out
 }
+
+// cpuPeriod is the CFS period (µs) of limits.cpu.allowance: 100 ms.
+const cpuPeriod = 100000
 
 // hardened says which of Hardening config lacks, for RestartRequired;
 // "" when it has all of it.

@@ -335,3 +335,31 @@ func TestMemoryLimitForbidsSwap(t *testing.T) {
 		})
 	}
 }
+
+// A CPU limit becomes a CFS allowance by the rule cgroup.CFSQuota gives
+// the other backends: one beyond the kernel's largest quota (176 million
+// CPUs, which no host has) is no allowance, never a figure Incus cannot
+// read as a duration or the kernel refuses.
+func TestCPULimitBecomesAnAllowance(t *testing.T) {
+	tests := []struct {
+		name   string
+		millis int64
+		want   string
+	}{
+		{"no limit", 0, ""},
+		{"a thousandth of a CPU", 1, "1ms/100ms"},
+		{"half a CPU", 500, "50ms/100ms"},
+		{"two CPUs", 2000, "200ms/100ms"},
+		{"the largest quota", 175921860000, "17592186000ms/100ms"},
+		{"200 million CPUs", 200_000_000_000, ""},
+		{"2^60 thousandths", 1 << 60, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := limitsConfig(runtimes.Resources{Pids: 64, CPUMillis: tt.millis})["limits.cpu.allowance"]
+			if !ok || got != tt.want {
+				t.Fatalf("limits.cpu.allowance = %q (set %v); want %q, set", got, ok, tt.want)
+			}
+		})
+	}
+}
