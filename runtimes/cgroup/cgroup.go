@@ -669,9 +669,32 @@ func (m *Manager) Usage(name string) (Usage, error) {
 // the one that holds the instance's limits (a container's init may sit in
 // a child cgroup of its own).
 func ProcessUsage(procDir string, pid int, top func(path string) string) (Usage, error) {
-	f, err := os.Open(filepath.Join(procDir, strconv.Itoa(pid), "cgroup"))
+	v2, dir, err := processCgroups(procDir, pid, top)
 	if err != nil {
 		return Usage{}, err
+	}
+	return readUsage(v2, swapAccounted(v2, dir("memory")), tcpLimited(v2, dir("memory")), dir)
+}
+
+// LimitProcessTCP gives the v1 memory cgroup process pid is in (top as
+// for ProcessUsage) a TCP buffer limit of bytes, -1 for none, for a
+// runtime whose containers' cgroups get none from it (runc ignores the
+// OCI spec's kernelTCP). It does nothing where the cgroup has no such
+// limit (cgroup v2 charges sockets to the memory limit).
+func LimitProcessTCP(procDir string, pid int, top func(path string) string, bytes int64) error {
+	v2, dir, err := processCgroups(procDir, pid, top)
+	if err != nil || !tcpLimited(v2, dir("memory")) {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir("memory"), tcpLimitFile), []byte(strconv.FormatInt(bytes, 10)), 0)
+}
+
+// processCgroups reads the cgroups of process pid (as ProcessUsage) and
+// says whether they are v2, and the directory of each controller.
+func processCgroups(procDir string, pid int, top func(path string) string) (bool, func(c string) string, error) {
+	f, err := os.Open(filepath.Join(procDir, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return false, nil, err
 	}
 	defer f.Close()
 	paths := map[string]string{}
@@ -693,17 +716,16 @@ func ProcessUsage(procDir string, pid int, top func(path string) string) (Usage,
 		}
 	}
 	if err := s.Err(); err != nil {
-		return Usage{}, err
+		return false, nil, err
 	}
 	_, statErr := os.Stat(filepath.Join(Mount, "cgroup.controllers"))
 	v2 := statErr == nil
-	dir := func(c string) string {
+	return v2, func(c string) string {
 		if v2 {
 			return filepath.Join(Mount, paths[""])
 		}
 		return filepath.Join(Mount, c, paths[c])
-	}
-	return readUsage(v2, swapAccounted(v2, dir("memory")), tcpLimited(v2, dir("memory")), dir)
+	}, nil
 }
 
 // readFile reads a cgroup interface file, which holds a few lines at

@@ -925,3 +925,22 @@ func TestLimitsHold(t *testing.T) {
 	})
 	runtimetest.Limits(t, rt, in)
 }
+
+// TCP buffers count against a container's memory limit and in its usage:
+// on cgroup v1, only once runc has given its cgroup a TCP limit.
+func TestTCPBuffersCountAgainstTheMemoryLimit(t *testing.T) {
+	rt, image := daemon(t, nil)
+	in := newInstance(t, rt, image, "unit-tcp", func(s *v1alpha1.SandboxSpec) {
+		s.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](512),
+			Limits: v1alpha1.ResourceAmounts{Memory: resource.NewQuantity(runtimetest.TCPMemory, resource.BinarySI)}}
+	})
+	runtimetest.TCPBuffers(t, rt, in)
+	// On v1, the container's cgroup (below its namespace's) says so.
+	files, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory/*", in.Name, "memory.kmem.tcp.limit_in_bytes"))
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(runtimetest.TCPMemory) {
+			t.Fatalf("%s: %q %v; want %d", f, b, err, runtimetest.TCPMemory)
+		}
+	}
+	t.Log("TCP limits read:", len(files))
+}

@@ -13,6 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
 
@@ -118,6 +119,9 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 		if running && change.Limits {
 			if err := task.Update(ctx, containerd.WithResources(liveResources(in, r.swap))); err != nil {
 				return runtimes.State{}, r.fail(op, in.Name, fmt.Errorf("applying new limits to the running task: %w", err))
+			}
+			if err := r.limitTCP(task, in); err != nil {
+				return runtimes.State{}, r.fail(op, in.Name, err)
 			}
 		}
 		if info, err = cont.Info(ctx); err != nil {
@@ -280,6 +284,11 @@ func (r *Runtime) start(ctx context.Context, c *containerd.Client, cont containe
 	task, err := cont.NewTask(ctx, cio.NullIO, rootfs...)
 	if err != nil {
 		return nil, fmt.Errorf("creating the task: %w", err)
+	}
+	// Before its init runs, so every process of the container is bounded.
+	if err := r.limitTCP(task, in); err != nil {
+		_, _ = task.Delete(ctx, containerd.WithProcessKill)
+		return nil, err
 	}
 	// Wait before Start, so an init that exits at once is seen here rather
 	// than left behind as a stopped task.
@@ -533,4 +542,22 @@ func taskOf(ctx context.Context, cont containerd.Container) (containerd.Task, bo
 		return nil, false, err
 	}
 	return task, s.Status == containerd.Running, nil
+}
+
+// limitTCP gives the task's memory cgroup on cgroup v1 a TCP buffer limit
+// equal to its memory limit (none without one): v1 charges a cgroup's
+// sockets to nothing until it has one, so a command could queue a
+// gigabyte on loopback connections under a 128 MiB limit. runc ignores
+// the OCI spec's kernelTCP, so the driver writes it, as the bwrap driver
+// does for its cgroups; the buffers are counted apart from the memory
+// limit and get as much again.
+func (r *Runtime) limitTCP(task containerd.Task, in runtimes.Instance) error {
+	l := memoryLimit(in)
+	if l <= 0 {
+		l = -1
+	}
+	if err := cgroup.LimitProcessTCP(r.cfg.ProcDir, int(task.Pid()), nil, l); err != nil {
+		return fmt.Errorf("limiting the task's TCP buffers: %w", err)
+	}
+	return nil
 }
