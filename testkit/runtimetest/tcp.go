@@ -21,7 +21,8 @@ const tcpConnections = 120
 // connections whose receiving end reads nothing (its nc blocks writing to
 // a FIFO nobody reads) while the sending end writes zeros, waits until
 // the bytes queued on them stop growing, and prints "queued N" (MiB, the
-// send and receive queues of /proc/net/tcp). The nc processes go on
+// send and receive queues of /proc/net/tcp), or fails if not every
+// connection was made (no loopback, say). The nc processes go on
 // holding the connections after the script ends.
 var tcpHog = fmt.Sprintf(`
 n=%d
@@ -42,11 +43,15 @@ w=0; while [ "$(listening)" -lt $n ] && [ $w -lt 100 ]; do sleep 0.1; w=$((w + 1
 i=0; while [ $i -lt $n ]; do nc 127.0.0.1 $((40000 + i)) </dev/zero >/dev/null 2>&1 & i=$((i + 1)); done
 last=-1; now=$(queued); w=0
 while [ "$now" != "$last" ] && [ $w -lt 60 ]; do sleep 0.5; last=$now; now=$(queued); w=$((w + 1)); done
+c=0
+{ read -r _; while read -r _ _ _ st _; do [ "$st" = 01 ] && c=$((c + 1)); done; } < /proc/net/tcp
+[ $c -ge $n ] || { echo "only $c of $n connections made"; exit 1; }
 echo queued $now
 `, tcpConnections)
 
 // TCPBuffers drives an instance with a memory limit of TCPMemory, a pids
-// limit of at least 512 (or none), and busybox's sh and nc, through a
+// limit of at least 512 (or none), busybox's sh and nc and a loopback
+// interface that is up, through a
 // driver that reports usage: data queued on loopback TCP connections
 // nobody reads stays near the memory limit (cgroup v1 charges a cgroup's
 // sockets to nothing until it has a TCP limit of its own; v2 charges
