@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -232,8 +233,8 @@ func (p *placer) classChanged(ctx context.Context, _ client.Object) []reconcile.
 	}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
-		owner := metav1.GetControllerOf(pod)
-		if owner == nil || owner.Kind != "Sandbox" || !pod.DeletionTimestamp.IsZero() {
+		owner := sandboxController(pod)
+		if owner == nil || !pod.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if c := p.podCarries(pod); c.PriorityClassName != "" || len(c.Tolerations) > 0 ||
@@ -503,7 +504,7 @@ func sandboxPods(sb *v1alpha1.Sandbox, pods []corev1.Pod) podsFound {
 	var live []*corev1.Pod
 	for i := range pods {
 		pod := &pods[i]
-		if ref := metav1.GetControllerOf(pod); ref == nil || ref.UID != sb.UID {
+		if !podOwnedBy(pod, sb) {
 			continue
 		}
 		k := podAttempt(pod)
@@ -910,8 +911,23 @@ func (p *placer) podDrift(sb *v1alpha1.Sandbox, pod *corev1.Pod) (image string, 
 }
 
 func podOwnedBy(pod *corev1.Pod, sb *v1alpha1.Sandbox) bool {
-	ref := metav1.GetControllerOf(pod)
+	ref := sandboxController(pod)
 	return ref != nil && ref.UID == sb.UID
+}
+
+// sandboxController is pod's controller when it is a Sandbox. Only such a
+// reference is held to who may make it (config/admission's policy on
+// Sandboxes' Pods); the UID alone is not: a controller of another kind
+// may carry any UID, and anyone who may write Pods can give one.
+func sandboxController(pod *corev1.Pod) *metav1.OwnerReference {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.Kind != "Sandbox" {
+		return nil
+	}
+	if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || gv.Group != v1alpha1.GroupVersion.Group {
+		return nil
+	}
+	return ref
 }
 
 // pending reports a Pod the scheduler has not bound yet, in its words.

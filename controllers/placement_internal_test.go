@@ -142,7 +142,8 @@ func TestSandboxPodNamesAreValid(t *testing.T) {
 }
 
 // The Pod that stands for the Sandbox is its newest live one; another
-// owner's Pod with the label is not its, whatever the label says.
+// owner's Pod with the label is not its, whatever the label says, nor one
+// whose controller carries its UID under another kind or group.
 func TestSandboxPodsSortsTheSandboxsPods(t *testing.T) {
 	sb := &v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "a", UID: "u"}}
 	mk := func(attempt int, mut func(*corev1.Pod)) corev1.Pod {
@@ -159,6 +160,13 @@ func TestSandboxPodsSortsTheSandboxsPods(t *testing.T) {
 		mk(3, nil),
 		mk(2, nil),
 		mk(7, func(p *corev1.Pod) { p.OwnerReferences[0].UID = "someone-else"; p.Spec.NodeName = "n7" }),
+		// A controller of another kind with the Sandbox's UID: the
+		// admission policy on Sandboxes' Pods does not look at it.
+		mk(8, func(p *corev1.Pod) {
+			p.OwnerReferences[0].APIVersion, p.OwnerReferences[0].Kind = "example.test/v1", "Widget"
+			p.Spec.NodeName = "n8"
+		}),
+		mk(9, func(p *corev1.Pod) { p.OwnerReferences[0].APIVersion = "example.test/v1alpha1"; p.Spec.NodeName = "n9" }),
 		// Forged: an attempt past the bound counts as none.
 		mk(0, func(p *corev1.Pod) {
 			p.Name = "forged"
@@ -168,13 +176,13 @@ func TestSandboxPodsSortsTheSandboxsPods(t *testing.T) {
 	}
 	f := sandboxPods(sb, pods)
 	if f.cur == nil || f.cur.Name != "a-sandbox-3" {
-		t.Errorf("current Pod %v, want a-sandbox-3", f.cur)
+		t.Errorf("current Pod %s, want a-sandbox-3", podName(f.cur))
 	}
 	if len(f.stale) != 2 {
 		t.Errorf("stale Pods %d, want 2 (a-sandbox-2 and the forged one)", len(f.stale))
 	}
 	if f.next != 4 {
-		t.Errorf("next attempt %d, want 4 (another owner's Pod does not count)", f.next)
+		t.Errorf("next attempt %d, want 4 (another owner's Pods do not count)", f.next)
 	}
 	if len(f.ended) != 1 || f.ended[0].Name != "a-sandbox-1" {
 		t.Errorf("ended Pods %v, want a-sandbox-1", f.ended)
@@ -186,6 +194,13 @@ func TestSandboxPodsSortsTheSandboxsPods(t *testing.T) {
 	if f.cur != nil || f.next != 2 {
 		t.Errorf("with only a deleted and a failed Pod: current %v, next %d; want none and 2", f.cur, f.next)
 	}
+}
+
+func podName(p *corev1.Pod) string {
+	if p == nil {
+		return "none"
+	}
+	return p.Name
 }
 
 // A Sandbox that stays keeps tolerating its node's loss for ever, whatever

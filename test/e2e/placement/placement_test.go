@@ -14,8 +14,10 @@
 package placement_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,11 +28,15 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -154,6 +160,7 @@ var _ = BeforeSuite(func() {
 	// As make deploy installs it: a new unpinned Sandbox carries the
 	// finalizer from its create, and no node's controller writes it.
 	Expect(admission.InstallFinalizer(ctx, k8s, systemNS, testharness.Timeout)).To(Succeed())
+	installSandboxPodPolicy()
 	addNode("node-a", "a")
 	addNode("node-b", "b")
 	scheduler = env.StartScheduler()
@@ -719,6 +726,107 @@ var _ = Describe("A bwrap Sandbox with an image", func() {
 		}, testharness.Timeout).Should(BeEmpty())
 	})
 })
+
+var _ = Describe("A tenant who may make Pods", func() {
+	It("cannot make a Pod that places its Sandbox on a node of its choosing", func() {
+		ns := env.NewNamespace()
+		tenant := tenantIn(ns, "pod-maker")
+		sb := sandbox(ns, "chosen", func(sb *v1alpha1.Sandbox) {
+			sb.Spec.Resources.Requests.Memory = ptr.To(resource.MustParse("8Mi"))
+			sb.Spec.NodeSelector = map[string]string{"zone": "a"}
+		})
+		Eventually(nodeOf(ns, sb.Name), testharness.Timeout).Should(Equal("node-a"))
+		own, err := podOf(ns, sb.Name)()
+		Expect(err).NotTo(HaveOccurred())
+
+		// The Pod the placer would make, bound to node-b past the
+		// scheduler, with the highest attempt the placer reads.
+		forged := func(name string) *corev1.Pod {
+			p := controllers.SandboxPod(sb, controllers.PlacementOptions{SystemNamespace: systemNS}, "node-b", 1<<20)
+			p.Name = name
+			return p
+		}
+		err = tenant.Create(ctx, forged("chosen-elsewhere"))
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "a tenant's Pod naming its Sandbox as controller: %v", err)
+		Expect(err.Error()).To(ContainSubstring("a Pod whose controller is a Sandbox places that Sandbox on the Pod's node"))
+		// Who may write where a Sandbox is placed (the aggregated API's
+		// ServiceAccount, config/aggregated) may.
+		placer := tenantIn(ns, "placer", rbacv1.PolicyRule{APIGroups: []string{v1alpha1.GroupVersion.Group},
+			Resources: []string{"sandboxes/status"}, Verbs: []string{"get", "update", "patch"}})
+		Eventually(func() error { return placer.Create(ctx, forged("chosen-elsewhere"), client.DryRunAll) }, testharness.Timeout).Should(Succeed())
+		// Nor given that controller afterwards.
+		later := forged("chosen-later")
+		later.OwnerReferences = nil
+		Expect(tenant.Create(ctx, later)).To(Succeed())
+		later.OwnerReferences = forged("").OwnerReferences
+		err = tenant.Update(ctx, later)
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "a tenant giving its Pod the Sandbox as controller: %v", err)
+		// A controller of another kind with the Sandbox's UID is not the
+		// Sandbox, whatever its labels say.
+		other := forged("chosen-by-uid")
+		other.OwnerReferences[0].APIVersion, other.OwnerReferences[0].Kind = "example.test/v1", "Widget"
+		Expect(tenant.Create(ctx, other)).To(Succeed())
+
+		// The placer looks at the Sandbox again when it gets a claim.
+		Expect(tenant.Create(ctx, testharness.NewClaim(ns, "chosen-claim", sb.Name))).To(Succeed())
+		Eventually(env.SandboxStatus(ns, sb.Name), testharness.Timeout).Should(
+			testharness.SandboxIs(1, metav1.ConditionTrue, v1alpha1.ReasonRunning))
+		Consistently(nodeOf(ns, sb.Name), 3*time.Second).Should(Equal("node-a"))
+		var kept corev1.Pod
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(own), &kept)).To(Succeed())
+		Expect(kept.UID).To(Equal(own.UID))
+		Expect(kept.DeletionTimestamp.IsZero()).To(BeTrue(), "the placer's own Pod stays the Sandbox's")
+		Expect(podRefOf(ns, sb.Name)()).To(HaveField("UID", string(own.UID)))
+		for _, p := range []*corev1.Pod{later, other} {
+			Expect(k8s.Delete(ctx, p, client.GracePeriodSeconds(0))).To(Succeed())
+		}
+		remove(ns, sb.Name)
+	})
+})
+
+// tenantIn is a user who may make Sandboxes and Pods in ns (as edit
+// allows), and nothing of their status unless more says so.
+func tenantIn(ns, user string, more ...rbacv1.PolicyRule) client.Client {
+	GinkgoHelper()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},
+		Rules: append([]rbacv1.PolicyRule{
+			{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes", "sessionclaims"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+		}, more...)}
+	Expect(k8s.Create(ctx, role)).To(Succeed())
+	Expect(k8s.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}})).To(Succeed())
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	return c
+}
+
+// installSandboxPodPolicy applies config/admission's policy on Pods that
+// name a Sandbox as controller, and waits until the API server applies it:
+// a dry-run create of such a Pod by a tenant is refused.
+func installSandboxPodPolicy() {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "admission", "sandboxpod_policy.yaml"))
+	Expect(err).NotTo(HaveOccurred())
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			Expect(err).To(MatchError(io.EOF))
+			break
+		}
+		Expect(k8s.Create(ctx, u)).To(Succeed())
+	}
+	probe := tenantIn(systemNS, "policy-probe")
+	pod := controllers.SandboxPod(&v1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "probe", UID: "0b3c8a40-1c57-4e55-9f1e-3a6a3c6d2f10"}},
+		controllers.PlacementOptions{SystemNamespace: systemNS}, "", 0)
+	pod.Namespace = systemNS
+	Eventually(func() bool {
+		return apierrors.IsForbidden(probe.Create(ctx, pod.DeepCopy(), client.DryRunAll))
+	}, testharness.Timeout).Should(BeTrue(), "the policy on Sandboxes' Pods is not applied")
+}
 
 // update changes a Sandbox's spec, retrying on a conflict.
 func update(ns, name string, mutate func(*v1alpha1.Sandbox)) {
