@@ -489,15 +489,7 @@ func TestQueuedSandboxesLastUntilTheFirstPass(t *testing.T) {
 // (32768 bytes), or the API server refuses the Sandbox's whole status.
 func TestGitSummaryFitsAConditionMessage(t *testing.T) {
 	const apiLimit = 32768
-	var claims []v1alpha1.SessionClaim
-	for i := range 64 {
-		c := v1alpha1.SessionClaim{}
-		c.Name = fmt.Sprintf("claim-%02d", i)
-		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "repo"}
-		c.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionGitHealthy, Status: metav1.ConditionFalse,
-			Reason: v1alpha1.ReasonGitdirMismatch, Message: strings.Repeat("m", maxConditionMessage)}}
-		claims = append(claims, c)
-	}
+	claims := unhealthyClaims(64, v1alpha1.ReasonGitdirMismatch, strings.Repeat("m", maxConditionMessage))
 	g := gitSummary(claims)
 	if g == nil || g.healthy || g.reason != v1alpha1.ReasonGitdirMismatch {
 		t.Fatalf("summary: %+v", g)
@@ -543,18 +535,25 @@ func TestConditionMessagesAreBounded(t *testing.T) {
 			}
 		})
 	}
-	var claims []v1alpha1.SessionClaim
-	for i := range 4 {
-		c := v1alpha1.SessionClaim{}
-		c.Name = fmt.Sprintf("claim-%d", i)
-		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "repo"}
-		c.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionGitHealthy, Status: metav1.ConditionFalse,
-			Reason: v1alpha1.ReasonWorktreeLocked, Message: long}}
-		claims = append(claims, c)
-	}
+	claims := unhealthyClaims(4, v1alpha1.ReasonWorktreeLocked, long)
 	for _, c := range sandboxConditions(sandboxFacts{converged: true, run: runForClaims, claims: claims}) {
-		if c.condition.Type == v1alpha1.ConditionGitHealthy && !strings.Contains(c.condition.Message, "claim-3: ") {
+		if c.condition.Type == v1alpha1.ConditionGitHealthy && !strings.Contains(c.condition.Message, "claim-03: ") {
 			t.Errorf("the GitHealthy summary is cut to its claims' bound: %d bytes", len(c.condition.Message))
 		}
 	}
+}
+
+// unhealthyClaims are n claims with worktrees whose GitHealthy is False
+// for reason, with message.
+func unhealthyClaims(n int, reason, message string) []v1alpha1.SessionClaim {
+	claims := make([]v1alpha1.SessionClaim, 0, n)
+	for i := range n {
+		c := v1alpha1.SessionClaim{}
+		c.Name = fmt.Sprintf("claim-%02d", i)
+		c.Spec.Worktree = &v1alpha1.WorktreeSpec{Repository: "repo"}
+		c.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionGitHealthy, Status: metav1.ConditionFalse,
+			Reason: reason, Message: message}}
+		claims = append(claims, c)
+	}
+	return claims
 }

@@ -827,6 +827,23 @@ func TestNewPolicyEndsAPlainRequestUnderWay(t *testing.T) {
 	}
 }
 
+// connectThrough opens a tunnel to example.com, h's TLS server, through
+// h's proxy, and returns the connection, open until the test ends, and
+// the start of the proxy's answer.
+func connectThrough(t *testing.T, h *harness) (net.Conn, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", h.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "CONNECT example.com:%d HTTP/1.1\r\nHost: example.com\r\n\r\n", port(t, h.tlsSrv))
+	buf := make([]byte, 64)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, _ := c.Read(buf)
+	return c, string(buf[:n])
+}
+
 // Each connection holds the controller's descriptors, not the Sandbox's:
 // the proxies of all the Sandboxes share a bound, and a Sandbox at its own
 // bound cannot take the others' way out with it past that.
@@ -837,16 +854,9 @@ func TestConnectionsAreBoundedAcrossProxies(t *testing.T) {
 	b := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0, share)
 	hold := func(h *harness) net.Conn {
 		t.Helper()
-		c, err := net.Dial("tcp", h.proxyURL.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		fmt.Fprintf(c, "CONNECT example.com:%d HTTP/1.1\r\nHost: example.com\r\n\r\n", port(t, h.tlsSrv))
-		buf := make([]byte, 64)
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if n, err := c.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "200") {
-			t.Fatalf("a tunnel within the shared bound: %q, %v", buf[:n], err)
+		c, answer := connectThrough(t, h)
+		if !strings.Contains(answer, " 200 ") {
+			t.Fatalf("a tunnel within the shared bound: %q", answer)
 		}
 		return c
 	}
@@ -891,16 +901,8 @@ func TestANamespaceHoldsAtMostItsShareOfTheNode(t *testing.T) {
 	// through; an open one stays open until the test ends.
 	tunnel := func(h *harness) bool {
 		t.Helper()
-		c, err := net.Dial("tcp", h.proxyURL.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		fmt.Fprintf(c, "CONNECT example.com:%d HTTP/1.1\r\nHost: example.com\r\n\r\n", port(t, h.tlsSrv))
-		buf := make([]byte, 64)
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		n, _ := c.Read(buf)
-		return strings.Contains(string(buf[:n]), " 200 ")
+		_, answer := connectThrough(t, h)
+		return strings.Contains(answer, " 200 ")
 	}
 	held := 0
 	for _, h := range []*harness{a1, a2, a1, a2, a1, a2, a1, a2} {
