@@ -195,6 +195,9 @@ type Runtime struct {
 	// projects remembers which project each instance lives in: the
 	// Runtime interface names instances, not projects.
 	projects map[string]string
+	// tcp remembers the TCP buffer limit written into each running
+	// instance's cgroup, and for which start of it (limitTCP).
+	tcp map[string]tcpMark
 }
 
 var (
@@ -256,6 +259,7 @@ func (r *Runtime) forget(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.projects, name)
+	delete(r.tcp, name)
 }
 
 // locate finds an instance by name: in the project it was last seen in,

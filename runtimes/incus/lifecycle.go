@@ -9,10 +9,12 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/runtimes"
+	"github.com/cireilclaw/sandbox-controller/runtimes/cgroup"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
 	"github.com/cireilclaw/sandbox-controller/runtimes/mountns"
 )
@@ -162,6 +164,9 @@ func (r *Runtime) Ensure(ctx context.Context, in runtimes.Instance) (runtimes.St
 	// After a start, and after a restart from inside that lost them; those
 	// mounted already are left alone.
 	if err := bindGitDirs(ctx, cl, in, in.GitDirBinds(), nil); err != nil {
+		return runtimes.State{}, r.fail(op, in.Name, err)
+	}
+	if err := r.limitTCP(ctx, cl, in, inst); err != nil {
 		return runtimes.State{}, r.fail(op, in.Name, err)
 	}
 	st := stateOf(inst)
@@ -628,4 +633,48 @@ func (r *Runtime) NetworkNamespace(ctx context.Context, name string) (*os.File, 
 		return nil, fmt.Errorf("instance %s: its init ended while its network namespace was opened: %w", name, err)
 	}
 	return f, nil
+}
+
+// tcpMark is a TCP buffer limit written for one start of an instance.
+type tcpMark struct {
+	started time.Time
+	bytes   int64
+}
+
+// limitTCP gives the running instance's cgroup, on cgroup v1, a TCP buffer
+// limit equal to its memory limit (none without one): v1 charges a
+// cgroup's sockets to nothing until it has one, and Incus sets none, so a
+// command could queue on loopback connections (up wherever the egress
+// proxy serves the instance) many times its memory limit. The buffers
+// get as much again, apart. Written once for each start of the instance
+// and each limit: inst, read before a start this pass made, has it
+// written again on the next pass.
+func (r *Runtime) limitTCP(ctx context.Context, cl *incusapi.Client, in runtimes.Instance, inst *incusapi.Instance) error {
+	mark := tcpMark{started: inst.LastUsedAt, bytes: in.Resources.MemoryBytes}
+	if mark.bytes <= 0 {
+		mark.bytes = -1
+	}
+	r.mu.Lock()
+	done := r.tcp[in.Name] == mark
+	r.mu.Unlock()
+	if done {
+		return nil
+	}
+	st, err := cl.GetInstanceState(ctx, in.Name)
+	if err != nil {
+		return fmt.Errorf("finding the init process to limit its TCP buffers: %w", err)
+	}
+	if st.Pid <= 0 {
+		return fmt.Errorf("limiting its TCP buffers: instance %s has no init process", in.Name)
+	}
+	if err := cgroup.LimitProcessTCP("/proc", int(st.Pid), payloadCgroup, mark.bytes); err != nil {
+		return fmt.Errorf("limiting its TCP buffers: %w", err)
+	}
+	r.mu.Lock()
+	if r.tcp == nil {
+		r.tcp = map[string]tcpMark{}
+	}
+	r.tcp[in.Name] = mark
+	r.mu.Unlock()
+	return nil
 }

@@ -28,6 +28,8 @@ type Instance struct {
 	Description     string            `json:"description"`
 	Architecture    string            `json:"architecture"`
 	CreatedAt       time.Time         `json:"created_at"`
+	// LastUsedAt is when the instance last started.
+	LastUsedAt time.Time `json:"last_used_at"`
 }
 
 // Instance statuses the driver acts on.

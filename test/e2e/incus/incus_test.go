@@ -23,6 +23,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/egress"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus"
 	"github.com/cireilclaw/sandbox-controller/runtimes/incus/incusapi"
@@ -585,6 +586,35 @@ var _ = Describe("Incus resource limits, through the driver", func() {
 		mgr.Stop()
 		DeferCleanup(func() { mgr = startManager() })
 		runtimetest.Limits(GinkgoT(), driver, in)
+	})
+})
+
+var _ = Describe("Incus TCP buffers", func() {
+	It("bounds what an instance whose loopback is up queues on TCP by its memory limit, and counts it", func() {
+		ns := env.NewNamespace()
+		sb := newSandbox(ns, "tcp")
+		sb.Spec.Binaries = []v1alpha1.BinaryName{"sh"}
+		sb.Spec.Resources = &v1alpha1.Resources{PidsLimit: ptr.To[int64](512),
+			Limits: v1alpha1.ResourceAmounts{Memory: resource.NewQuantity(runtimetest.TCPMemory, resource.BinarySI)}}
+		in, err := testharness.DescribeAs(sb, instance.Host{AreasRoot: env.AreasRoot})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = driver.Delete(ctx, in.Name) })
+		mgr.Stop()
+		DeferCleanup(func() { mgr = startManager() })
+		_, err = driver.Ensure(ctx, in)
+		Expect(err).NotTo(HaveOccurred())
+
+		By("serving an egress proxy in its network namespace, which brings its loopback up")
+		st, err := rawClient().GetInstanceState(ctx, in.Name)
+		Expect(err).NotTo(HaveOccurred())
+		netns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", st.Pid))
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(netns.Close)
+		nets := &egress.Networks{Dir: GinkgoT().TempDir()}
+		Expect(nets.ServeIn(in.Name, ns, netns, egress.Policy{})).To(Succeed())
+		DeferCleanup(func() { _ = nets.Release(in.Name) })
+
+		runtimetest.TCPBuffers(GinkgoT(), driver, in)
 	})
 })
 
