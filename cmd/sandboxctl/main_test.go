@@ -383,7 +383,7 @@ except OSError:
 	if code != 0 {
 		t.Fatalf("exit %d stdout %q stderr %q", code, out, stderr)
 	}
-	for _, want := range []string{"proxy " + egress.ProxyURL, "through the proxy: 403", "internal addresses", "direct: refused"} {
+	for _, want := range []string{"proxy " + egress.ProxyURL, "through the proxy: 403", "this node's own address", "direct: refused"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the command said %q, lacking %q", out, want)
 		}
