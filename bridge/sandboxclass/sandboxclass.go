@@ -208,15 +208,17 @@ func applyResources(class *v1alpha1.SandboxClass, spec, out *v1alpha1.SandboxSpe
 		}
 	}
 	var v []string
+	// given says which amounts the class gave, and as what.
+	given := map[string]string{}
 	for _, q := range []struct {
-		field    string
-		val      **resource.Quantity
-		def, max *resource.Quantity
+		field, class string
+		val          **resource.Quantity
+		def, max     *resource.Quantity
 	}{
-		{"spec.resources.requests.cpu", &r.Requests.CPU, def.Requests.CPU, max.Requests.CPU},
-		{"spec.resources.requests.memory", &r.Requests.Memory, def.Requests.Memory, max.Requests.Memory},
-		{"spec.resources.limits.cpu", &r.Limits.CPU, def.Limits.CPU, max.Limits.CPU},
-		{memField, &r.Limits.Memory, def.Limits.Memory, max.Limits.Memory},
+		{"spec.resources.requests.cpu", "requests.cpu", &r.Requests.CPU, def.Requests.CPU, max.Requests.CPU},
+		{"spec.resources.requests.memory", "requests.memory", &r.Requests.Memory, def.Requests.Memory, max.Requests.Memory},
+		{"spec.resources.limits.cpu", "limits.cpu", &r.Limits.CPU, def.Limits.CPU, max.Limits.CPU},
+		{memField, "limits.memory", &r.Limits.Memory, def.Limits.Memory, max.Limits.Memory},
 	} {
 		switch {
 		case *q.val != nil && q.max != nil && (*q.val).Cmp(*q.max) > 0:
@@ -224,9 +226,34 @@ func applyResources(class *v1alpha1.SandboxClass, spec, out *v1alpha1.SandboxSpe
 		case *q.val == nil && q.def != nil:
 			c := q.def.DeepCopy()
 			*q.val = &c
+			given[q.field] = fmt.Sprintf("the default of SandboxClass %q (defaultResources.%s)", class.Name, q.class)
 		case *q.val == nil && q.max != nil:
 			c := q.max.DeepCopy()
 			*q.val = &c
+			given[q.field] = fmt.Sprintf("the maximum of SandboxClass %q (maxResources.%s, which applies when it gives no default)", class.Name, q.class)
+		}
+	}
+	// A request above its limit, where the class gave one of the two: the
+	// spec alone is held to that by its own validation. The runtimes would
+	// take the request as it is (a CPU weight above what the limit lets it
+	// use), and a cluster refuses such a Pod.
+	for _, a := range []struct {
+		req, lim           *resource.Quantity
+		reqField, limField string
+	}{
+		{r.Requests.CPU, r.Limits.CPU, "spec.resources.requests.cpu", "spec.resources.limits.cpu"},
+		{r.Requests.Memory, r.Limits.Memory, "spec.resources.requests.memory", memField},
+	} {
+		if a.req == nil || a.lim == nil || a.req.Cmp(*a.lim) <= 0 {
+			continue
+		}
+		switch {
+		case given[a.limField] != "" && given[a.reqField] == "":
+			v = append(v, fmt.Sprintf("%s: %s is above the limit %s, %s; set %s too", a.reqField, a.req.String(), a.lim.String(), given[a.limField], a.limField))
+		case given[a.reqField] != "" && given[a.limField] == "":
+			v = append(v, fmt.Sprintf("%s: %s is below the request %s, %s; set %s too", a.limField, a.lim.String(), a.req.String(), given[a.reqField], a.reqField))
+		case given[a.reqField] != "":
+			v = append(v, fmt.Sprintf("%s: the request %s, %s, is above the limit %s, %s", a.reqField, a.req.String(), given[a.reqField], a.lim.String(), given[a.limField]))
 		}
 	}
 	switch {

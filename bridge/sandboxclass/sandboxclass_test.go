@@ -300,3 +300,39 @@ func TestIncusProfiles(t *testing.T) {
 		t.Errorf("a class allowing any profile: %v", v)
 	}
 }
+
+// A request the class's default or maximum limit is below, or a limit
+// below the class's default request, is refused in words that name the
+// field, the amounts and where each came from: applied as they are, the
+// request would be above the limit, which the spec alone may not ask.
+func TestEffectiveRefusesARequestAboveTheLimitTheClassGives(t *testing.T) {
+	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+	cls := &v1alpha1.SandboxClass{ObjectMeta: metav1.ObjectMeta{Name: "small"}, Spec: v1alpha1.SandboxClassSpec{
+		AllowedBackends:  []v1alpha1.Backend{v1alpha1.BackendBwrap},
+		DefaultResources: &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{CPU: q("1")}, Requests: v1alpha1.ResourceAmounts{Memory: q("1Gi")}},
+		MaxResources:     &v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{Memory: q("4Gi")}},
+	}}
+	for _, tc := range []struct {
+		name string
+		res  v1alpha1.Resources
+		want string
+	}{
+		{"a request above the default limit", v1alpha1.Resources{Requests: v1alpha1.ResourceAmounts{CPU: q("1000")}},
+			`spec.resources.requests.cpu: 1k is above the limit 1, the default of SandboxClass "small" (defaultResources.limits.cpu); set spec.resources.limits.cpu too`},
+		{"a limit below the default request", v1alpha1.Resources{Limits: v1alpha1.ResourceAmounts{Memory: q("512Mi")}},
+			`spec.resources.limits.memory: 512Mi is below the request 1Gi, the default of SandboxClass "small" (defaultResources.requests.memory); set spec.resources.requests.memory too`},
+		{"a request above the maximum limit given", v1alpha1.Resources{Requests: v1alpha1.ResourceAmounts{Memory: q("8Gi")}},
+			`spec.resources.requests.memory: 8Gi is above the limit 4Gi, the maximum of SandboxClass "small" (maxResources.limits.memory, which applies when it gives no default); set spec.resources.limits.memory too`},
+		{"within both", v1alpha1.Resources{Requests: v1alpha1.ResourceAmounts{CPU: q("500m")}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := tc.res
+			spec := &v1alpha1.SandboxSpec{Agent: "alice", Resources: &res}
+			_, v := Effective(cls, spec, Node{})
+			got := strings.Join(v, "; ")
+			if got != tc.want {
+				t.Errorf("refused %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
