@@ -689,6 +689,24 @@ func LimitProcessTCP(procDir string, pid int, top func(path string) string, byte
 	return os.WriteFile(filepath.Join(dir("memory"), tcpLimitFile), []byte(strconv.FormatInt(bytes, 10)), 0)
 }
 
+// LimitTCPIn gives the cgroup v1 memory cgroup dir a TCP buffer limit of
+// bytes (-1: none), as LimitProcessTCP does, for a cgroup the caller
+// knows by its place; false when dir is no memory cgroup with such a
+// limit (cgroup v2, which charges sockets to the memory limit, or no
+// cgroup there).
+func LimitTCPIn(dir string, bytes int64) (bool, error) {
+	if !tcpLimited(false, dir) {
+		return false, nil
+	}
+	return true, os.WriteFile(filepath.Join(dir, tcpLimitFile), []byte(strconv.FormatInt(bytes, 10)), 0)
+}
+
+// V2 says whether this host's cgroups are the unified hierarchy.
+func V2() bool {
+	_, err := os.Stat(filepath.Join(Mount, "cgroup.controllers"))
+	return err == nil
+}
+
 // processCgroups reads the cgroups of process pid (as ProcessUsage) and
 // says whether they are v2, and the directory of each controller.
 func processCgroups(procDir string, pid int, top func(path string) string) (bool, func(c string) string, error) {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -657,7 +658,19 @@ func (r *Runtime) limitTCP(ctx context.Context, cl *incusapi.Client, in runtimes
 	r.mu.Lock()
 	done := r.tcp[in.Name] == mark
 	r.mu.Unlock()
-	if done {
+	if done || cgroup.V2() {
+		return nil
+	}
+	// Where LXC puts the instance's cgroup, or else where its init is: the
+	// daemon's state of an instance costs tens of milliseconds.
+	lxcName := in.Name
+	if p := r.projectOf(in); p != "" && p != "default" {
+		lxcName = p + "_" + in.Name
+	}
+	if ok, err := cgroup.LimitTCPIn(filepath.Join(cgroup.Mount, "memory", "lxc.payload."+lxcName), mark.bytes); err != nil {
+		return fmt.Errorf("limiting its TCP buffers: %w", err)
+	} else if ok {
+		r.limited(in.Name, mark)
 		return nil
 	}
 	st, err := cl.GetInstanceState(ctx, in.Name)
@@ -670,11 +683,16 @@ func (r *Runtime) limitTCP(ctx context.Context, cl *incusapi.Client, in runtimes
 	if err := cgroup.LimitProcessTCP("/proc", int(st.Pid), payloadCgroup, mark.bytes); err != nil {
 		return fmt.Errorf("limiting its TCP buffers: %w", err)
 	}
+	r.limited(in.Name, mark)
+	return nil
+}
+
+// limited remembers the TCP buffer limit written for instance name.
+func (r *Runtime) limited(name string, mark tcpMark) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.tcp == nil {
 		r.tcp = map[string]tcpMark{}
 	}
-	r.tcp[in.Name] = mark
-	r.mu.Unlock()
-	return nil
+	r.tcp[name] = mark
 }
