@@ -434,12 +434,35 @@ func podRef(sb *v1alpha1.Sandbox, pod *corev1.Pod) *v1alpha1.SandboxPod {
 		if c.Name != podContainer || c.State.Running == nil || !containerIDPattern.MatchString(c.ContainerID) {
 			continue
 		}
-		if want != "" && !strings.HasPrefix(c.Image, "sha256:") && normalImage(c.Image) != want {
+		if want != "" && !statusShows(c, want) {
 			continue
 		}
 		ref.ContainerID = c.ContainerID
 	}
 	return ref
+}
+
+// statusShows says whether the container of status c runs image want (as
+// normalImage spells it). A runtime reports an image without tags (one
+// pulled by digest) by its ID, sha256:…, which names no image: the
+// repository of the digest it records (imageID) must then be want's, and
+// the digest too where want pins one. Taking any such ID as want let a
+// tenant who set an image pinned by digest on the Pod have the node run
+// the Sandbox over it.
+func statusShows(c corev1.ContainerStatus, want string) bool {
+	if !strings.HasPrefix(c.Image, "sha256:") {
+		return normalImage(c.Image) == want
+	}
+	id := strings.TrimPrefix(c.ImageID, "docker-pullable://")
+	if !strings.Contains(id, "@") {
+		return false
+	}
+	got := normalImage(id)
+	if strings.Contains(want, "@") {
+		return got == want
+	}
+	repo, _, _ := strings.Cut(got, "@")
+	return repo == want[:strings.LastIndex(want, ":")]
 }
 
 // normalImage is an image reference as the kubelet and containerd spell

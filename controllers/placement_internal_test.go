@@ -297,30 +297,37 @@ func TestNormalImage(t *testing.T) {
 func TestPodRefNamesOnlyAContainerOfTheSandboxsImage(t *testing.T) {
 	const id = "containerd://0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	sb := &v1alpha1.Sandbox{Spec: v1alpha1.SandboxSpec{Bwrap: &v1alpha1.BwrapSpec{Image: "python:3"}}}
-	pod := func(spec, status string) *corev1.Pod {
+	pod := func(spec, status, imageID string) *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u"},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: podContainer, Image: spec}}},
-			Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: podContainer, Image: status, ContainerID: id,
+			Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: podContainer, Image: status, ImageID: imageID, ContainerID: id,
 				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
 		}
 	}
+	pinned := &v1alpha1.Sandbox{Spec: v1alpha1.SandboxSpec{Bwrap: &v1alpha1.BwrapSpec{Image: "python@sha256:aaaa"}}}
 	for _, tc := range []struct {
-		name, spec, status string
-		named              bool
+		name                  string
+		sb                    *v1alpha1.Sandbox
+		spec, status, imageID string
+		named                 bool
 	}{
-		{"its image", "python:3", "docker.io/library/python:3", true},
-		{"its image, reported by digest", "python:3", "sha256:0123", true},
-		{"another image set on the Pod", "evil:1", "docker.io/library/evil:1", false},
-		{"set back, the other image still running", "python:3", "docker.io/library/evil:1", false},
+		{"its image", sb, "python:3", "docker.io/library/python:3", "", true},
+		{"its image, reported by its ID", sb, "python:3", "sha256:0123", "docker.io/library/python@sha256:aaaa", true},
+		{"its image pinned by digest, reported by its ID", pinned, "python@sha256:aaaa", "sha256:0123", "docker.io/library/python@sha256:aaaa", true},
+		{"another digest of its repository where it pins one", pinned, "python@sha256:aaaa", "sha256:0123", "docker.io/library/python@sha256:bbbb", false},
+		{"another image set on the Pod", sb, "evil:1", "docker.io/library/evil:1", "", false},
+		{"set back, the other image still running", sb, "python:3", "docker.io/library/evil:1", "", false},
+		{"set back, another image pinned by digest still running, reported by its ID", sb, "python:3", "sha256:0123", "registry.example/evil@sha256:bbbb", false},
+		{"reported by an ID that names no repository", sb, "python:3", "sha256:0123", "sha256:0123", false},
 	} {
-		got := podRef(sb, pod(tc.spec, tc.status)).ContainerID
+		got := podRef(tc.sb, pod(tc.spec, tc.status, tc.imageID)).ContainerID
 		if (got == id) != tc.named {
 			t.Errorf("%s: container ID %q, named: want %v", tc.name, got, tc.named)
 		}
 	}
 	plain := &v1alpha1.Sandbox{}
-	if podRef(plain, pod("registry.k8s.io/pause:3.10", "registry.k8s.io/pause:3.10")).ContainerID != id {
+	if podRef(plain, pod("registry.k8s.io/pause:3.10", "registry.k8s.io/pause:3.10", "")).ContainerID != id {
 		t.Error("a Sandbox without an image: its Pod's container is not named")
 	}
 }
