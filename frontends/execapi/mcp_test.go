@@ -221,18 +221,28 @@ func TestMCPBoundsWhatItAnswers(t *testing.T) {
 	}
 }
 
+// mcpRequest is alice's MCP request of body to claim's endpoint, with the
+// headers the streamable HTTP transport sends.
+func (f *fixture) mcpRequest(claim string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/"+claim+"/mcp", body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer alice-token")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	return req, nil
+}
+
 // mcpPost sends body to a claim's MCP endpoint as a client that names no
 // protocol version, and returns the status and at most limit bytes of the
 // answer with the answer's whole length.
 func (f *fixture) mcpPost(claim, body string, limit int64) (int, string, int64) {
 	f.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/"+claim+"/mcp", strings.NewReader(body))
+	req, err := f.mcpRequest(claim, strings.NewReader(body))
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer alice-token")
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
 	resp, err := f.srv.Client().Do(req)
 	if err != nil {
 		f.t.Fatal(err)
@@ -304,13 +314,10 @@ func TestMCPAnswersNotTakenKeepTheirSlots(t *testing.T) {
 	// a receive buffer too small to take the answer in.
 	tr, body := f.unreadAnswer(t)
 	for range f.api.cfg.MaxExecsPerClaim {
-		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
+		req, err := f.mcpRequest("s1", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("Authorization", "Bearer alice-token")
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
 		resp, err := (&http.Client{Transport: tr, Timeout: time.Minute}).Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -352,13 +359,10 @@ func TestMCPBodiesArrivingTakeUploadSlots(t *testing.T) {
 	// only once the server has read most of it.
 	tr := f.smallBuffers(t, true)
 	post := func(body io.Reader) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", body)
+		req, err := f.mcpRequest("s1", body)
 		if err != nil {
 			return 0, err.Error()
 		}
-		req.Header.Set("Authorization", "Bearer alice-token")
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
 		resp, err := (&http.Client{Transport: tr}).Do(req)
 		if err != nil {
 			return 0, err.Error()
@@ -439,13 +443,10 @@ func TestMCPAnswersNotTakenGiveTheirSlotsBackAtTheDeadline(t *testing.T) {
 	f := newFixture(t, Config{MaxExecsPerClaim: 1})
 	f.api.downloadWriteTimeout = time.Second
 	tr, body := f.unreadAnswer(t)
-	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/api/v1alpha1/namespaces/"+ns+"/sessionclaims/s1/mcp", strings.NewReader(body))
+	req, err := f.mcpRequest("s1", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer alice-token")
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
 	// The client would give up after five minutes; the slot must come
 	// back long before.
 	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Minute}).Do(req)

@@ -181,14 +181,11 @@ func bindGitDirs(ctx context.Context, cl *incusapi.Client, in runtimes.Instance,
 	if len(add) == 0 && len(remove) == 0 {
 		return nil
 	}
-	st, err := cl.GetInstanceState(ctx, in.Name)
+	pid, err := initPid(ctx, cl, in.Name)
 	if err != nil {
-		return fmt.Errorf("finding the init process to bind git directories into: %w", err)
+		return fmt.Errorf("binding git directories: %w", err)
 	}
-	if st.Pid <= 0 {
-		return fmt.Errorf("binding git directories: the instance has no init process (status %s)", st.Status)
-	}
-	if err := mountns.Eject(uint32(st.Pid), remove); err != nil {
+	if err := mountns.Eject(uint32(pid), remove); err != nil {
 		return err
 	}
 	var ready []runtimes.Bind
@@ -204,7 +201,7 @@ func bindGitDirs(ctx context.Context, cl *incusapi.Client, in runtimes.Instance,
 		}
 		ready = append(ready, b)
 	}
-	return mountns.Inject(uint32(st.Pid), in, ready)
+	return mountns.Inject(uint32(pid), in, ready)
 }
 
 // makeMountPoint creates the missing directories of target inside the
@@ -673,14 +670,11 @@ func (r *Runtime) limitTCP(ctx context.Context, cl *incusapi.Client, in runtimes
 		r.limited(in.Name, mark)
 		return nil
 	}
-	st, err := cl.GetInstanceState(ctx, in.Name)
+	pid, err := initPid(ctx, cl, in.Name)
 	if err != nil {
-		return fmt.Errorf("finding the init process to limit its TCP buffers: %w", err)
+		return fmt.Errorf("limiting its TCP buffers: %w", err)
 	}
-	if st.Pid <= 0 {
-		return fmt.Errorf("limiting its TCP buffers: instance %s has no init process", in.Name)
-	}
-	if err := cgroup.LimitProcessTCP("/proc", int(st.Pid), payloadCgroup, mark.bytes); err != nil {
+	if err := cgroup.LimitProcessTCP("/proc", pid, payloadCgroup, mark.bytes); err != nil {
 		return fmt.Errorf("limiting its TCP buffers: %w", err)
 	}
 	r.limited(in.Name, mark)
@@ -695,4 +689,17 @@ func (r *Runtime) limited(name string, mark tcpMark) {
 		r.tcp = map[string]tcpMark{}
 	}
 	r.tcp[name] = mark
+}
+
+// initPid is the pid of the running instance name's init, from the
+// daemon's state of it (tens of milliseconds a call).
+func initPid(ctx context.Context, cl *incusapi.Client, name string) (int, error) {
+	st, err := cl.GetInstanceState(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("finding the init process of instance %s: %w", name, err)
+	}
+	if st.Pid <= 0 {
+		return 0, fmt.Errorf("instance %s has no init process (status %s)", name, st.Status)
+	}
+	return int(st.Pid), nil
 }
