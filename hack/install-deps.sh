@@ -4,8 +4,8 @@
 # install. Safe to run again. Every script that needs a package goes
 # through here, so each install waits for another apt's lock and retries.
 #
-#   hack/install-deps.sh              bubblewrap and git (the default
-#                                     backend and worktrees), when their
+#   hack/install-deps.sh              bubblewrap, git, busybox and ip (the default
+#                                     backend, worktrees, tests), when their
 #                                     commands are missing
 #   hack/install-deps.sh PACKAGE...   those packages, when dpkg does not
 #                                     have them installed
@@ -18,6 +18,7 @@ if [ $# -eq 0 ]; then
   command -v bwrap >/dev/null || need+=(bubblewrap)
   command -v git >/dev/null || need+=(git)
   command -v busybox >/dev/null || need+=(busybox-static)
+  command -v ip >/dev/null || need+=(iproute2)
 else
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")

@@ -43,6 +43,10 @@ type Networks struct {
 	// the name of the instance it was for.
 	OnDecision func(name string, d Decision)
 
+	// nodeRoutes: RefuseHostAddresses was called, and every proxy also
+	// asks the kernel (Policy.NodeRoutes).
+	nodeRoutes bool
+
 	mu     sync.Mutex
 	served map[string]*served
 }
@@ -248,7 +252,9 @@ func (n *Networks) Prune(keep func(name string) bool) []string {
 }
 
 // RefuseHostAddresses adds this host's own addresses to NodeNets: all of
-// loopback, the unspecified addresses and its interfaces' addresses. A
+// loopback, the unspecified addresses and its interfaces' addresses; and
+// has every proxy refuse, as it connects, any address the kernel routes to
+// this host then (Policy.NodeRoutes), such as one gained later. A
 // permitted name resolving to one would reach the host's own services,
 // whatever range a class allows. Every Networks that serves Sandboxes
 // calls it; only tests whose servers listen on loopback leave it out.
@@ -258,6 +264,7 @@ func (n *Networks) RefuseHostAddresses() error {
 		return fmt.Errorf("this host's own addresses, which egress proxies must not reach: %w", err)
 	}
 	n.NodeNets = append(append(n.NodeNets, nodeNets...), own...)
+	n.nodeRoutes = true
 	return nil
 }
 
@@ -266,5 +273,6 @@ func (n *Networks) RefuseHostAddresses() error {
 func (n *Networks) withInternal(pol Policy) Policy {
 	pol.InternalNets = append(slices.Clip(pol.InternalNets), n.InternalNets...)
 	pol.NodeNets = append(slices.Clip(pol.NodeNets), n.NodeNets...)
+	pol.NodeRoutes = pol.NodeRoutes || n.nodeRoutes
 	return pol
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -71,51 +73,106 @@ func TestProxyNeverConnectsToTheNode(t *testing.T) {
 	}
 	for _, a := range targets {
 		t.Run(a.String(), func(t *testing.T) {
-			l, err := net.Listen("tcp", netip.AddrPortFrom(a, 0).String())
-			if err != nil {
-				t.Fatalf("cannot listen on this node's %s: %v", a, err)
+			status, body := connectToNode(t, n, a, serveOnce(t, a))
+			if status != http.StatusForbidden {
+				t.Fatalf("CONNECT to this node's %s under a class range covering it: %d, want 403", a, status)
 			}
-			defer l.Close()
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					fmt.Fprint(c, "a service of the node")
-					c.Close()
-				}
-			}()
-			dest := l.Addr().(*net.TCPAddr).Port
-			pol := n.withInternal(Policy{Rules: []Rule{{Host: "node.example", Ports: []int{dest}}}, AllowedNets: everywhere})
-			p := &Proxy{Policy: pol, Resolver: names{"node.example": {a}}}
-			pl, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pl.Close()
-			go func() { _ = p.Serve(pl) }()
-			c, err := net.Dial("tcp", pl.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			fmt.Fprintf(c, "CONNECT node.example:%d HTTP/1.1\r\nHost: node.example\r\n\r\n", dest)
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusForbidden {
-				t.Fatalf("CONNECT to this node's %s under a class range covering it: %s, want 403", a, resp.Status)
-			}
-			body := make([]byte, 512)
-			k, _ := resp.Body.Read(body)
 			for _, want := range []string{"this node's own", "allowedEgressNetworks"} {
-				if !strings.Contains(string(body[:k]), want) {
-					t.Errorf("the refusal %q does not say %q", body[:k], want)
+				if !strings.Contains(body, want) {
+					t.Errorf("the refusal %q does not say %q", body, want)
 				}
+			}
+		})
+	}
+}
+
+// connectToNode asks a proxy of n, under a class range covering every
+// address, for a tunnel to port of a listed name resolving to a; it
+// answers the status and the start of the body.
+func connectToNode(t *testing.T, n *Networks, a netip.Addr, port int) (int, string) {
+	t.Helper()
+	pol := n.withInternal(Policy{Rules: []Rule{{Host: "node.example", Ports: []int{port}}}, AllowedNets: everywhere})
+	p := &Proxy{Policy: pol, Resolver: names{"node.example": {a}}}
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Close()
+	go func() { _ = p.Serve(pl) }()
+	c, err := net.Dial("tcp", pl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "CONNECT node.example:%d HTTP/1.1\r\nHost: node.example\r\n\r\n", port)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body := make([]byte, 512)
+	k, _ := resp.Body.Read(body)
+	return resp.StatusCode, string(body[:k])
+}
+
+// serveOnce listens on a and answers every connection with a line, until
+// the test ends; it answers the port.
+func serveOnce(t *testing.T, a netip.Addr) int {
+	t.Helper()
+	l, err := net.Listen("tcp", netip.AddrPortFrom(a, 0).String())
+	if err != nil {
+		t.Fatalf("cannot listen on this node's %s: %v", a, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprint(c, "a service of the node")
+			c.Close()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// An address the node gains after its proxies learnt its addresses (a
+// new interface, a failover address, a range routed to loopback) is the
+// node's all the same: the proxy asks the kernel as it connects.
+func TestProxyNeverConnectsToAnAddressTheNodeGainedLater(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("adding an address to this host needs root, and CI runs as root")
+		}
+		t.Skip("adding an address to this host needs root")
+	}
+	n := nodeNetworks(t)
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		add, del []string
+		addr     netip.Addr
+	}{
+		{"an address added to an interface", []string{"addr", "add", "198.18.77.7/32", "dev", "lo"}, []string{"addr", "del", "198.18.77.7/32", "dev", "lo"}, netip.MustParseAddr("198.18.77.7")},
+		{"a range routed to loopback", []string{"route", "add", "local", "198.18.78.0/24", "dev", "lo"}, []string{"route", "del", "local", "198.18.78.0/24", "dev", "lo"}, netip.MustParseAddr("198.18.78.9")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if n.withInternal(Policy{}).reach(c.addr) == addrOfNode {
+				t.Fatalf("%s is already among the node's addresses read at the start", c.addr)
+			}
+			ip(c.add...)
+			t.Cleanup(func() { _ = exec.Command("ip", c.del...).Run() })
+			port := serveOnce(t, c.addr)
+			status, body := connectToNode(t, n, c.addr, port)
+			if status != http.StatusForbidden || !strings.Contains(body, "this node's own") {
+				t.Fatalf("CONNECT to %s, which the node gained after its proxies started: %d %q, want 403 naming the node's own address", c.addr, status, body)
 			}
 		})
 	}

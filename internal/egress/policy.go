@@ -61,6 +61,11 @@ type Policy struct {
 	// class range written for a lab or cluster network (10.0.0.0/8) must
 	// not open the node inside it.
 	NodeNets []netip.Prefix
+	// NodeRoutes also refuses, at the moment of connecting, every address
+	// the kernel then routes to this host (Networks.RefuseHostAddresses):
+	// one the node gained after NodeNets was read, a range routed to
+	// loopback.
+	NodeRoutes bool
 }
 
 // CheckRule says what is wrong with r, or nil: the rules admission holds

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -400,10 +401,8 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 	reachable, node := reachableAddrs(pol, addrs)
 	switch {
 	case len(reachable) > 0:
-	case node.IsValid() && node.String() == host:
-		return nil, refuse(http.StatusForbidden, "%s is this node's own address, which the egress proxy never connects to: a SandboxClass's allowedEgressNetworks does not open the node", host)
 	case node.IsValid():
-		return nil, refuse(http.StatusForbidden, "%s resolves to %s, this node's own address, which the egress proxy never connects to: a SandboxClass's allowedEgressNetworks does not open the node", host, node)
+		return nil, refuseNode(host, node)
 	default:
 		return nil, refuse(http.StatusForbidden, "%s resolves only to internal addresses, which the Sandbox may not reach", host)
 	}
@@ -416,10 +415,16 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 		deadline, _ := ctx.Deadline()
 		actx, done := context.WithTimeout(ctx, time.Until(deadline)/time.Duration(len(reachable)-i))
 		var d net.Dialer
+		if pol.NodeRoutes {
+			d.Control = refuseRoutedToHost
+		}
 		conn, err := d.DialContext(actx, "tcp", netip.AddrPortFrom(a, uint16(port)).String())
 		done()
 		if err == nil {
 			return conn, nil
+		}
+		if errors.Is(err, errRoutedToHost) {
+			return nil, refuseNode(host, a)
 		}
 		last = err
 		if ctx.Err() != nil {
@@ -433,6 +438,36 @@ func (p *Proxy) dial(ctx context.Context, host string, port int) (net.Conn, erro
 		return nil, refuse(http.StatusBadGateway, "connecting to %s:%d: %v", host, port, cause)
 	}
 	return nil, refuse(http.StatusBadGateway, "connecting to %s:%d: %v", host, port, last)
+}
+
+// refuseNode is the refusal of host, which is or resolves to node, an
+// address of this node.
+func refuseNode(host string, node netip.Addr) error {
+	if node.String() == host {
+		return refuse(http.StatusForbidden, "%s is this node's own address, which the egress proxy never connects to: a SandboxClass's allowedEgressNetworks does not open the node", host)
+	}
+	return refuse(http.StatusForbidden, "%s resolves to %s, this node's own address, which the egress proxy never connects to: a SandboxClass's allowedEgressNetworks does not open the node", host, node)
+}
+
+// errRoutedToHost: the kernel routes the address dialled to this host.
+var errRoutedToHost = errors.New("the kernel routes this address to this node itself")
+
+// refuseRoutedToHost is a dialer's check of the address it is about to
+// connect to, after every policy check: the node's addresses as the kernel
+// knows them now, not as they were when the proxy started.
+func refuseRoutedToHost(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("the address to connect to, %q: %w", address, err)
+	}
+	local, err := routedToHost(ap.Addr())
+	if err != nil {
+		return err
+	}
+	if local {
+		return errRoutedToHost
+	}
+	return nil
 }
 
 // reachableAddrs are the addresses of addrs pol lets a connection go to,
