@@ -923,4 +923,19 @@ func TestANamespaceHoldsAtMostItsShareOfTheNode(t *testing.T) {
 	if !tunnel(b) {
 		t.Fatalf("a Sandbox of namespace team-b gets no connection while team-a holds %d: %+v", held, b.denied())
 	}
+	// Two namespaces together do not take the last one either: team-b,
+	// holding one of the two that were free, gets no second, and a third
+	// namespace still gets one.
+	if tunnel(b) {
+		t.Errorf("team-b got the node's last connection while team-a holds %d and team-b one", held)
+	}
+	c := newHarness(t, labPolicy(Rule{Host: "example.com"}), names{"example.com": loopback}, 0, of("team-c"))
+	if !tunnel(c) {
+		t.Fatalf("a Sandbox of namespace team-c gets no connection while team-a and team-b hold the others: %+v", c.denied())
+	}
+	for _, d := range b.denied() {
+		if !strings.Contains(d.Reason, "last quarter") || !strings.Contains(d.Reason, "--egress-max-connections-total") {
+			t.Errorf("team-b's refusal does not say the last quarter goes to namespaces holding fewer, nor the flag: %q", d.Reason)
+		}
+	}
 }

@@ -233,7 +233,9 @@ func (p *Proxy) Serve(l net.Listener) error {
 // Slots bound connections across proxies (Proxy.Shared), and those of
 // any one tenant to three quarters of them: each connection holds the
 // controller's descriptors, and one tenant's Sandboxes at their own
-// bound would otherwise take every other tenant's way out with them.
+// bound would otherwise take every other tenant's way out with them. The
+// last quarter goes to tenants holding fewer than are free, so a few
+// tenants together cannot take it all either.
 type Slots struct {
 	max, share int
 
@@ -266,6 +268,12 @@ func (s *Slots) take(tenant string) error {
 		return fmt.Errorf("too many connections on this node: the egress proxies of all its Sandboxes serve at most %d at once (--egress-max-connections-total)", s.max)
 	case s.byTenant[tenant] >= s.share:
 		return fmt.Errorf("namespace %s has %d connections open through its Sandboxes' egress proxies, the most one namespace may have on this node (--egress-max-connections-total %d less a quarter kept for other namespaces)", tenant, s.share, s.max)
+	case s.max-s.taken <= s.max-s.share && s.byTenant[tenant] >= s.max-s.taken:
+		// The last quarter goes to namespaces holding fewer than are
+		// free: one holding none always gets the last, and the ones
+		// holding some halve what is left at most, so two or three
+		// namespaces together do not take every other's way out.
+		return fmt.Errorf("namespace %s has %d connections open through its Sandboxes' egress proxies and only %d of this node's %d are free: the last quarter goes to namespaces holding fewer than are free (--egress-max-connections-total)", tenant, s.byTenant[tenant], s.max-s.taken, s.max)
 	}
 	s.taken++
 	s.byTenant[tenant]++
