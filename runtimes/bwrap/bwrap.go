@@ -633,6 +633,14 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 		defer sinit.close()
 	}
 	err = r.run(rec.Instance, startMounts(r.trees, rec.Instance.Name, c), cmd, func(err error) {
+		// bubblewrap holds its own copies of the image's and the git
+		// directories' descriptors, and closes each once bound: the
+		// controller keeps none for the command's life (an image's are
+		// one for each allowlisted command in each command directory).
+		view.Close()
+		for _, f := range extra {
+			f.Close()
+		}
 		if sinit == nil {
 			return
 		}

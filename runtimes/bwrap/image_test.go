@@ -245,3 +245,96 @@ func TestUnrecordedImageMountsGoAtTheNextStart(t *testing.T) {
 		t.Errorf("%d mounts below %s after a start that records no instance", n, mounts)
 	}
 }
+
+// The image's descriptors (one for each allowlisted command in each
+// command directory, each system directory, each /etc file) are
+// bubblewrap's once it has started: the controller holds none of them for
+// the life of a command, however many commands run.
+func TestARunningCommandLeavesTheControllerNoneOfTheImagesDescriptors(t *testing.T) {
+	bundles, _ := imageBundles(t)
+	rt, in, err := imageSandbox(t, bundles, imageContainer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const commands = 4
+	type running struct {
+		in   *os.File
+		done chan error
+	}
+	var all []running
+	for range commands {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		defer w.Close()
+		done := make(chan error, 1)
+		go func() {
+			var errb bytes.Buffer
+			st, err := rt.Exec(context.Background(), in.Name, runtimes.ExecRequest{Argv: []string{"sh", "-c", "read line && echo got"}, Stdin: r, Stderr: &errb})
+			if err == nil && st.Code != 0 {
+				err = errors.New("exit " + strings.TrimSpace(errb.String()))
+			}
+			done <- err
+		}()
+		all = append(all, running{in: w, done: done})
+	}
+	// Each command has started once its sandbox's mounts are in place;
+	// give them that, then count.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && countProcs(t, in) < commands {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := countProcs(t, in); n < commands {
+		t.Fatalf("%d of %d commands run as the agent after 30 s", n, commands)
+	}
+	held := imageDescriptors(t, filepath.Join(bwrap.TreesDir(lastStateDir), ".images"))
+	for _, c := range all {
+		if _, err := c.in.WriteString("line\n"); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-c.done; err != nil {
+			t.Fatalf("a command of the image: %v", err)
+		}
+	}
+	if held != 0 {
+		t.Errorf("the controller held %d descriptors of the image while %d commands ran, want none", held, commands)
+	}
+}
+
+// imageDescriptors counts this process's descriptors that name something
+// below below.
+func imageDescriptors(t *testing.T, below string) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(target, below+"/") {
+			n++
+		}
+	}
+	return n
+}
+
+// countProcs counts the processes running as in's agent.
+func countProcs(t *testing.T, in runtimes.Instance) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join("/proc", e.Name()), &st) == nil && st.Uid == in.Identity.UID && e.Name()[0] >= '0' && e.Name()[0] <= '9' {
+			if comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "sh" {
+				n++
+			}
+		}
+	}
+	return n
+}
