@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
+	"github.com/cireilclaw/sandbox-controller/internal/fdfile"
 	"github.com/cireilclaw/sandbox-controller/internal/startns"
 )
 
@@ -165,6 +166,9 @@ func hostGit(ctx context.Context, repo Repo, dir string, args ...string) (string
 	}
 	full = append(full, "-C", dir)
 	full = append(full, args...)
+	if err := fdfile.CloseInheritedOnExec(); err != nil {
+		return "", &Error{Reason: ReasonGitFailed, Message: fmt.Sprintf("cannot run git %s: keeping this process's inherited descriptors from it: %v", verb, err)}
+	}
 	cmd := exec.CommandContext(ctx, bwrap, full...)
 	cmd.ExtraFiles = []*os.File{mountDir} // descriptor 3
 	cmd.Env = gitEnv

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
@@ -301,5 +304,38 @@ func assertNotMountPoint(t *testing.T, p string) {
 	}
 	if st.Dev != parent.Dev {
 		t.Fatalf("%s is a mount point on the host: a bind landed where a link pointed", p)
+	}
+}
+
+// bubblewrap hands its command whatever it inherits, and the controller
+// inherits whatever its starter (a shell, a terminal, a supervisor) left
+// open without close-on-exec: a root-only file, or a directory outside
+// every mount, through which the agent would read or walk the host. None
+// of it reaches the agent.
+func TestDescriptorsTheControllerInheritedNeverReachTheAgent(t *testing.T) {
+	dir, secret := hostSecret(t)
+	file, err := unix.Open(secret, unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(file)
+	outside, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(outside)
+	rt, in, _ := ensured(t)
+	code, out, stderr := run(t, rt, in.Name, "sh", "-c", fmt.Sprintf("cat <&%d; cat /proc/self/fd/%d/secret; for f in /proc/self/fd/*; do echo ${f##*/}; done", file, outside))
+	if strings.Contains(out, "HOST-SECRET") {
+		t.Fatalf("the agent read a root-only host file through a descriptor the controller inherited (exit %d): %q", code, out)
+	}
+	for _, fd := range []int{file, outside} {
+		if slices.Contains(strings.Fields(out), strconv.Itoa(fd)) {
+			t.Errorf("the agent's command holds descriptor %d the controller inherited: %q (stderr %q)", fd, out, stderr)
+		}
+	}
+	// The controller's own descriptors are its own still.
+	if _, err := unix.Seek(file, 0, 0); err != nil {
+		t.Errorf("the inherited descriptor is no longer the controller's: %v", err)
 	}
 }

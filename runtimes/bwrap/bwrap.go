@@ -620,6 +620,9 @@ func (r *Runtime) Exec(ctx context.Context, name string, req runtimes.ExecReques
 	if id := rec.Instance.Identity; !disabled && id.UID != 0 && uint32(os.Geteuid()) != id.UID {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
 	}
+	if err := fdfile.CloseInheritedOnExec(); err != nil {
+		return runtimes.ExitStatus{}, runtimes.Errorf(runtimes.ReasonUnavailable, op, name, "keeping this process's inherited descriptors from the command: %w", err)
+	}
 	tracked := &command{cmd: cmd, init: sinit}
 	cmd.Cancel = func() error { return tracked.kill(initWait) }
 	// A process that outlives the command and keeps its output open must
