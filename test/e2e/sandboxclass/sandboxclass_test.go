@@ -117,7 +117,7 @@ var _ = Describe("The finalizer policy", func() {
 // installAdmission applies config/admission as an administrator would.
 func installAdmission() {
 	dir := filepath.Join("..", "..", "..", "config", "admission")
-	for _, f := range []string{"sandboxclass_policy.yaml", "sandboxclass_binding.yaml", "node_policy.yaml", "finalizer_policy.yaml", "finalizer_binding.yaml"} {
+	for _, f := range []string{"sandboxclass_policy.yaml", "sandboxclass_binding.yaml", "node_policy.yaml", "nodeclaim_policy.yaml", "finalizer_policy.yaml", "finalizer_binding.yaml"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		Expect(err).NotTo(HaveOccurred())
 		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
@@ -438,29 +438,8 @@ var _ = Describe("SandboxClass", Ordered, func() {
 	})
 
 	It("refuses a node's controller pointing a Sandbox's status.nodeName, status.pod, or its spec, at a node", func() {
-		// The node controllers' ServiceAccount, with its rights on
-		// Sandboxes (config/rbac): what one taken node could send.
-		nodeSA := "system:serviceaccount:sandbox-controller-system:sandbox-controller"
-		Expect(k8s.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "node-writes"},
-			Rules: []rbacv1.PolicyRule{
-				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "update", "patch"}},
-				{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes/status"}, Verbs: []string{"get", "update", "patch"}},
-			}})).To(Succeed())
-		Expect(k8s.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "node-writes"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "node-writes"},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: nodeSA}}})).To(Succeed())
-		// A node controller's token is bound to its Pod: the API server
-		// names the Pod's node in the user's extra.
-		asNode := func(extra map[string][]string) client.Client {
-			cfg := rest.CopyConfig(env.Config)
-			cfg.Impersonate = rest.ImpersonationConfig{UserName: nodeSA, Extra: extra}
-			c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-			Expect(err).NotTo(HaveOccurred())
-			return c
-		}
-		nodeA := asNode(map[string][]string{servingcert.NodeNameExtra: {"node-a"}})
-		nodeB := asNode(map[string][]string{servingcert.NodeNameExtra: {"node-b"}})
-		unbound := asNode(nil)
+		nodeA, nodeB, unbound := nodeControllers("node-writes",
+			rbacv1.PolicyRule{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes", "sandboxes/status"}, Verbs: []string{"get", "update", "patch"}})
 		var err error
 
 		placed := sandbox(ns, "placed-elsewhere", "", nil, v1alpha1.Devices{})
@@ -551,6 +530,85 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(writeAs(k8s, placed, false, func() { controllerutil.RemoveFinalizer(placed, "example.test/kept") })).To(Succeed())
 	})
 
+	It("refuses a node's controller writing or deleting a claim of a Sandbox on another node, or on none", func() {
+		nodeA, nodeB, unbound := nodeControllers("node-claim-writes",
+			rbacv1.PolicyRule{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"sessionclaims", "sessionclaims/status"}, Verbs: []string{"get", "update", "patch", "delete"}})
+		placed := sandbox(ns, "claims-placed", "", nil, v1alpha1.Devices{})
+		pinned := sandbox(ns, "claims-pinned", "", nil, v1alpha1.Devices{})
+		pinned.Spec.NodeName = "node-a"
+		unplaced := sandbox(ns, "claims-unplaced", "", nil, v1alpha1.Devices{})
+		for _, sb := range []*v1alpha1.Sandbox{placed, pinned, unplaced} {
+			Expect(k8s.Create(ctx, sb)).To(Succeed())
+		}
+		// The placer's write: placed on node-b.
+		Eventually(func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(placed), placed); err != nil {
+				return err
+			}
+			placed.Status.NodeName = "node-b"
+			return k8s.Status().Update(ctx, placed)
+		}, testharness.Timeout).Should(Succeed())
+		claimOf := func(sb string) *v1alpha1.SessionClaim {
+			c := testharness.NewClaim(ns, sb+"-claim", sb)
+			Expect(k8s.Create(ctx, c)).To(Succeed())
+			return c
+		}
+		onB, onA, onNone, ofNone := claimOf(placed.Name), claimOf(pinned.Name), claimOf(unplaced.Name), claimOf("not-made-yet")
+		// writeAs reads the claim as c and writes what change makes of
+		// it: its status, or (status false) its finalizer, as the node's
+		// controller does.
+		writeAs := func(c client.Client, claim *v1alpha1.SessionClaim, status bool, change func(*v1alpha1.SessionClaim)) error {
+			var err error
+			Eventually(func() bool {
+				cur := &v1alpha1.SessionClaim{}
+				if err = c.Get(ctx, client.ObjectKeyFromObject(claim), cur); err != nil {
+					return false
+				}
+				change(cur)
+				if status {
+					err = c.Status().Update(ctx, cur)
+				} else {
+					err = c.Update(ctx, cur)
+				}
+				return !apierrors.IsConflict(err)
+			}, testharness.Timeout).Should(BeTrue())
+			return err
+		}
+		forge := func(c *v1alpha1.SessionClaim) {
+			c.Status.Instance = "forged"
+		}
+		finalize := func(c *v1alpha1.SessionClaim) { controllerutil.AddFinalizer(c, "example.test/kept") }
+		const notItsNode = "a node's controller writes only the claims of Sandboxes on the node its token names"
+		for _, c := range []client.Client{nodeA, unbound} {
+			err := writeAs(c, onB, true, forge)
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(notItsNode))
+			Expect(err.Error()).To(ContainSubstring("Sandbox claims-placed is node node-b's"))
+			err = writeAs(c, onB, false, finalize)
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(notItsNode))
+			err = c.Delete(ctx, onB.DeepCopy())
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(notItsNode))
+		}
+		err := writeAs(unbound, onA, true, forge)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("none, the token is bound to no Pod"))
+		err = writeAs(nodeA, onNone, true, forge)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("Sandbox claims-unplaced is on no node yet"))
+
+		// Its own node's writes pass: a claim of a Sandbox pinned to it,
+		// of one placed on it; and a claim whose Sandbox does not exist
+		// binds to nothing, and any node may say so.
+		Expect(writeAs(nodeA, onA, true, forge)).To(Succeed())
+		Expect(writeAs(nodeA, onA, false, finalize)).To(Succeed())
+		Expect(writeAs(nodeB, onB, true, forge)).To(Succeed())
+		Expect(writeAs(nodeA, ofNone, true, forge)).To(Succeed())
+		Expect(writeAs(k8s, onA, false, func(c *v1alpha1.SessionClaim) { controllerutil.RemoveFinalizer(c, "example.test/kept") })).To(Succeed())
+		Expect(nodeB.Delete(ctx, onB.DeepCopy())).To(Succeed())
+	})
+
 	It("gives a new agent a host id of its class's agentIDs", func() {
 		cls := teamA("ids")
 		cls.Spec.AgentIDs = "2000000100:10"
@@ -577,6 +635,29 @@ var _ = Describe("SandboxClass", Ordered, func() {
 			ContainSubstring(fmt.Sprintf(`spec.agent: agent %q runs as host id %d, outside the ids 2000000200:10 that SandboxClass "ids-other" allows`, sb.Spec.Agent, uid)))
 	})
 })
+
+// nodeControllers are clients with the credentials of the node
+// controllers' ServiceAccount, given rule (config/rbac), whose tokens are
+// bound to Pods on node-a and node-b, and to no Pod: what one taken node
+// could send. A node controller's token is bound to its Pod, and the API
+// server names the Pod's node in the user's extra.
+func nodeControllers(role string, rule rbacv1.PolicyRule) (nodeA, nodeB, unbound client.Client) {
+	const nodeSA = "system:serviceaccount:sandbox-controller-system:sandbox-controller"
+	Expect(k8s.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: role}, Rules: []rbacv1.PolicyRule{rule}})).To(Succeed())
+	Expect(k8s.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: nodeSA}}})).To(Succeed())
+	asNode := func(extra map[string][]string) client.Client {
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: nodeSA, Extra: extra}
+		c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		return c
+	}
+	return asNode(map[string][]string{servingcert.NodeNameExtra: {"node-a"}}),
+		asNode(map[string][]string{servingcert.NodeNameExtra: {"node-b"}}),
+		asNode(nil)
+}
 
 func conditionMessage(ns, name string) string {
 	st, err := env.SandboxStatus(ns, name)()
