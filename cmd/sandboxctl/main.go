@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -186,6 +187,43 @@ func runCommand(cmd *cobra.Command, f *sandboxFlags, argv []string, stdin io.Rea
 	return st.Code
 }
 
+// maxServeOutput bounds what serve keeps of one command's stdout and
+// stderr together.
+const maxServeOutput = 16 << 20
+
+// serveOutput keeps the first max bytes of a command's stdout and stderr
+// together; past them it keeps nothing more and ends the command (over).
+// What a command prints is the agent's to choose: `yes` prints for ever.
+type serveOutput struct {
+	max  int
+	over func()
+	mu   sync.Mutex
+	bufs [2]bytes.Buffer
+	cut  bool
+}
+
+func (o *serveOutput) stream(i int) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		room := o.max - o.bufs[0].Len() - o.bufs[1].Len()
+		if len(p) > room {
+			o.bufs[i].Write(p[:max(room, 0)])
+			if !o.cut {
+				o.cut = true
+				o.over()
+			}
+			return len(p), nil
+		}
+		o.bufs[i].Write(p)
+		return len(p), nil
+	})
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
 // response is serve's answer to one command.
 type response struct {
 	Exit   int    `json:"exit"`
@@ -206,7 +244,9 @@ func newServeCommand(c *cli) *cobra.Command {
 (["git","status"]) and answers each with one JSON line
 {"exit":0,"stdout":"...","stderr":"...","error":"..."}. It watches the
 configuration file: a valid change applies to the next command; an invalid
-one is reported on stderr and the last good configuration stays in force.`,
+one is reported on stderr and the last good configuration stays in force.
+A command's stdout and stderr are kept up to 16 MiB together: one that
+prints more is ended, and its answer has an error saying so.`,
 		Example: `  echo '["git","status"]' | sandboxctl serve --config sandbox.toml --agent ada`,
 	}, func(cmd *cobra.Command, args []string) int {
 		if f.agent == "" || len(args) != 0 {
@@ -263,10 +303,15 @@ func serve(f *sandboxFlags, stdin io.Reader, stdout, stderr io.Writer) int {
 		if err := json.Unmarshal([]byte(line), &argv); err != nil {
 			resp = response{Exit: exitUsage, Error: fmt.Sprintf("reading a command: want a JSON array of strings such as [\"git\",\"status\"]: %v", err)}
 		} else {
-			var out, errb bytes.Buffer
-			st, err := r.Exec(ctx, runtimes.ExecRequest{Argv: argv, Stdin: bytes.NewReader(nil), Stdout: &out, Stderr: &errb})
-			resp = response{Exit: st.Code, Stdout: out.String(), Stderr: errb.String()}
-			if err != nil {
+			cctx, cancel := context.WithCancel(ctx)
+			out := &serveOutput{max: maxServeOutput, over: cancel}
+			st, err := r.Exec(cctx, runtimes.ExecRequest{Argv: argv, Stdin: bytes.NewReader(nil), Stdout: out.stream(0), Stderr: out.stream(1)})
+			cancel()
+			resp = response{Exit: st.Code, Stdout: out.bufs[0].String(), Stderr: out.bufs[1].String()}
+			if out.cut && ctx.Err() == nil {
+				resp.Exit = exitFailed
+				resp.Error = fmt.Sprintf("the command printed more than the %d bytes of output serve keeps; it was ended", maxServeOutput)
+			} else if err != nil {
 				resp.Error = err.Error()
 				resp.Refused = runtimes.ReasonOf(err) == runtimes.ReasonRefused
 				resp.Exit = exitFailed

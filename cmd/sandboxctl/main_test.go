@@ -534,3 +534,46 @@ func TestRunKeepsTheTreeForTheNextRun(t *testing.T) {
 		t.Errorf("removing the agent's directory that held the mount point: %v", err)
 	}
 }
+
+// What a command prints is the agent's to choose: serve keeps a bounded
+// part of it and ends a command that prints more, rather than holding all
+// of it (and its JSON, up to six times as large) in memory.
+func TestServeBoundsWhatItKeepsOfACommandsOutput(t *testing.T) {
+	needBwrap(t)
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\", \"head\", \"yes\"]\n")
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	stderr := &lockedBuffer{}
+	done := make(chan int)
+	go func() {
+		done <- run([]string{"serve", "--config", cfg, "--agent", "ada", "--areas-root", filepath.Join(dir, "areas")}, inR, outW, stderr)
+		outW.Close()
+	}()
+	responses := lineReader{bufio.NewReader(outR)}
+	send := func(line string) { _, _ = io.WriteString(inW, line+"\n") }
+
+	// 64 MiB on stdout and as much on stderr: four times what is kept.
+	send(`["sh","-c","yes | head -c 67108864; yes | head -c 67108864 >&2"]`)
+	r := responses.next(t)
+	if kept := len(r.Stdout) + len(r.Stderr); kept > maxServeOutput {
+		t.Fatalf("serve kept %d bytes of output, more than its %d", kept, maxServeOutput)
+	}
+	if r.Error == "" || !strings.Contains(r.Error, "output") || r.Exit != exitFailed {
+		t.Fatalf("a command past the bound must be ended and said so: exit %d error %q", r.Exit, r.Error)
+	}
+	// Output that never ends is ended too.
+	send(`["yes"]`)
+	if r := responses.next(t); r.Error == "" || len(r.Stdout) > maxServeOutput {
+		t.Fatalf("yes: exit %d error %q, %d bytes kept", r.Exit, r.Error, len(r.Stdout))
+	}
+	// The next command runs as before.
+	send(`["sh","-c","echo hi"]`)
+	if r := responses.next(t); r.Exit != 0 || r.Stdout != "hi\n" || r.Error != "" {
+		t.Fatalf("after the bound: %+v", r)
+	}
+	inW.Close()
+	if code := <-done; code != 0 {
+		t.Fatalf("serve exited %d; stderr %q", code, stderr.String())
+	}
+}
