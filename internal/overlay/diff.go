@@ -159,11 +159,11 @@ func fileChange(upper *areas.Root, c *Change, content func(c *Change, f *os.File
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("%s: %w", c.Path, err)
+		return fmt.Errorf("%q: %w", c.Path, err)
 	}
 	c.Mode = fi.Mode().Perm()
 	if c.SHA256, err = content(c, f); err != nil {
-		return fmt.Errorf("reading %s: %w", c.Path, err)
+		return fmt.Errorf("reading %q: %w", c.Path, err)
 	}
 	return nil
 }
@@ -179,7 +179,7 @@ func isWhiteout(upper *areas.Root, dir, name string) (bool, error) {
 	defer d.Close()
 	var st unix.Stat_t
 	if err := unix.Fstatat(int(d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return false, fmt.Errorf("%s: %w", path.Join(dir, name), err)
+		return false, fmt.Errorf("%q: %w", path.Join(dir, name), err)
 	}
 	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0, nil
 }
@@ -227,7 +227,7 @@ func (l Layers) Apply(lower *areas.Root, digest string) ([]Change, error) {
 	}
 	for _, c := range changes {
 		if c.Type != areas.TypeFile && c.Type != areas.TypeDir && c.Type != TypeWhiteout {
-			return nil, fmt.Errorf("applying %s: only regular files, directories and deletions are applied, this is a %s; nothing was applied", c.Path, c.Type)
+			return nil, fmt.Errorf("applying %q: only regular files, directories and deletions are applied, this is a %s; nothing was applied", c.Path, c.Type)
 		}
 	}
 	var applied []Change
@@ -235,17 +235,17 @@ func (l Layers) Apply(lower *areas.Root, digest string) ([]Change, error) {
 		switch c.Type {
 		case TypeWhiteout:
 			if err := lower.Remove(c.Path, true); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return applied, fmt.Errorf("applying the deletion of %s: %w", c.Path, err)
+				return applied, fmt.Errorf("applying the deletion of %q: %w", c.Path, err)
 			}
 		case areas.TypeDir:
 			if err := lower.Mkdir(c.Path, true); err != nil && !errors.Is(err, fs.ErrExist) {
-				return applied, fmt.Errorf("applying directory %s: %w", c.Path, err)
+				return applied, fmt.Errorf("applying directory %q: %w", c.Path, err)
 			}
 		case areas.TypeFile:
 			err := staged[c.Path].Commit()
 			delete(staged, c.Path)
 			if err != nil {
-				return applied, fmt.Errorf("applying %s: %w", c.Path, err)
+				return applied, fmt.Errorf("applying %q: %w", c.Path, err)
 			}
 		}
 		applied = append(applied, c)

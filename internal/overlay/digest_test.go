@@ -190,3 +190,25 @@ func TestDiffStreamsLargeFiles(t *testing.T) {
 		t.Fatalf("diffing a 512 MiB file allocated %d MiB", grew>>20)
 	}
 }
+
+// A name the agent chose is quoted in Apply's refusal, as in diff's
+// listing: the refusal is printed on the reviewer's terminal, where a
+// newline would forge a line and an escape sequence command the terminal.
+func TestApplyRefusalQuotesNames(t *testing.T) {
+	l, lower := layers(t)
+	name := "x\x1b]0;applied\x07\nA file 0644 sha256:00 ok.txt"
+	if err := os.Symlink("edit.txt", filepath.Join(l.Upper, name)); err != nil {
+		t.Fatal(err)
+	}
+	changes, err := l.Diff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Apply(lower, overlay.Digest(changes))
+	if err == nil || !strings.Contains(err.Error(), "only regular files") {
+		t.Fatalf("a link among the changes must be refused: %v", err)
+	}
+	if strings.ContainsAny(err.Error(), "\x1b\x07\n") {
+		t.Fatalf("the refusal holds the name's control characters: %q", err.Error())
+	}
+}
