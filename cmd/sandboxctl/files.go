@@ -141,13 +141,18 @@ func copyFiles(cmd *cobra.Command, f *sandboxFlags, c *clusterFlags, src, dst st
 	if inSrc == inDst || f.agent == "" {
 		return usageError(cmd, "exactly one of source and destination must be a sandbox path (:/path with --agent, or CLAIM:/path)")
 	}
-	v, err := f.view()
+	in, err := f.instance()
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
+		return exitFailed
+	}
+	v, err := in.FileView()
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
 		return exitFailed
 	}
 	if inSrc {
-		err = copyOut(v, src[1:], dst)
+		err = copyOut(v, src[1:], dst, sandboxWritable(in))
 	} else {
 		err = copyIn(v, src, dst[1:])
 	}
@@ -158,7 +163,10 @@ func copyFiles(cmd *cobra.Command, f *sandboxFlags, c *clusterFlags, src, dst st
 	return 0
 }
 
-func copyOut(v *areas.View, sandboxPath, hostPath string) error {
+// copyOut copies a file of the sandbox to hostPath. The way to hostPath
+// may pass through directories the sandbox can write (a read-write
+// mount's source), where the agent's links are never followed.
+func copyOut(v *areas.View, sandboxPath, hostPath string, writable []os.FileInfo) error {
 	root, rel, err := v.Resolve(sandboxPath)
 	if err != nil {
 		return err
@@ -173,11 +181,13 @@ func copyOut(v *areas.View, sandboxPath, hostPath string) error {
 	} else if err := tooLarge(fi.Size()); err != nil {
 		return fmt.Errorf("copying %s out of the sandbox: %w", sandboxPath, err)
 	}
-	if fi, err := os.Stat(hostPath); err == nil && fi.IsDir() {
-		hostPath = filepath.Join(hostPath, filepath.Base(sandboxPath))
-	}
-	if err := writeLocal(hostPath, in); err != nil {
+	d, base, err := localDestination(hostPath, filepath.Base(sandboxPath), writable)
+	if err != nil {
 		return fmt.Errorf("copying %s to %s: %w", sandboxPath, hostPath, err)
+	}
+	defer d.Close()
+	if err := writeLocalAt(d, base, in); err != nil {
+		return fmt.Errorf("copying %s to %s: %w", sandboxPath, filepath.Join(d.Name(), base), err)
 	}
 	return nil
 }

@@ -227,3 +227,78 @@ func TestDiffAndApplyAnOverlayMount(t *testing.T) {
 		t.Fatalf("diff of an unknown target: exit %d, %s", code, stderr)
 	}
 }
+
+// A copy out to a host directory the sandbox can write (below a read-write
+// mount's source) meets the agent's links on its way there: the agent
+// chooses where they lead, so the copy is refused rather than written
+// wherever a link points. The user's own links elsewhere still lead.
+func TestCopyOutNeverFollowsTheAgentsLinksOnTheWay(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "project")
+	if err := os.MkdirAll(filepath.Join(src, "build"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeConfig(t, dir, "[[mounts]]\nsource = \""+src+"\"\ntarget = \"project\"\nmode = \"rw\"\n")
+	flags := []string{"--config", cfg, "--agent", "ada", "--areas-root", filepath.Join(dir, "areas")}
+	local := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(local, []byte("from the sandbox\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"cp"}, flags...), local, ":/workspace/notes.txt")...); code != 0 {
+		t.Fatalf("copy in: exit %d, %s", code, stderr)
+	}
+	// What the agent makes through its mount: a directory of the project
+	// that is a link to a host directory it cannot reach.
+	outside := filepath.Join(dir, "outside")
+	if err := os.Mkdir(outside, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(src, "out")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../outside", filepath.Join(src, "build", "up")); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []string{
+		filepath.Join(src, "out") + "/",
+		filepath.Join(src, "out", "notes.txt"),
+		filepath.Join(src, "build", "up", "x.txt"),
+	} {
+		code, _, stderr := sandboxctl(t, "", append(append([]string{"cp"}, flags...), ":/workspace/notes.txt", dst)...)
+		if code != exitFailed || !strings.Contains(stderr, "link") {
+			t.Errorf("copy out to %s: exit %d, %s", dst, code, stderr)
+		}
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("a copy out was written through the agent's link: %v", entries)
+	}
+	// The project's own directories, and the user's links outside what
+	// the sandbox can write, are destinations as before.
+	mine := filepath.Join(dir, "mine")
+	if err := os.Symlink(src, mine); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []string{filepath.Join(src, "build") + "/", filepath.Join(mine, "build", "b.txt"), filepath.Join(dir, "c.txt")} {
+		if code, _, stderr := sandboxctl(t, "", append(append([]string{"cp"}, flags...), ":/workspace/notes.txt", dst)...); code != 0 {
+			t.Fatalf("copy out to %s: exit %d, %s", dst, code, stderr)
+		}
+	}
+	for _, p := range []string{filepath.Join(src, "build", "notes.txt"), filepath.Join(src, "build", "b.txt"), filepath.Join(dir, "c.txt")} {
+		if b, err := os.ReadFile(p); err != nil || string(b) != "from the sandbox\n" {
+			t.Fatalf("%s: %q, %v", p, b, err)
+		}
+	}
+	// A link at the destination itself is replaced, as before.
+	if err := os.Symlink(filepath.Join(outside, "z.txt"), filepath.Join(src, "build", "z.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"cp"}, flags...), ":/workspace/notes.txt", filepath.Join(src, "build", "z.txt"))...); code != 0 {
+		t.Fatalf("copy out over a link: exit %d, %s", code, stderr)
+	}
+	if fi, err := os.Lstat(filepath.Join(src, "build", "z.txt")); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("the link at the destination was not replaced: %v, %v", fi, err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("a copy out was written through the agent's link: %v", entries)
+	}
+}

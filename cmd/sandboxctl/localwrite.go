@@ -9,12 +9,16 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
 
 // writeLocal replaces the host file dst with what src holds, at most
@@ -25,13 +29,19 @@ import (
 // from the sandbox, so neither is trusted to be small. dst's directory is
 // opened once and everything is done in it: a link at dst is replaced, not
 // written through, and an existing regular file keeps its permission bits.
-func writeLocal(dst string, src io.Reader) (err error) {
+func writeLocal(dst string, src io.Reader) error {
 	d, err := os.Open(filepath.Dir(dst))
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	dfd, base := int(d.Fd()), filepath.Base(dst)
+	return writeLocalAt(d, filepath.Base(dst), src)
+}
+
+// writeLocalAt is writeLocal of the entry base of the open directory d.
+func writeLocalAt(d *os.File, base string, src io.Reader) (err error) {
+	dst := filepath.Join(d.Name(), base)
+	dfd := int(d.Fd())
 	mode, keepMode := uint32(0o666), false // less the umask, as os.Create makes it
 	var st unix.Stat_t
 	switch err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); {
@@ -75,6 +85,189 @@ func writeLocal(dst string, src io.Reader) (err error) {
 		return err
 	}
 	return unix.Renameat(dfd, part, dfd, base)
+}
+
+// errAgentsLink is a link met on the way to a host destination, in a
+// directory the sandbox can write.
+var errAgentsLink = errors.New("a symbolic link in a directory the sandbox can write, which the agent chooses where it leads; give the path without it")
+
+// sandboxWritable are the host directories the sandbox can write: its
+// read-write areas and mounts (an overlay's writes stay in its upper
+// layer), as the driver holds them.
+func sandboxWritable(in runtimes.Instance) []os.FileInfo {
+	var out []os.FileInfo
+	for _, b := range slices.Concat(in.Areas, in.Mounts) {
+		if b.ReadOnly || b.Overlay != nil {
+			continue
+		}
+		d, err := in.SourceDir(b).Open()
+		if err != nil {
+			continue
+		}
+		if fi, err := d.Stat(); err == nil {
+			out = append(out, fi)
+		}
+		d.Close()
+	}
+	return out
+}
+
+// openHostDir opens the host directory path as the kernel would resolve
+// it, but one component at a time, and refuses a link met in a directory
+// the sandbox can write (one of writable, or below one): there the agent
+// makes links, and a copy that followed them would land wherever it
+// liked on the host. Links elsewhere (the user's) are followed. It says
+// whether the directory is one the sandbox can write.
+func openHostDir(path string, writable []os.FileInfo) (*os.File, bool, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, false, err
+	}
+	type step struct {
+		fd     int
+		inside bool
+	}
+	var stack []step
+	defer func() {
+		for _, s := range stack {
+			unix.Close(s.fd)
+		}
+	}()
+	isWritable := func(fd int) (bool, error) {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return false, err
+		}
+		for _, w := range writable {
+			if ws, ok := w.Sys().(*syscall.Stat_t); ok && uint64(ws.Dev) == uint64(st.Dev) && uint64(ws.Ino) == uint64(st.Ino) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	push := func(fd int, parentInside bool) error {
+		in, err := isWritable(fd)
+		if err != nil {
+			unix.Close(fd)
+			return err
+		}
+		stack = append(stack, step{fd, parentInside || in})
+		return nil
+	}
+	root := func() error {
+		for _, s := range stack {
+			unix.Close(s.fd)
+		}
+		stack = nil
+		fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		return push(fd, false)
+	}
+	if err := root(); err != nil {
+		return nil, false, err
+	}
+	rest, links := strings.Split(abs, "/"), 0
+	for len(rest) > 0 {
+		c := rest[0]
+		rest = rest[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(stack) > 1 {
+				unix.Close(stack[len(stack)-1].fd)
+				stack = stack[:len(stack)-1]
+			}
+			continue
+		}
+		top := stack[len(stack)-1]
+		fd, err := unix.Openat(top.fd, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, false, &os.PathError{Op: "open", Path: abs, Err: err}
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, false, err
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			if err := push(fd, top.inside); err != nil {
+				return nil, false, err
+			}
+			continue
+		case unix.S_IFLNK:
+		default:
+			unix.Close(fd)
+			return nil, false, &os.PathError{Op: "open", Path: abs, Err: unix.ENOTDIR}
+		}
+		unix.Close(fd)
+		if top.inside {
+			return nil, false, fmt.Errorf("%s: %q is %w", abs, c, errAgentsLink)
+		}
+		if links++; links > maxLinks {
+			return nil, false, &os.PathError{Op: "open", Path: abs, Err: unix.ELOOP}
+		}
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(top.fd, c, buf)
+		if err != nil {
+			return nil, false, &os.PathError{Op: "readlink", Path: abs, Err: err}
+		}
+		target := string(buf[:n])
+		if filepath.IsAbs(target) {
+			if err := root(); err != nil {
+				return nil, false, err
+			}
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	top := stack[len(stack)-1]
+	fd, err := unix.Openat(top.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, false, &os.PathError{Op: "open", Path: abs, Err: err}
+	}
+	return os.NewFile(uintptr(fd), abs), top.inside, nil
+}
+
+// localDestination opens the directory a copy out to hostPath writes in,
+// and names the entry it writes there: hostPath itself, or, when hostPath
+// is a directory (or ends in a slash), name in it. The way there never follows a link the
+// sandbox can change (openHostDir); a link at hostPath itself is replaced
+// by the copy when the sandbox can change it, as it always is when it
+// does not lead to a directory.
+func localDestination(hostPath, name string, writable []os.FileInfo) (*os.File, string, error) {
+	abs, err := filepath.Abs(hostPath)
+	if err != nil {
+		return nil, "", err
+	}
+	if strings.HasSuffix(hostPath, "/") {
+		// A directory, as the user wrote it.
+		d, _, err := openHostDir(abs, writable)
+		return d, name, err
+	}
+	parent, inside, err := openHostDir(filepath.Dir(abs), writable)
+	if err != nil {
+		return nil, "", err
+	}
+	base := filepath.Base(abs)
+	var st unix.Stat_t
+	err = unix.Fstatat(int(parent.Fd()), base, &st, unix.AT_SYMLINK_NOFOLLOW)
+	if err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR && (st.Mode&unix.S_IFMT != unix.S_IFLNK || inside) {
+		return parent, base, nil
+	}
+	d, _, err := openHostDir(abs, writable)
+	switch {
+	case err == nil:
+		parent.Close()
+		return d, name, nil
+	case errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOENT):
+		// A link to no directory: replaced, as before.
+		return parent, base, nil
+	}
+	parent.Close()
+	return nil, "", err
 }
 
 // errTooLarge is a copy past the limit of one copy.
