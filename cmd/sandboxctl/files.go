@@ -154,7 +154,7 @@ func copyFiles(cmd *cobra.Command, f *sandboxFlags, c *clusterFlags, src, dst st
 	if inSrc {
 		err = copyOut(v, src[1:], dst, sandboxWritable(in))
 	} else {
-		err = copyIn(v, src, dst[1:])
+		err = copyIn(v, src, dst[1:], sandboxWritable(in))
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxctl: %v\n", err)
@@ -192,8 +192,11 @@ func copyOut(v *areas.View, sandboxPath, hostPath string, writable []os.FileInfo
 	return nil
 }
 
-func copyIn(v *areas.View, hostPath, sandboxPath string) error {
-	in, err := os.Open(hostPath)
+// copyIn copies the host file hostPath into the sandbox. The file may be
+// in a directory the sandbox can write (a read-write mount's source),
+// where the agent's links are never followed.
+func copyIn(v *areas.View, hostPath, sandboxPath string, writable []os.FileInfo) error {
+	in, err := openHostFile(hostPath, writable)
 	if err != nil {
 		return fmt.Errorf("copying %s into the sandbox: %w", hostPath, err)
 	}

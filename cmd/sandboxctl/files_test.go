@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -300,5 +303,71 @@ func TestCopyOutNeverFollowsTheAgentsLinksOnTheWay(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
 		t.Fatalf("a copy out was written through the agent's link: %v", entries)
+	}
+}
+
+// A copy into the sandbox from a host directory the sandbox can write
+// reads what the agent put there: a link it made to a host file, or on
+// the way to one, is refused, never read (sandboxctl often runs as
+// root), and a FIFO it made does not hold the copy.
+func TestCopyInNeverReadsThroughTheAgentsLinks(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "project")
+	if err := os.MkdirAll(src, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeConfig(t, dir, "[[mounts]]\nsource = \""+src+"\"\ntarget = \"project\"\nmode = \"rw\"\n")
+	flags := []string{"--config", cfg, "--agent", "ada", "--areas-root", filepath.Join(dir, "areas")}
+	secrets := filepath.Join(dir, "secrets")
+	if err := os.Mkdir(secrets, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secrets, "key"), []byte("host secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// What the agent makes through its mount.
+	if err := os.Symlink(filepath.Join(secrets, "key"), filepath.Join(src, "input.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secrets, filepath.Join(src, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(src, "fifo"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []string{"input.txt", "sub/key", "fifo"} {
+		done := make(chan struct{})
+		var code int
+		var stderr string
+		go func() {
+			defer close(done)
+			code, _, stderr = sandboxctl(t, "", append(append([]string{"cp"}, flags...), filepath.Join(src, from), ":/workspace/"+strings.ReplaceAll(from, "/", "-"))...)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("copy in of %s hangs", from)
+		}
+		if code != exitFailed {
+			t.Errorf("copy in of %s: exit %d, %s", from, code, stderr)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "areas", "ada", "workspace"))
+	for _, e := range entries {
+		if b, _ := os.ReadFile(filepath.Join(dir, "areas", "ada", "workspace", e.Name())); strings.Contains(string(b), "secret") {
+			t.Fatalf("a host file was copied into the sandbox as %s", e.Name())
+		}
+	}
+	// The project's own files, and the user's links outside what the
+	// sandbox can write, are sources as before.
+	if err := os.WriteFile(filepath.Join(src, "own.txt"), []byte("own\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mine := filepath.Join(dir, "mine")
+	if err := os.Symlink(src, mine); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := sandboxctl(t, "", append(append([]string{"cp"}, flags...), filepath.Join(mine, "own.txt"), ":/workspace/own.txt")...); code != 0 {
+		t.Fatalf("copy in of own.txt: exit %d, %s", code, stderr)
 	}
 }

@@ -270,6 +270,33 @@ func localDestination(hostPath, name string, writable []os.FileInfo) (*os.File, 
 	return nil, "", err
 }
 
+// openHostFile opens the host file path for reading, without following a
+// link the sandbox can change on the way (openHostDir) or at path itself,
+// and without waiting on a FIFO: the caller checks what it opened.
+func openHostFile(path string, writable []os.FileInfo) (*os.File, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	d, inside, err := openHostDir(filepath.Dir(abs), writable)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC
+	if inside {
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Openat(int(d.Fd()), filepath.Base(abs), flags, 0)
+	if errors.Is(err, unix.ELOOP) && inside {
+		return nil, fmt.Errorf("%s is %w", abs, errAgentsLink)
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: abs, Err: err}
+	}
+	return os.NewFile(uintptr(fd), abs), nil
+}
+
 // errTooLarge is a copy past the limit of one copy.
 var errTooLarge = fmt.Errorf("more than the %d-byte limit of one copy", maxCopy)
 
