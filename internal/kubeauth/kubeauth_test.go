@@ -345,6 +345,41 @@ func TestAccessReviewerAsksForTheWholeQuestion(t *testing.T) {
 	}
 }
 
+// A question's size is the caller's: the claim's name and namespace come
+// from the request's path, which may be as long as the server's header
+// limit (a megabyte). Each answer is kept under a key of fixed size, so
+// callers asking ever new long questions cannot make the cache hold
+// cacheEntries times a megabyte.
+func TestAccessAnswersKeepNoneOfTheQuestion(t *testing.T) {
+	kube := fake.NewClientset()
+	kube.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		sar := a.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
+		return true, sar, nil
+	})
+	a := &AccessReviewer{Kube: kube, TTL: time.Minute}
+	// '<' is written as \u003c in JSON: six bytes for each of the path's three.
+	long := strings.Repeat("<", 16<<10)
+	const questions = 256
+	for i := range questions {
+		at := Attributes{User: &User{Name: "mallory"}, Verb: "create", Namespace: "team", Group: "g", Version: "v1",
+			Resource: "sessionclaims", Subresource: "exec", Name: long + fmt.Sprint(i)}
+		if ok, _, err := a.Authorize(context.Background(), at); ok || err != nil {
+			t.Fatalf("allowed %v %v", ok, err)
+		}
+		kube.ClearActions()
+	}
+	kept := 0
+	for k := range a.cache.m {
+		kept += len(k)
+	}
+	if len(a.cache.m) != questions {
+		t.Fatalf("%d answers kept, want %d", len(a.cache.m), questions)
+	}
+	if per := kept / questions; per > 64 {
+		t.Fatalf("the cache keeps %d bytes of keys for %d answers, %d each, for names of %d bytes", kept, questions, per, len(long))
+	}
+}
+
 func TestAnswersStayBounded(t *testing.T) {
 	var c answers[int]
 	for i := range 3 * cacheEntries {

@@ -131,12 +131,16 @@ func (a *AccessReviewer) Authorize(ctx context.Context, at Attributes) (bool, st
 			spec.Extra[k] = v
 		}
 	}
-	// The whole question is the key: JSON sorts the extras' keys.
+	// The whole question is the key: JSON sorts the extras' keys. It is
+	// kept by its hash, as a token is: the claim's name and namespace are
+	// the request path's, as long as a caller likes (up to the server's
+	// header limit).
 	keyBytes, err := json.Marshal(&spec)
 	if err != nil {
 		return false, "", fmt.Errorf("SubjectAccessReview: %w", err)
 	}
-	key := string(keyBytes)
+	sum := sha256.Sum256(keyBytes)
+	key := string(sum[:])
 	if ans, hit := a.cache.get(key); hit {
 		return ans.allowed, ans.reason, nil
 	}
