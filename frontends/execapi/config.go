@@ -51,9 +51,9 @@ type Config struct {
 	// MaxUploads bounds the file uploads in progress at once on this
 	// controller; one more is refused with 429.
 	MaxUploads int
-	// MaxDownloads bounds the file downloads and directory listings being
-	// answered at once on this controller, of which one namespace may have
-	// three quarters; one more is refused with 429.
+	// MaxDownloads bounds the file downloads, directory listings and MCP
+	// requests being answered at once on this controller, of which one
+	// namespace may have three quarters; one more is refused with 429.
 	MaxDownloads int
 	// AuthCacheTTL is how long TokenReview and SubjectAccessReview answers
 	// are kept; revoking access takes effect after at most this long.
@@ -73,7 +73,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ExecTimeout, "api-exec-timeout", DefaultExecTimeout, "a command run through the API is killed after this long")
 	fs.Int64Var(&c.MaxBodyBytes, "api-max-body-bytes", DefaultMaxBodyBytes, "largest file upload the API accepts, in bytes; a larger one is refused with 413")
 	fs.IntVar(&c.MaxUploads, "api-max-uploads", DefaultMaxUploads, "file uploads the API receives at once, across all claims, of which one namespace may have three quarters; more are refused with 429")
-	fs.IntVar(&c.MaxDownloads, "api-max-downloads", DefaultMaxDownloads, "file downloads and directory listings the API answers at once, across all claims, of which one namespace may have three quarters; more are refused with 429")
+	fs.IntVar(&c.MaxDownloads, "api-max-downloads", DefaultMaxDownloads, "file downloads, directory listings and MCP requests the API answers at once, across all claims, of which one namespace may have three quarters; more are refused with 429")
 	fs.DurationVar(&c.AuthCacheTTL, "api-auth-cache-ttl", DefaultAuthCacheTTL, "how long TokenReview and SubjectAccessReview answers are cached")
 	fs.StringVar(&c.Audience, "api-audience", DefaultAudience, "the audience a bearer token must be issued for (TokenRequest or an IdP); tokens for the API server itself are refused")
 }

@@ -40,6 +40,15 @@ func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r, u, aerr)
 		return
 	}
+	// The answer is held here until its client takes it, as a download's
+	// is sent: it holds one of the namespace's download slots until then.
+	// The claim's limit alone bounds nothing across claims, which a tenant
+	// makes at will.
+	if aerr := s.takeDownload(w, ns); aerr != nil {
+		s.refuse(w, r, u, aerr)
+		return
+	}
+	defer s.downloads.release(ns)
 	d := mcpserver.DescribeInstance(ns+"-"+name, t.instance)
 	if w := t.claim.Status.Worktree; w != nil {
 		d.Worktree = w.Path

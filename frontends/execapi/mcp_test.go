@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/mcpserver"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
@@ -344,6 +346,58 @@ func TestMCPAnswersNotTakenKeepTheirSlots(t *testing.T) {
 		if isErr, txt, out := mcpCall(t, s, c.tool, c.args); !isErr || !strings.Contains(txt, "already runs 2") {
 			t.Fatalf("%s while 2 answers of the claim's limit of 2 are not taken: error %v, %.200q, %d bytes of content; want it refused", c.tool, isErr, txt, len(fmt.Sprint(out)))
 		}
+	}
+}
+
+// The claim's limit bounds the answers held for one claim, but a tenant
+// makes claims at will, as many as it likes on one Sandbox: answers not
+// taken (about 13 MB each) were held as many times as its claims times
+// the limit. An MCP request is answered as a download is, holding one of
+// the namespace's download slots (three quarters of --api-max-downloads)
+// until its answer has been sent.
+func TestMCPAnswersNotTakenAreBoundedAcrossClaims(t *testing.T) {
+	f := newFixture(t, Config{MaxExecsPerClaim: 2, MaxDownloads: 4})
+	tr, body := f.unreadAnswer(t)
+	claims := []string{"s1"}
+	for i := range 3 {
+		c := &v1alpha1.SessionClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("more-%d", i)},
+			Spec:       v1alpha1.SessionClaimSpec{SandboxName: "ada"},
+		}
+		if err := f.client.Create(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		c.Status.Conditions = []metav1.Condition{condition(v1alpha1.ConditionBound, true)}
+		if err := f.client.Status().Update(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		claims = append(claims, c.Name)
+	}
+	held, refused := 0, 0
+	for _, claim := range claims {
+		for range f.api.cfg.MaxExecsPerClaim {
+			req, err := f.mcpRequest(claim, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := (&http.Client{Transport: tr, Timeout: time.Minute}).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				held++
+			case http.StatusTooManyRequests:
+				refused++
+			default:
+				t.Fatalf("read_file through claim %s: %d", claim, resp.StatusCode)
+			}
+		}
+	}
+	// The namespace's share of 4 download slots is 3.
+	if held != 3 || refused != len(claims)*f.api.cfg.MaxExecsPerClaim-3 {
+		t.Fatalf("answers not taken through %d claims of one Sandbox: %d held, %d refused; want 3 held (the namespace's share of --api-max-downloads) and the rest refused", len(claims), held, refused)
 	}
 }
 

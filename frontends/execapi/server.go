@@ -69,7 +69,8 @@ type Server struct {
 	metrics *metrics
 	execs   *claimLimiter
 	uploads *uploadSlots
-	// downloads bounds the file downloads and listings being answered.
+	// downloads bounds the file downloads, listings and MCP requests
+	// being answered.
 	downloads *uploadSlots
 	handler   http.Handler
 	// forwardTransport reaches other nodes' exec APIs (Options.Forwarding);
