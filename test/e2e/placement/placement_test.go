@@ -27,6 +27,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -840,3 +841,47 @@ func update(ns, name string, mutate func(*v1alpha1.Sandbox)) {
 		return k8s.Update(ctx, &sb)
 	}, testharness.Timeout).Should(Succeed())
 }
+
+var _ = Describe("The aggregated API's Deployment", func() {
+	// Its ServiceAccount reads the CA keys, and a node's controller is
+	// privileged: kube-scheduler puts it where no node controller runs
+	// when there is such a node (here a control-plane node, whose taint
+	// the DaemonSet does not tolerate).
+	It("is scheduled onto a node no node controller runs on", func() {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "control-1", Labels: map[string]string{corev1.LabelHostname: "control-1"}}}
+		Expect(k8s.Create(ctx, n)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8s.Delete(ctx, n))).To(Succeed()) })
+		room := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse(nodeMemory), corev1.ResourcePods: resource.MustParse("110")}
+		Eventually(func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
+				return err
+			}
+			n.Status = corev1.NodeStatus{Capacity: room, Allocatable: room, Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+				Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}}
+			if err := k8s.Status().Update(ctx, n); err != nil {
+				return err
+			}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
+				return err
+			}
+			n.Spec.Taints = []corev1.Taint{{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}}
+			return k8s.Update(ctx, n)
+		}, testharness.Timeout).Should(Succeed())
+
+		b, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "aggregated", "deployment.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		var d appsv1.Deployment
+		Expect(utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096).Decode(&d)).To(Succeed())
+		// As the Deployment's ReplicaSet makes it, in the namespace the
+		// DaemonSet's pods are in.
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "sandbox-controller-api-0", Labels: d.Spec.Template.Labels}, Spec: d.Spec.Template.Spec}
+		pod.Spec.ServiceAccountName = ""
+		Expect(k8s.Create(ctx, pod)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))).To(Succeed()) })
+		Eventually(func() (string, error) {
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+			return pod.Spec.NodeName, err
+		}, testharness.Timeout).ShouldNot(BeEmpty())
+		Expect(pod.Spec.NodeName).To(Equal("control-1"), "kube-scheduler put the aggregated API beside a node controller")
+	})
+})
