@@ -1,6 +1,7 @@
 package execapi
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -91,7 +92,10 @@ func TestTokensNeedTheExecAudience(t *testing.T) {
 				t.Fatal(err)
 			}
 			req := httptest.NewRequest("GET", "/api/v1alpha1/namespaces/team/sessionclaims/s1/files/workspace", nil)
-			req.Header.Set("Authorization", "Bearer some-token")
+			// A token of the exec audience alone, as TokenRequest issues
+			// one: the review decides whether it is valid.
+			payload, _ := json.Marshal(map[string]any{"aud": []string{DefaultAudience}})
+			req.Header.Set("Authorization", "Bearer eyJhbGciOiJSUzI1NiJ9."+base64.RawURLEncoding.EncodeToString(payload)+".c2ln")
 			rec := httptest.NewRecorder()
 			s.Handler().ServeHTTP(rec, req)
 			if rec.Code != tc.wantCode || !strings.Contains(rec.Body.String(), tc.wantInMsg) {

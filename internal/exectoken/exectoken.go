@@ -59,6 +59,9 @@ func ForExecAPI(ctx context.Context, cfg *rest.Config, audience, tokenFile strin
 		if err != nil {
 			return nil, err
 		}
+		if c, isJWT := parseClaims(tok); !isJWT || !slices.Equal(c.Aud, []string{audience}) {
+			return nil, fmt.Errorf("the token in %s is not issued for audience %q alone, and nodes refuse it: a node's controller sees the token sent to it, and one valid elsewhere too (for the API server) could be used there; request one with `kubectl create token SERVICE_ACCOUNT --audience %s`", tokenFile, audience, audience)
+		}
 		out.BearerToken = tok
 		out.CertData, out.CertFile, out.KeyData, out.KeyFile = nil, "", nil, ""
 		return out, nil
@@ -76,7 +79,10 @@ func ForExecAPI(ctx context.Context, cfg *rest.Config, audience, tokenFile strin
 	claims, isJWT := parseClaims(tok)
 	ns, name, isSA := claims.serviceAccount()
 	switch {
-	case tok != "" && isJWT && slices.Contains(claims.Aud, audience):
+	case tok != "" && isJWT && slices.Equal(claims.Aud, []string{audience}):
+		// For the exec API alone: a token also valid for the API server
+		// (or anything else) would hand the node's controller that
+		// credential; a service account's is exchanged below.
 		out.BearerToken = tok
 		return out, nil
 	case tok != "" && isSA:

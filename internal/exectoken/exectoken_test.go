@@ -30,12 +30,19 @@ func jwt(t *testing.T, claims map[string]any) string {
 // The cases that need no API server; the TokenRequest exchange itself is
 // tested against a real one in test/e2e/execapi.
 func TestForExecAPI(t *testing.T) {
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("from-the-idp\n"), 0o600); err != nil {
-		t.Fatal(err)
+	fromIdP := jwt(t, map[string]any{"sub": "alice@example.com", "aud": audience})
+	file := func(tok string) string {
+		p := filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
+	tokenFile := file(fromIdP)
 	withAudience := jwt(t, map[string]any{"sub": "system:serviceaccount:team:agent", "aud": []string{audience}})
 	oidc := jwt(t, map[string]any{"sub": "alice@example.com", "aud": "kubernetes"})
+	// Valid at the API server too: whoever it is sent to could use it there.
+	alsoForTheAPIServer := jwt(t, map[string]any{"sub": "alice@example.com", "aud": []string{audience, "kubernetes"}})
 	for _, tc := range []struct {
 		name      string
 		cfg       rest.Config
@@ -45,7 +52,10 @@ func TestForExecAPI(t *testing.T) {
 		wantErr   string
 	}{
 		{name: "a client certificate goes alone", cfg: rest.Config{BearerToken: "api-server-token", TLSClientConfig: rest.TLSClientConfig{CertData: []byte("c"), KeyData: []byte("k")}}, wantCert: true},
-		{name: "an explicit token file wins and goes alone", cfg: rest.Config{BearerToken: "api-server-token", TLSClientConfig: rest.TLSClientConfig{CertData: []byte("c"), KeyData: []byte("k")}}, tokenFile: tokenFile, wantToken: "from-the-idp"},
+		{name: "an explicit token file wins and goes alone", cfg: rest.Config{BearerToken: "api-server-token", TLSClientConfig: rest.TLSClientConfig{CertData: []byte("c"), KeyData: []byte("k")}}, tokenFile: tokenFile, wantToken: fromIdP},
+		{name: "a token file also valid elsewhere is refused", cfg: rest.Config{}, tokenFile: file(alsoForTheAPIServer), wantErr: "not issued for audience"},
+		{name: "a token file that is no JWT is refused", cfg: rest.Config{}, tokenFile: file("opaque"), wantErr: "not issued for audience"},
+		{name: "a token also valid elsewhere is never forwarded", cfg: rest.Config{BearerToken: alsoForTheAPIServer}, wantErr: "accepts only tokens issued for audience"},
 		{name: "a token that already has the audience is used", cfg: rest.Config{BearerToken: withAudience}, wantToken: withAudience},
 		{name: "an OIDC token is never forwarded", cfg: rest.Config{BearerToken: oidc}, wantErr: "accepts only tokens issued for audience"},
 		{name: "a static token is never forwarded", cfg: rest.Config{BearerToken: "static-token"}, wantErr: "--api-token-file"},

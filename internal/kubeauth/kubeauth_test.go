@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -229,34 +230,41 @@ func bearer(tok string) *http.Request {
 	return r
 }
 
+// jwtFor is a token shaped as a JWT whose payload names aud, as the API
+// server issues them; TokenReview (here the test's) says whether it is
+// valid.
+func jwtFor(name string, aud ...string) string {
+	payload, _ := json.Marshal(map[string]any{"sub": name, "aud": aud})
+	return "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString(payload) + ".c2lnbmF0dXJl"
+}
+
 func TestTokenReviewerAsksForItsAudienceAndKeepsAnswers(t *testing.T) {
+	forExec, noAudience, unknown := jwtFor("for-exec", "exec"), jwtFor("no-audience", "exec"), jwtFor("unknown", "exec")
 	kube, reviews := tokenServer(func(tr *authnv1.TokenReview) (*authnv1.TokenReview, error) {
 		if !slices.Equal(tr.Spec.Audiences, []string{"exec"}) {
 			return nil, fmt.Errorf("asked for audiences %v", tr.Spec.Audiences)
 		}
 		switch tr.Spec.Token {
-		case "for-exec":
+		case forExec:
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"exec"}, User: authnv1.UserInfo{Username: "alice", Groups: []string{"devs"}}}
-		case "for-apiserver":
-			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"https://kubernetes.default.svc"}, User: authnv1.UserInfo{Username: "alice"}}
-		case "no-audience":
+		case noAudience:
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "alice"}}
 		}
 		return tr, nil
 	})
 	a := &TokenReviewer{Kube: kube, Audience: "exec", TTL: time.Minute}
-	u, ok, err := a.Authenticate(bearer("for-exec"))
+	u, ok, err := a.Authenticate(bearer(forExec))
 	if err != nil || !ok || u.Name != "alice" || !slices.Equal(u.Groups, []string{"devs"}) {
 		t.Fatalf("got %+v %v %v", u, ok, err)
 	}
-	for _, tok := range []string{"for-apiserver", "no-audience", "unknown"} {
+	for _, tok := range []string{noAudience, unknown} {
 		if u, ok, err := a.Authenticate(bearer(tok)); ok || u != nil || err != nil {
 			t.Errorf("token %s: got %+v %v %v, want refused", tok, u, ok, err)
 		}
 	}
 	n := reviews.Load()
 	// Answers, yes and no, are kept.
-	for _, tok := range []string{"for-exec", "for-apiserver"} {
+	for _, tok := range []string{forExec, unknown} {
 		if _, _, err := a.Authenticate(bearer(tok)); err != nil {
 			t.Fatal(err)
 		}
@@ -266,8 +274,34 @@ func TestTokenReviewerAsksForItsAudienceAndKeepsAnswers(t *testing.T) {
 	}
 	// A reviewer for another audience does not take this one's answers.
 	other := &TokenReviewer{Kube: kube, Audience: "other", TTL: time.Minute}
-	if _, ok, _ := other.Authenticate(bearer("for-exec")); ok {
+	if _, ok, _ := other.Authenticate(bearer(forExec)); ok {
 		t.Fatal("a token for exec passed a reviewer for another audience")
+	}
+}
+
+// A token valid for the exec API and for anything else (the API server)
+// is one a node's controller, which sees it, could use there: refused
+// before any review, though the API server would say it is valid for the
+// exec audience; and so is a token that is no JWT, whose audiences
+// nothing shows.
+func TestTokenReviewerRefusesATokenValidElsewhereToo(t *testing.T) {
+	kube, reviews := tokenServer(func(tr *authnv1.TokenReview) (*authnv1.TokenReview, error) {
+		tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"exec"}, User: authnv1.UserInfo{Username: "alice"}}
+		return tr, nil
+	})
+	a := &TokenReviewer{Kube: kube, Audience: "exec", TTL: time.Minute}
+	for tok, want := range map[string]string{
+		jwtFor("both", "exec", "https://kubernetes.default.svc"): `issued for 2 audiences, not for "exec" alone`,
+		jwtFor("api", "https://kubernetes.default.svc"):          `issued for 1 audiences, not for "exec" alone`,
+		"an-opaque-static-token":                                 "not a JWT",
+	} {
+		u, ok, err := a.Authenticate(bearer(tok))
+		if ok || u != nil || err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %+v %v %v, want refused saying %q", u, ok, err, want)
+		}
+	}
+	if n := reviews.Load(); n != 0 {
+		t.Errorf("%d reviews of tokens refused for their audiences", n)
 	}
 }
 
@@ -282,7 +316,7 @@ func TestTokenReviewerRetriesAnOverloadedServerAndKeepsNoFailure(t *testing.T) {
 		return tr, nil
 	})
 	a := &TokenReviewer{Kube: kube, Audience: "exec", TTL: time.Minute}
-	if u, ok, err := a.Authenticate(bearer("t")); err != nil || !ok || u.Name != "alice" {
+	if u, ok, err := a.Authenticate(bearer(jwtFor("t", "exec"))); err != nil || !ok || u.Name != "alice" {
 		t.Fatalf("got %+v %v %v after two busy answers", u, ok, err)
 	}
 	if got := reviews.Load(); got != 3 {
@@ -295,7 +329,7 @@ func TestTokenReviewerRetriesAnOverloadedServerAndKeepsNoFailure(t *testing.T) {
 	})
 	a = &TokenReviewer{Kube: kube, Audience: "exec", TTL: time.Minute}
 	for range 2 {
-		if _, ok, err := a.Authenticate(bearer("t")); ok || err == nil {
+		if _, ok, err := a.Authenticate(bearer(jwtFor("t", "exec"))); ok || err == nil {
 			t.Fatal("a forbidden review authenticated")
 		}
 	}

@@ -49,6 +49,15 @@ func (t *TokenReviewer) Authenticate(r *http.Request) (*User, bool, error) {
 	if !ok {
 		return nil, false, nil
 	}
+	// Whoever a token is sent to may use it wherever it is valid, and a
+	// node's controller sees every token sent to it: one valid for the
+	// API server too (or for anything else) is refused before it is
+	// reviewed, as TokenReview says only whether it is valid here.
+	if aud, isJWT := Audiences(tok); !isJWT {
+		return nil, false, fmt.Errorf("the token is not a JWT, so nothing shows it is for audience %q alone and not also a credential for the API server", t.Audience)
+	} else if len(aud) != 1 || aud[0] != t.Audience {
+		return nil, false, fmt.Errorf("the token is issued for %d audiences, not for %q alone: a node's controller sees the tokens sent to it, and this one is valid elsewhere too", len(aud), t.Audience)
+	}
 	sum := sha256.Sum256([]byte(tok))
 	key := string(sum[:]) + "\x00" + t.Audience
 	if u, hit := t.cache.get(key); hit {

@@ -41,6 +41,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/frontends/execapi"
 	"github.com/cireilclaw/sandbox-controller/internal/exectoken"
+	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 	"github.com/cireilclaw/sandbox-controller/internal/servingcert"
 	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 	"github.com/cireilclaw/sandbox-controller/testkit/testharness"
@@ -254,6 +255,33 @@ var _ = Describe("the exec and file API", Ordered, func() {
 			sa := kubernetes.NewForConfigOrDie(&rest.Config{Host: env.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData}, BearerToken: plainToken})
 			_, err := sa.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
 			Expect(err).NotTo(HaveOccurred())
+		})
+
+		It("refuses a token valid for the exec API and for the API server both, which a node could use there", func() {
+			apiAud, isJWT := kubeauth.Audiences(plainToken)
+			Expect(isJWT).To(BeTrue())
+			tok, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+				Audiences: append([]string{execapi.DefaultAudience}, apiAud...), ExpirationSeconds: ptr.To[int64](600),
+			}}, metav1.CreateOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			both := tok.Status.Token
+			By("the API server takes it")
+			sa := kubernetes.NewForConfigOrDie(&rest.Config{Host: env.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData}, BearerToken: both})
+			_, err = sa.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			By("a node does not, and says why")
+			res := execIn(ctx, apiConfig(&rest.Config{BearerToken: both}), ns, claim, nil, nil, "sh", "-c", "echo no")
+			Expect(res.err).To(MatchError(ContainSubstring(`the token is issued for 2 audiences, not for "` + execapi.DefaultAudience + `" alone`)))
+			By("and kubectl sandbox exchanges it for one of the exec API's alone")
+			kubeconfig := &rest.Config{Host: env.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData}, BearerToken: both}
+			cfg, err := exectoken.ForExecAPI(ctx, kubeconfig, execapi.DefaultAudience, "")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(cfg.BearerToken).NotTo(Equal(both))
+			aud, _ := kubeauth.Audiences(cfg.BearerToken)
+			Expect(aud).To(Equal([]string{execapi.DefaultAudience}))
+			res = execIn(ctx, apiConfig(cfg), ns, claim, nil, nil, "sh", "-c", "echo exchanged")
+			Expect(res.err).NotTo(HaveOccurred())
+			Expect(res.stdout).To(Equal("exchanged\n"))
 		})
 
 		It("refuses an exec API token at the API server", func() {
