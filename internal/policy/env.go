@@ -45,6 +45,17 @@ var fixedVars = []string{"HOME", "PATH"}
 
 var envName = pattern.Lazy(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
+// loaderVar says whether name is read by the dynamic loader or the C
+// library to load code into any program: LD_PRELOAD, LD_AUDIT,
+// LD_LIBRARY_PATH and every LD_ variable, GCONV_PATH (iconv's modules),
+// GETCONF_DIR (the programs getconf runs). From .env, which the agent
+// writes, one would run the agent's own code in every allowlisted
+// command, cat and ls as much as a shell: the allowlist would allow
+// anything. The operator may still pass one through.
+func loaderVar(name string) bool {
+	return strings.HasPrefix(name, "LD_") || name == "GCONV_PATH" || name == "GETCONF_DIR"
+}
+
 // EnvSources are everything a command's environment is built from.
 type EnvSources struct {
 	// Passthrough names variables copied from the runtime's own
@@ -197,6 +208,9 @@ func parseDotEnvLine(text string) (DotEnvVar, error) {
 	}
 	if slices.Contains(fixedVars, name) {
 		return DotEnvVar{}, fmt.Errorf("%s is set by the sandbox (PATH is minimal, HOME is the workspace) and cannot be set in %s", name, DotEnvFile)
+	}
+	if loaderVar(name) {
+		return DotEnvVar{}, fmt.Errorf("%s has the loader load code into every command, and cannot be set in %s, which the agent writes: the allowlist would allow anything (an operator may pass it through)", name, DotEnvFile)
 	}
 	value, err := parseDotEnvValue(strings.TrimSpace(raw))
 	if err != nil {

@@ -211,6 +211,10 @@ func TestParseDotEnv(t *testing.T) {
 		{"HOME is fixed", "# c\nHOME=/root", "line 2: HOME is set by the sandbox"},
 		{"PATH is fixed", "PATH=/tmp", "line 1: PATH is set by the sandbox"},
 		{"NUL byte", "A=x\x00y", "line 1: value of A contains a NUL byte"},
+		{"the loader's preload", "LD_PRELOAD=/workspace/x.so", "line 1: LD_PRELOAD has the loader load code into every command"},
+		{"any loader variable", "A=1\nexport LD_LIBRARY_PATH=/workspace", "line 2: LD_LIBRARY_PATH has the loader"},
+		{"iconv's modules", "GCONV_PATH=/workspace", "line 1: GCONV_PATH has the loader"},
+		{"getconf's programs", "GETCONF_DIR=/workspace", "line 1: GETCONF_DIR has the loader"},
 	}
 	for _, c := range bad {
 		t.Run("malformed/"+c.name, func(t *testing.T) {

@@ -285,6 +285,25 @@ func TestEnvironmentIsRebuiltFromNothing(t *testing.T) {
 			t.Fatalf("exec with .env linking out: %v; want a refusal", err)
 		}
 	})
+	t.Run(".env setting a loader variable refuses the command", func(t *testing.T) {
+		// A preload of the agent's own library would run its code in
+		// every allowlisted command; the loader's debugging output shows
+		// whether such a variable reaches one at all.
+		envPath := filepath.Join(s.agentDir, "workspace", ".env")
+		for _, line := range []string{"LD_PRELOAD=/workspace/agent.so", "LD_DEBUG=files", "GCONV_PATH=/workspace"} {
+			os.Remove(envPath)
+			if err := os.WriteFile(envPath, []byte(line+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			testenv.GiveTo(t, s.in.Identity.UID, envPath)
+			var out, errb bytes.Buffer
+			_, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{Argv: []string{"env"}, Stdout: &out, Stderr: &errb})
+			name, _, _ := strings.Cut(line, "=")
+			if runtimes.ReasonOf(err) != runtimes.ReasonRefused || !strings.Contains(err.Error(), name) {
+				t.Errorf("exec with %q in .env: %v (stdout %q, stderr %q); want a refusal naming %s", line, err, out.String(), errb.String(), name)
+			}
+		}
+	})
 	t.Run("environment in the request is refused", func(t *testing.T) {
 		os.Remove(filepath.Join(s.agentDir, "workspace", ".env"))
 		_, err := s.rt.Exec(context.Background(), s.in.Name, runtimes.ExecRequest{Argv: []string{"env"}, Env: []string{"SNEAKY=1"}})
