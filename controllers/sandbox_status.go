@@ -9,6 +9,7 @@ import (
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/instance"
+	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 	"github.com/cireilclaw/sandbox-controller/internal/policy"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -121,7 +122,7 @@ func (c *conditionChanges) set(typ string, ok bool, reason, msg string) {
 // setWithin is set with a bound of the caller's: the Sandbox's GitHealthy
 // lists claims' messages within maxGitSummary.
 func (c *conditionChanges) setWithin(typ string, ok bool, reason, msg string, bound int) {
-	msg = cutMessage(msg, bound)
+	msg = boundedbuf.Cut(msg, bound)
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,6 +20,7 @@ import (
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/bridge/sandboxclass"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 	"github.com/cireilclaw/sandbox-controller/internal/worktree"
 	"github.com/cireilclaw/sandbox-controller/runtimes"
 )
@@ -235,20 +235,7 @@ func logGitOutput(ctx context.Context, what, path string, err error, stderr stri
 // and values from the agent's files.
 const maxConditionMessage = 1024
 
-func boundedMessage(s string) string { return cutMessage(s, maxConditionMessage) }
-
-// cutMessage cuts s at most max bytes in, at the start of a character:
-// a character cut in two would reach the API as U+FFFD, and the stored
-// message would never equal the one derived again.
-func cutMessage(s string, max int) string {
-	if len(s) <= max {
-		return s
-	}
-	for max > 0 && !utf8.RuneStart(s[max]) {
-		max--
-	}
-	return s[:max] + "…"
-}
+func boundedMessage(s string) string { return boundedbuf.Cut(s, maxConditionMessage) }
 
 func describeRef(st *v1alpha1.WorktreeStatus) string {
 	if st.Branch != "" {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -640,5 +641,36 @@ func TestIdleConnectionsAreClosed(t *testing.T) {
 	_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
 	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 		t.Fatalf("an idle connection after a refused request: %v; want it closed by the server (EOF)", err)
+	}
+}
+
+// A refusal is logged with what the caller sent: its path may be a
+// megabyte, and anyone may send one.
+func TestRefusalsLogABoundedLine(t *testing.T) {
+	f := newFixture(t, Config{})
+	var longest int
+	var mu sync.Mutex
+	f.api.log = funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		longest = max(longest, len(prefix)+len(args))
+	}, funcr.Options{})
+	name := strings.Repeat("n", 256<<10)
+	req, err := http.NewRequest("GET", f.srv.URL+"/api/v1alpha1/namespaces/team/sessionclaims/"+name+"/files/workspace", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a request without credentials: %s, want 401", resp.Status)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if longest == 0 || longest > 8<<10 {
+		t.Fatalf("the longest log line of a refusal of a %d-byte path is %d bytes, want some and at most 8 KiB", len(name), longest)
 	}
 }

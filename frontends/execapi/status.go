@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
+	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 )
 
@@ -88,6 +89,9 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, u *kubeauth.User
 	writeStatus(w, e)
 }
 
+// maxLoggedField bounds each field of a refusal's log line.
+const maxLoggedField = 1024
+
 func (s *Server) noteRefusal(r *http.Request, u *kubeauth.User, e *apiError) {
 	if e.refusal == "" {
 		return
@@ -97,5 +101,8 @@ func (s *Server) noteRefusal(r *http.Request, u *kubeauth.User, e *apiError) {
 		name = u.Name
 	}
 	s.metrics.refusals.WithLabelValues(e.refusal).Inc()
-	s.log.Info("refused a request", "user", name, "reason", e.refusal, "method", r.Method, "path", r.URL.Path, "message", e.msg)
+	// The path, and the message that may quote it, are the caller's: a
+	// request line may be a megabyte, and every refusal is logged.
+	s.log.Info("refused a request", "user", boundedbuf.Cut(name, maxLoggedField), "reason", e.refusal, "method", boundedbuf.Cut(r.Method, maxLoggedField),
+		"path", boundedbuf.Cut(r.URL.Path, maxLoggedField), "message", boundedbuf.Cut(e.msg, maxLoggedField))
 }

@@ -36,3 +36,21 @@ func TestBufferKeepsTheFirstBytesAndCountsTheRest(t *testing.T) {
 		})
 	}
 }
+
+func TestCutKeepsWholeCharacters(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"short", 8, "short"},
+		{"exactly8", 8, "exactly8"},
+		{"longer than eight", 8, "longer t…"},
+		{"ab€cd", 3, "ab…"}, // € is three bytes: never cut in two
+		{"ab€cd", 5, "ab€…"},
+	} {
+		if got := boundedbuf.Cut(tc.in, tc.max); got != tc.want {
+			t.Errorf("Cut(%q, %d) = %q, want %q", tc.in, tc.max, got, tc.want)
+		}
+	}
+}

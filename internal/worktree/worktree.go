@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
 )
@@ -272,9 +273,4 @@ func Remove(repo Repo, wt Worktree, dirty bool) error {
 
 // clip shortens text that came from the agent or a tenant before it goes
 // into a message, so no status or event carries more than a line of it.
-func clip(s string, max int) string {
-	if len(s) > max {
-		return s[:max] + "…"
-	}
-	return s
-}
+func clip(s string, max int) string { return boundedbuf.Cut(s, max) }
