@@ -262,9 +262,39 @@ func setIdentity(h http.Header, u *kubeauth.User) {
 	}
 	for k, vs := range u.Extra {
 		for _, v := range vs {
-			h.Add(headerRemoteExtra+url.PathEscape(k), v)
+			h.Add(headerRemoteExtra+headerKeyEscape(k), v)
 		}
 	}
+}
+
+// headerKeyEscape is an extra's key as a header name may carry it: every
+// byte that is not a header token character (RFC 9110), and '%', as %XX,
+// which the receiver's path unescaping reads back. url.PathEscape keeps
+// ':', '@', '=' and more, which no header name may hold: the request
+// could not be sent at all.
+func headerKeyEscape(key string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if c != '%' && isTokenChar(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
+// isTokenChar says whether c may be in a header name.
+func isTokenChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // serveDiscovery answers the API server's discovery of the aggregated

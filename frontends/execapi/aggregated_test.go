@@ -2,7 +2,12 @@ package execapi
 
 import (
 	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/cireilclaw/sandbox-controller/internal/kubeauth"
 )
@@ -41,6 +46,39 @@ func TestSetIdentityDropsCredentialsAndNamesTheUser(t *testing.T) {
 	}
 	if h.Get("Accept") != "*/*" {
 		t.Error("other headers must be kept")
+	}
+}
+
+// An extra's key is any string the authenticator gives (an OIDC claim's
+// name, a webhook's): forwarded, it must still be a header name, and read
+// back as the same key.
+func TestExtraKeysAreSentAsHeaderNames(t *testing.T) {
+	keys := []string{"example.org:scope", "a=b@c/d", "key with space", "é%", "authentication.kubernetes.io/credential-id"}
+	u := &kubeauth.User{Name: "alice", Extra: map[string][]string{}}
+	for i, k := range keys {
+		u.Extra[k] = []string{strconv.Itoa(i)}
+	}
+	h := http.Header{}
+	setIdentity(h, u)
+	got := map[string]string{}
+	for name, vs := range h {
+		rest, ok := strings.CutPrefix(name, "X-Remote-Extra-")
+		if !ok {
+			continue
+		}
+		if !httpguts.ValidHeaderFieldName(name) {
+			t.Errorf("header name %q is not one a request may carry", name)
+		}
+		key, err := url.PathUnescape(rest)
+		if err != nil {
+			t.Errorf("header name %q does not unescape: %v", name, err)
+		}
+		got[strings.ToLower(key)] = vs[0]
+	}
+	for i, k := range keys {
+		if got[strings.ToLower(k)] != strconv.Itoa(i) {
+			t.Errorf("extra %q not read back from %v", k, h)
+		}
 	}
 }
 
