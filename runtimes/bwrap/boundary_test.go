@@ -3,6 +3,7 @@ package bwrap_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -309,33 +310,59 @@ func assertNotMountPoint(t *testing.T, p string) {
 
 // bubblewrap hands its command whatever it inherits, and the controller
 // inherits whatever its starter (a shell, a terminal, a supervisor) left
-// open without close-on-exec: a root-only file, or a directory outside
-// every mount, through which the agent would read or walk the host. None
-// of it reaches the agent.
+// open without close-on-exec: a file, or a directory outside every mount,
+// through which the agent would read or walk the host. None of it reaches
+// the agent, whichever way a command starts on cgroup v1.
 func TestDescriptorsTheControllerInheritedNeverReachTheAgent(t *testing.T) {
-	dir, secret := hostSecret(t)
-	file, err := unix.Open(secret, unix.O_RDONLY, 0)
+	// A directory only root may search, holding a file anyone may read:
+	// the agent reaches it through a descriptor of the directory alone.
+	dir := filepath.Join(testenv.SharedDir(t), "root-only")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "marker"), []byte("HOST-FILE\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opened, err := unix.Open(filepath.Join(dir, "marker"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer unix.Close(opened)
+	openedDir, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(openedDir)
+	// Above the descriptors a start hands down itself, which would take
+	// their numbers in the child.
+	const file, outside = 200, 201
 	defer unix.Close(file)
-	outside, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer unix.Close(outside)
-	rt, in, _ := ensured(t)
-	code, out, stderr := run(t, rt, in.Name, "sh", "-c", fmt.Sprintf("cat <&%d; cat /proc/self/fd/%d/secret; for f in /proc/self/fd/*; do echo ${f##*/}; done", file, outside))
-	if strings.Contains(out, "HOST-SECRET") {
-		t.Fatalf("the agent read a root-only host file through a descriptor the controller inherited (exit %d): %q", code, out)
-	}
-	for _, fd := range []int{file, outside} {
-		if slices.Contains(strings.Fields(out), strconv.Itoa(fd)) {
-			t.Errorf("the agent's command holds descriptor %d the controller inherited: %q (stderr %q)", fd, out, stderr)
-		}
-	}
-	// The controller's own descriptors are its own still.
-	if _, err := unix.Seek(file, 0, 0); err != nil {
-		t.Errorf("the inherited descriptor is no longer the controller's: %v", err)
+	for _, start := range []string{bwrap.StartAuto, bwrap.StartStarter, bwrap.StartMove} {
+		t.Run(start, func(t *testing.T) {
+			// Inherited (no close-on-exec) again for each: a start before
+			// marked them.
+			if err := errors.Join(unix.Dup3(opened, file, 0), unix.Dup3(openedDir, outside, 0)); err != nil {
+				t.Fatal(err)
+			}
+			s := newSandboxStarting(t, v1alpha1.SandboxSpec{Binaries: []v1alpha1.BinaryName{"sh", "cat"}}, nil, bwrap.Host{}, start)
+			code, out, stderr := s.sh(t, fmt.Sprintf("cat /proc/self/fd/%d/marker; for f in /proc/self/fd/*; do echo ${f##*/}; done", outside))
+			if strings.Contains(out, "HOST-FILE") {
+				t.Fatalf("the agent read a host file outside its mounts through a descriptor the controller inherited (exit %d): %q", code, out)
+			}
+			fds := strings.Fields(out)
+			if !slices.Contains(fds, "0") {
+				t.Fatalf("the command listed no descriptors: %q (stderr %q)", out, stderr)
+			}
+			for _, fd := range []int{file, outside} {
+				if slices.Contains(fds, strconv.Itoa(fd)) {
+					t.Errorf("the agent's command holds descriptor %d the controller inherited: %q", fd, out)
+				}
+			}
+			// The controller's own descriptors are its own still.
+			if _, err := unix.Seek(file, 0, 0); err != nil {
+				t.Errorf("the inherited descriptor is no longer the controller's: %v", err)
+			}
+		})
 	}
 }
