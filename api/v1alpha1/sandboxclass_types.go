@@ -38,8 +38,11 @@ type ClassDevices struct {
 // ClassImages lists the images a class allows per backend. An entry is an
 // exact image reference, or ends in '*' and then allows every reference
 // beginning with what comes before it ("registry.example.com/team-a/*";
-// "*" alone allows any image). An empty list allows no image, so the
-// backend cannot be used.
+// "*" alone allows any image). Of bwrap and containerd images, a '*'
+// after a tag's ':' stands for a tag (and a digest after it) only:
+// "ubuntu:*" allows "ubuntu:24.04", not "ubuntu:5000/x", a registry's
+// host and port. An empty list allows no image, so the backend cannot be
+// used.
 type ClassImages struct {
 	// Bwrap are the images spec.bwrap.image may name; a bwrap Sandbox
 	// without an image (the node's directories) needs no entry.

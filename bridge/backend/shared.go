@@ -12,11 +12,15 @@ import (
 
 // ImageAllowed reports whether allowed (images, or prefixes ending in '*')
 // holds image: the rule of a class's allowedImages for every backend that
-// runs an image.
-func ImageAllowed(image string, allowed []string) bool {
+// runs an image. For an OCI reference (ociRef: bwrap's and containerd's)
+// a '*' after a tag's ':' stands for a tag (and a digest after it), never
+// for more of a path: "ubuntu:*" holds "ubuntu:24.04", not
+// "ubuntu:5000/team-b/tools", which names the registry ubuntu:5000. An
+// Incus image ("images:debian/12") is a remote and an alias, '/' and all.
+func ImageAllowed(image string, allowed []string, ociRef bool) bool {
 	for _, a := range allowed {
 		if p, ok := strings.CutSuffix(a, "*"); ok {
-			if strings.HasPrefix(image, p) {
+			if strings.HasPrefix(image, p) && (!ociRef || !inTag(p) || !strings.Contains(image[len(p):], "/")) {
 				return true
 			}
 		} else if image == a {
@@ -24,6 +28,12 @@ func ImageAllowed(image string, allowed []string) bool {
 		}
 	}
 	return false
+}
+
+// inTag says whether the end of the reference prefix p is in a tag: its
+// last path component holds a ':'.
+func inTag(p string) bool {
+	return strings.Contains(p[strings.LastIndexByte(p, '/')+1:], ":")
 }
 
 // ClassLimit checks *q, the value of field in a spec, against the maximum

@@ -36,7 +36,7 @@ func class(cl *v1alpha1.SandboxClass, spec, _ *v1alpha1.SandboxSpec) []string {
 		return nil
 	}
 	allowed := cl.Spec.AllowedImages.Bwrap
-	if backend.ImageAllowed(b.Image, allowed) {
+	if backend.ImageAllowed(b.Image, allowed, true) {
 		return nil
 	}
 	return []string{fmt.Sprintf("spec.bwrap.image: SandboxClass %q does not allow the image %q (allowed: [%s])", cl.Name, b.Image, strings.Join(allowed, ", "))}

@@ -58,7 +58,7 @@ func class(cl *v1alpha1.SandboxClass, spec, out *v1alpha1.SandboxSpec) []string 
 	}
 	cs := &cl.Spec
 	var v []string
-	if !backend.ImageAllowed(c.Image, cs.AllowedImages.Containerd) {
+	if !backend.ImageAllowed(c.Image, cs.AllowedImages.Containerd, true) {
 		v = append(v, fmt.Sprintf("spec.containerd.image: SandboxClass %q does not allow the image %q (allowed: [%s])", cl.Name, c.Image, strings.Join(cs.AllowedImages.Containerd, ", ")))
 	}
 	return append(v, backend.ClassLimit(cl.Name, "spec.containerd.rootfsSizeLimit", &out.Containerd.RootfsSizeLimit, cs.DefaultLimits, cs.MaxLimits,

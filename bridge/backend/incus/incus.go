@@ -61,7 +61,7 @@ func class(cl *v1alpha1.SandboxClass, spec, out *v1alpha1.SandboxSpec) []string 
 	}
 	cs := &cl.Spec
 	var v []string
-	if !backend.ImageAllowed(c.Image, cs.AllowedImages.Incus) {
+	if !backend.ImageAllowed(c.Image, cs.AllowedImages.Incus, false) {
 		v = append(v, fmt.Sprintf("spec.incus.image: SandboxClass %q does not allow the image %q (allowed: [%s])", cl.Name, c.Image, strings.Join(cs.AllowedImages.Incus, ", ")))
 	}
 	for i, p := range c.Profiles {

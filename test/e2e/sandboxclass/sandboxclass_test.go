@@ -343,6 +343,31 @@ var _ = Describe("SandboxClass", Ordered, func() {
 		Expect(k8s.Create(ctx, ok, client.DryRunAll)).To(Succeed())
 	})
 
+	It("refuses at admission a containerd image whose registry reads as an allowed image and a tag, with the controller's words", func() {
+		images := teamA("team-a-images")
+		images.Spec.AllowedBackends = []v1alpha1.Backend{v1alpha1.BackendContainerd}
+		images.Spec.AllowedImages.Containerd = []string{"ubuntu:*", "registry.example.com/team-a/*"}
+		Expect(k8s.Create(ctx, images)).To(Succeed())
+		DeferCleanup(func() { env.DeleteAndWait(images) })
+		withImage := func(name, image string) *v1alpha1.Sandbox {
+			sb := sandbox(ns, name, images.Name, nil, v1alpha1.Devices{})
+			sb.Spec.Backend = v1alpha1.BackendContainerd
+			sb.Spec.Containerd = &v1alpha1.ContainerdSpec{Image: image}
+			return sb
+		}
+		// ubuntu:5000 is a registry's host and port, not ubuntu's tag.
+		other := withImage("adm-registry", "ubuntu:5000/team-b/tools:1")
+		Eventually(func() string {
+			if err := k8s.Create(ctx, other.DeepCopy(), client.DryRunAll); err != nil {
+				return err.Error()
+			}
+			return "admitted"
+		}, testharness.Timeout).Should(ContainSubstring(expected(images, other)))
+		for _, image := range []string{"ubuntu:24.04", "ubuntu:24.04@sha256:" + strings.Repeat("a", 64), "registry.example.com/team-a/sub/tools:1"} {
+			Expect(k8s.Create(ctx, withImage("adm-image", image), client.DryRunAll)).To(Succeed(), image)
+		}
+	})
+
 	It("refuses at admission a default class's rule for a Sandbox naming no class", func() {
 		def := teamA("default-for-test")
 		def.Labels = map[string]string{v1alpha1.DefaultClassLabel: "true"}
