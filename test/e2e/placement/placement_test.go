@@ -877,7 +877,9 @@ var _ = Describe("The aggregated API's Deployment", func() {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "sandbox-controller-api-0", Labels: d.Spec.Template.Labels}, Spec: d.Spec.Template.Spec}
 		pod.Spec.ServiceAccountName = ""
 		Expect(k8s.Create(ctx, pod)).To(Succeed())
-		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))).To(Succeed()) })
+		DeferCleanup(func() {
+			Expect(client.IgnoreNotFound(k8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))).To(Succeed())
+		})
 		Eventually(func() (string, error) {
 			err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod)
 			return pod.Spec.NodeName, err
