@@ -139,7 +139,7 @@ func openHostDir(path string, writable []os.FileInfo) (*os.File, bool, error) {
 			return false, err
 		}
 		for _, w := range writable {
-			if ws, ok := w.Sys().(*syscall.Stat_t); ok && uint64(ws.Dev) == uint64(st.Dev) && uint64(ws.Ino) == uint64(st.Ino) {
+			if ws, ok := w.Sys().(*syscall.Stat_t); ok && ws.Dev == st.Dev && ws.Ino == st.Ino {
 				return true, nil
 			}
 		}
@@ -252,9 +252,12 @@ func localDestination(hostPath, name string, writable []os.FileInfo) (*os.File, 
 		return nil, "", err
 	}
 	base := filepath.Base(abs)
+	// Into a directory there, or one a link of the user's leads to;
+	// anything else (nothing yet, a file, the agent's link) is replaced by
+	// the copy, as base in parent.
 	var st unix.Stat_t
-	err = unix.Fstatat(int(parent.Fd()), base, &st, unix.AT_SYMLINK_NOFOLLOW)
-	if err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR && (st.Mode&unix.S_IFMT != unix.S_IFLNK || inside) {
+	statErr := unix.Fstatat(int(parent.Fd()), base, &st, unix.AT_SYMLINK_NOFOLLOW)
+	if intoDir := statErr == nil && (st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Mode&unix.S_IFMT == unix.S_IFLNK && !inside); !intoDir {
 		return parent, base, nil
 	}
 	d, _, err := openHostDir(abs, writable)

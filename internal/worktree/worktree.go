@@ -30,9 +30,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
 	"github.com/cireilclaw/sandbox-controller/internal/areas"
+	"github.com/cireilclaw/sandbox-controller/internal/boundedbuf"
 )
 
 // Dir is the directory, inside the repository's working tree, that holds
