@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -75,7 +76,7 @@ func execClusterWithAreas(t *testing.T) (string, string) {
 		if tok == kubeconfigToken {
 			t.Errorf("the exec API was sent the kubeconfig's token, which the API server accepts")
 		}
-		if tok != "agent-token" {
+		if tok != agentToken {
 			return nil, false, errors.New("unknown token")
 		}
 		return &kubeauth.User{Name: "agent"}, true, nil
@@ -126,7 +127,7 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(filepath.Dir(kc), "exec-token"), []byte("agent-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(filepath.Dir(kc), "exec-token"), []byte(agentToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return kc, areasRoot
@@ -135,6 +136,11 @@ current-context: c
 // impersonated is what the last claim request asked to impersonate:
 // "user|group,group".
 var impersonated atomic.Value
+
+// agentToken is the exec API's token of the agent's service account: a
+// JWT of the exec audience alone, as the API server issues one (the test's
+// exec API authenticates it by name, not signature).
+var agentToken = "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString([]byte(`{"aud":["sandbox.cireilclaw.dev/exec"],"sub":"system:serviceaccount:team:agent"}`)) + ".c2ln"
 
 // kubeconfigToken is the kubeconfig's own token: it reads the claim from
 // the API server and must never reach the exec API.
