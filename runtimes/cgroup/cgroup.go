@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -667,11 +668,17 @@ func (m *Manager) Usage(name string) (Usage, error) {
 // ProcessUsage reads the usage of the cgroup process pid is in, as procDir
 // (normally /proc) shows it; top, when not nil, maps each cgroup path to
 // the one that holds the instance's limits (a container's init may sit in
-// a child cgroup of its own).
-func ProcessUsage(procDir string, pid int, top func(path string) string) (Usage, error) {
+// a child cgroup of its own). The cgroup's name (its last path element,
+// after top) must be one of names: a runtime's pid of an instance whose
+// init has ended may name another process since, in another cgroup (an
+// agent ends its own init at will), whose usage is never the instance's.
+func ProcessUsage(procDir string, pid int, top func(path string) string, names ...string) (Usage, error) {
 	v2, dir, err := processCgroups(procDir, pid, top)
 	if err != nil {
 		return Usage{}, err
+	}
+	if base := filepath.Base(dir("memory")); !slices.Contains(names, base) {
+		return Usage{}, fmt.Errorf("process %d is in cgroup %q, not the instance's (%s): its init has ended", pid, base, strings.Join(names, " or "))
 	}
 	return readUsage(v2, swapAccounted(v2, dir("memory")), tcpLimited(v2, dir("memory")), dir)
 }

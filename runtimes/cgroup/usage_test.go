@@ -262,3 +262,19 @@ func usageFilesRead(v2, swap, tcp bool) int {
 	}
 	return 5
 }
+
+// A runtime's pid of an instance names another process once the
+// instance's init has ended and the number is used again, in another
+// cgroup: its usage is refused, never reported as the instance's.
+func TestProcessUsageReadsOnlyACgroupOfTheInstancesName(t *testing.T) {
+	m := newManager(t)
+	cmd := startHeld(t, m, `sleep 30 & echo held; wait`)
+	u, err := ProcessUsage("/proc", cmd.Process.Pid, nil, "inst")
+	if err != nil || u.Pids != 2 {
+		t.Fatalf("the usage of the instance's own process: %+v, %v; want its two processes", u, err)
+	}
+	_, err = ProcessUsage("/proc", cmd.Process.Pid, nil, "cireilclaw-ada", "sandbox-cireilclaw-ada")
+	if err == nil || !strings.Contains(err.Error(), `in cgroup "inst", not the instance's`) {
+		t.Fatalf("the usage of a process in cgroup inst read as instance cireilclaw-ada's: %v", err)
+	}
+}

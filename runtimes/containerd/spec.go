@@ -148,8 +148,11 @@ func (r *Runtime) specOpts(in runtimes.Instance, user specs.User) []oci.SpecOpts
 // takes it with its cgroupfs driver, which the driver's runtime options
 // (none) leave it on, whichever driver the kubelet uses.
 func podCgroupsPath(in runtimes.Instance) string {
-	return path.Join(in.Pod.Cgroup, "sandbox-"+in.Name)
+	return path.Join(in.Pod.Cgroup, podCgroupName(in.Name))
 }
+
+// podCgroupName is the name of instance name's cgroup below its Pod's.
+func podCgroupName(name string) string { return "sandbox-" + name }
 
 // networkOf is the network namespace in's container joins; empty: a new
 // one.

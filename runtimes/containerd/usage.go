@@ -33,7 +33,8 @@ func (r *Runtime) Usage(name string) (runtimes.Usage, error) {
 	if err != nil {
 		return runtimes.Usage{}, r.fail(op, name, err)
 	}
-	u, err := cgroup.ProcessUsage(r.cfg.ProcDir, int(task.Pid()), nil)
+	// Its cgroup is named after it, below its Pod's on a cluster.
+	u, err := cgroup.ProcessUsage(r.cfg.ProcDir, int(task.Pid()), nil, name, podCgroupName(name))
 	if err != nil {
 		return runtimes.Usage{}, fmt.Errorf("reading the cgroup of container %s: %w", name, err)
 	}

@@ -660,11 +660,7 @@ func (r *Runtime) limitTCP(ctx context.Context, cl *incusapi.Client, in runtimes
 	}
 	// Where LXC puts the instance's cgroup, or else where its init is: the
 	// daemon's state of an instance costs tens of milliseconds.
-	lxcName := in.Name
-	if p := r.projectOf(in); p != "" && p != "default" {
-		lxcName = p + "_" + in.Name
-	}
-	if ok, err := cgroup.LimitTCPIn(filepath.Join(cgroup.Mount, "memory", "lxc.payload."+lxcName), mark.bytes); err != nil {
+	if ok, err := cgroup.LimitTCPIn(filepath.Join(cgroup.Mount, "memory", payloadPrefix+lxcName(r.projectOf(in), in.Name)), mark.bytes); err != nil {
 		return fmt.Errorf("limiting its TCP buffers: %w", err)
 	} else if ok {
 		r.limited(in.Name, mark)
