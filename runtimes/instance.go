@@ -3,6 +3,7 @@ package runtimes
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -62,6 +63,35 @@ func (in Instance) SourceDir(b Bind) areas.HostDir {
 		return areas.HostDir{Anchor: filepath.Dir(in.AgentDir), Path: b.Source, NoLinks: true}
 	}
 	return areas.HostDir{Anchor: b.Anchor, Path: b.Source, NoLinks: b.NoLinks}
+}
+
+// WritableSource is a read-write area or mount and its source directory
+// as the driver resolves it now.
+type WritableSource struct {
+	Bind Bind
+	Dir  os.FileInfo
+}
+
+// WritableSources are in's read-write areas and mounts (an overlay's
+// writes stay in its upper layer): what the sandbox can change on the
+// host. A source that cannot be resolved is left out, the driver's to
+// report.
+func (in Instance) WritableSources() []WritableSource {
+	var out []WritableSource
+	for _, b := range slices.Concat(in.Areas, in.Mounts) {
+		if b.ReadOnly || b.Overlay != nil {
+			continue
+		}
+		d, err := in.SourceDir(b).Open()
+		if err != nil {
+			continue
+		}
+		if fi, err := d.Stat(); err == nil {
+			out = append(out, WritableSource{Bind: b, Dir: fi})
+		}
+		d.Close()
+	}
+	return out
 }
 
 // Instance is everything a driver needs to converge one agent's sandbox.

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -92,22 +91,11 @@ func writeLocalAt(d *os.File, base string, src io.Reader) (err error) {
 var errAgentsLink = errors.New("a symbolic link in a directory the sandbox can write, which the agent chooses where it leads; give the path without it")
 
 // sandboxWritable are the host directories the sandbox can write: its
-// read-write areas and mounts (an overlay's writes stay in its upper
-// layer), as the driver holds them.
+// read-write areas and mounts, as the driver holds them.
 func sandboxWritable(in runtimes.Instance) []os.FileInfo {
 	var out []os.FileInfo
-	for _, b := range slices.Concat(in.Areas, in.Mounts) {
-		if b.ReadOnly || b.Overlay != nil {
-			continue
-		}
-		d, err := in.SourceDir(b).Open()
-		if err != nil {
-			continue
-		}
-		if fi, err := d.Stat(); err == nil {
-			out = append(out, fi)
-		}
-		d.Close()
+	for _, w := range in.WritableSources() {
+		out = append(out, w.Dir)
 	}
 	return out
 }

@@ -167,20 +167,44 @@ func (l lineReader) next(t *testing.T) response {
 	return resp
 }
 
+// served is a sandboxctl serve running in this process.
+type served struct {
+	in        *io.PipeWriter
+	done      chan int
+	stderr    *lockedBuffer
+	responses lineReader
+}
+
+func (s *served) send(line string) { _, _ = io.WriteString(s.in, line+"\n") }
+
+// stop ends serve's input and wants it to exit 0.
+func (s *served) stop(t *testing.T) {
+	t.Helper()
+	s.in.Close()
+	if code := <-s.done; code != 0 {
+		t.Fatalf("serve exited %d; stderr %q", code, s.stderr.String())
+	}
+}
+
+// startServe runs sandboxctl serve of agent ada with the configuration
+// cfg and the areas root areas.
+func startServe(t *testing.T, cfg, areas string) *served {
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	s := &served{in: inW, done: make(chan int, 1), stderr: &lockedBuffer{}, responses: lineReader{bufio.NewReader(outR)}}
+	go func() {
+		s.done <- run([]string{"serve", "--config", cfg, "--agent", "ada", "--areas-root", areas}, inR, outW, s.stderr)
+		outW.Close()
+	}()
+	return s
+}
+
 func TestServeReloads(t *testing.T) {
 	needBwrap(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\"]\n")
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	stderr := &lockedBuffer{}
-	done := make(chan int)
-	go func() {
-		done <- run([]string{"serve", "--config", cfg, "--agent", "ada", "--areas-root", filepath.Join(dir, "areas")}, inR, outW, stderr)
-		outW.Close()
-	}()
-	responses := lineReader{bufio.NewReader(outR)}
-	send := func(line string) { _, _ = io.WriteString(inW, line+"\n") }
+	sv := startServe(t, cfg, filepath.Join(dir, "areas"))
+	responses, send, stderr := sv.responses, sv.send, sv.stderr
 
 	send(`["sh","-c","echo hi; exit 3"]`)
 	if r := responses.next(t); r.Exit != 3 || r.Stdout != "hi\n" || r.Error != "" {
@@ -229,10 +253,7 @@ func TestServeReloads(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	inW.Close()
-	if code := <-done; code != 0 {
-		t.Fatalf("serve exited %d; stderr %q", code, stderr.String())
-	}
+	sv.stop(t)
 }
 
 // The seed's bypass runs the command on the host, as the runtime: with the
@@ -542,16 +563,8 @@ func TestServeBoundsWhatItKeepsOfACommandsOutput(t *testing.T) {
 	needBwrap(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, dir, "[bwrap]\nbinaries = [\"sh\", \"head\", \"yes\"]\n")
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	stderr := &lockedBuffer{}
-	done := make(chan int)
-	go func() {
-		done <- run([]string{"serve", "--config", cfg, "--agent", "ada", "--areas-root", filepath.Join(dir, "areas")}, inR, outW, stderr)
-		outW.Close()
-	}()
-	responses := lineReader{bufio.NewReader(outR)}
-	send := func(line string) { _, _ = io.WriteString(inW, line+"\n") }
+	sv := startServe(t, cfg, filepath.Join(dir, "areas"))
+	responses, send := sv.responses, sv.send
 
 	// 64 MiB on stdout and as much on stderr: four times what is kept.
 	send(`["sh","-c","yes | head -c 67108864; yes | head -c 67108864 >&2"]`)
@@ -572,8 +585,5 @@ func TestServeBoundsWhatItKeepsOfACommandsOutput(t *testing.T) {
 	if r := responses.next(t); r.Exit != 0 || r.Stdout != "hi\n" || r.Error != "" {
 		t.Fatalf("after the bound: %+v", r)
 	}
-	inW.Close()
-	if code := <-done; code != 0 {
-		t.Fatalf("serve exited %d; stderr %q", code, stderr.String())
-	}
+	sv.stop(t)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 
 	"github.com/cireilclaw/sandbox-controller/api/v1alpha1"
@@ -127,22 +126,10 @@ func checkGuard(in runtimes.Instance, guard []string) error {
 			}
 		}
 	}
-	for _, b := range slices.Concat(in.Areas, in.Mounts) {
-		if b.ReadOnly || b.Overlay != nil {
-			continue
-		}
-		d, err := in.SourceDir(b).Open()
-		if err != nil {
-			continue
-		}
-		fi, err := d.Stat()
-		d.Close()
-		if err != nil {
-			continue
-		}
+	for _, w := range in.WritableSources() {
 		for _, h := range above {
-			if os.SameFile(fi, h.fi) {
-				return fmt.Errorf("%s, writable in the sandbox at %s, holds %s: the sandbox could change what it may do; mount it read-only or as an overlay, or keep %s outside it", b.Source, b.Target, h.path, h.path)
+			if os.SameFile(w.Dir, h.fi) {
+				return fmt.Errorf("%s, writable in the sandbox at %s, holds %s: the sandbox could change what it may do; mount it read-only or as an overlay, or keep %s outside it", w.Bind.Source, w.Bind.Target, h.path, h.path)
 			}
 		}
 	}
