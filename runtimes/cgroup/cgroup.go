@@ -25,8 +25,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
