@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cireilclaw/sandbox-controller/testkit/testenv"
 )
 
 // everywhere is a class range that covers every address there is.
@@ -143,15 +145,13 @@ func serveOnce(t *testing.T, a netip.Addr) int {
 // node's all the same: the proxy asks the kernel as it connects.
 func TestProxyNeverConnectsToAnAddressTheNodeGainedLater(t *testing.T) {
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("adding an address to this host needs root, and CI runs as root")
-		}
-		t.Skip("adding an address to this host needs root")
+		testenv.Missing(t, "root", "run as root: the test adds an address to this host")
 	}
+	ipCmd := testenv.Binary(t, "ip", "install iproute2 (hack/install-deps.sh)")
 	n := nodeNetworks(t)
 	ip := func(args ...string) {
 		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		if out, err := exec.Command(ipCmd, args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
@@ -168,7 +168,7 @@ func TestProxyNeverConnectsToAnAddressTheNodeGainedLater(t *testing.T) {
 				t.Fatalf("%s is already among the node's addresses read at the start", c.addr)
 			}
 			ip(c.add...)
-			t.Cleanup(func() { _ = exec.Command("ip", c.del...).Run() })
+			t.Cleanup(func() { _ = exec.Command(ipCmd, c.del...).Run() })
 			port := serveOnce(t, c.addr)
 			status, body := connectToNode(t, n, c.addr, port)
 			if status != http.StatusForbidden || !strings.Contains(body, "this node's own") {

@@ -34,6 +34,10 @@ func routedToHost(addr netip.Addr) (bool, error) {
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return false, fmt.Errorf("binding a route socket: %w", err)
 	}
+	// The kernel answers at once; a read that waits is refused, not hung.
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		return false, fmt.Errorf("bounding a route socket's reads: %w", err)
+	}
 	attrLen := unix.SizeofRtAttr + len(raw)
 	msgLen := unix.SizeofNlMsghdr + unix.SizeofRtMsg + rtaAlign(attrLen)
 	seq := routeSeq.Add(1)
