@@ -343,10 +343,13 @@ func (r *Runtime) restricted(op string, in runtimes.Instance, project string, er
 			"Incus project %q is restricted and does not permit raw.idmap for the agent's host UID %d and GID %d; "+
 				"the project must permit the controller's agent id range: incus project set %s restricted.idmap.uid=%d restricted.idmap.gid=%d (daemon said: %v)",
 			project, id.UID, id.GID, project, id.UID, id.GID, err)
-	case strings.Contains(msg, "raw.lxc") && strings.Contains(msg, "forbidden"):
+	case (strings.Contains(msg, "raw.lxc") || strings.Contains(msg, "low-level config")) && strings.Contains(msg, "forbidden"):
+		// The daemon names the first low-level key it meets, in no set
+		// order: raw.lxc, or limits.memory.swap, which every instance has
+		// too. One setting permits them all.
 		return runtimes.Errorf(runtimes.ReasonHardeningNotPermitted, op, in.Name,
-			"Incus project %q is restricted and does not permit the low-level configuration every instance is hardened with "+
-				"(raw.lxc: no_new_privs, no capabilities, no user namespaces); the project must permit it: incus project set %s restricted.containers.lowlevel=allow (daemon said: %v)",
+			"Incus project %q is restricted and does not permit the low-level configuration every instance is given "+
+				"(raw.lxc: no_new_privs, no capabilities, no user namespaces; limits.memory.swap); the project must permit it: incus project set %s restricted.containers.lowlevel=allow (daemon said: %v)",
 			project, project, err)
 	case strings.Contains(msg, "disks not backed by a pool is forbidden") ||
 		(strings.Contains(msg, "Disk source path") && strings.Contains(msg, "not allowed")):

@@ -178,6 +178,12 @@ func TestRestrictedProjectSaysWhatToPermit(t *testing.T) {
 	}{
 		{`Failed checking if instance creation allowed: Use of low-level "raw.idmap" element 0 on container "x" of project "p" is forbidden`,
 			runtimes.ReasonIdmapNotPermitted, []string{"restricted.idmap.uid=2000000001", "restricted.idmap.gid=2000000001", `project "p"`}},
+		// Whichever low-level key the daemon meets first: one setting
+		// permits them all.
+		{`Failed checking if instance creation allowed: Use of low-level config "raw.lxc" on container "x" of project "p" is forbidden`,
+			runtimes.ReasonHardeningNotPermitted, []string{"restricted.containers.lowlevel=allow"}},
+		{`Failed checking if instance creation allowed: Use of low-level config "limits.memory.swap" on container "x" of project "p" is forbidden`,
+			runtimes.ReasonHardeningNotPermitted, []string{"restricted.containers.lowlevel=allow"}},
 		{`Failed checking if instance creation allowed: Invalid device "d" on container "x" of project "p": Attaching disks not backed by a pool is forbidden`,
 			runtimes.ReasonHostDisksNotPermitted, []string{"restricted.devices.disk=allow", "restricted.devices.disk.paths=" + DefaultHeldDir}},
 	}
