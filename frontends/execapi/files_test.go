@@ -395,17 +395,7 @@ func TestUploadSlotsAreShared(t *testing.T) {
 // openCount is how many descriptors of this process have path open.
 func openCount(t *testing.T, path string) int {
 	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, fd := range fds {
-		if l, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && l == path {
-			n++
-		}
-	}
-	return n
+	return testenv.OpenDescriptors(t, func(target string) bool { return target == path })
 }
 
 // A client that stops reading a download is taken as gone once a write

@@ -289,7 +289,8 @@ func TestARunningCommandLeavesTheControllerNoneOfTheImagesDescriptors(t *testing
 	if n := countProcs(t, in); n < commands {
 		t.Fatalf("%d of %d commands run as the agent after 30 s", n, commands)
 	}
-	held := imageDescriptors(t, filepath.Join(bwrap.TreesDir(lastStateDir), ".images"))
+	images := filepath.Join(bwrap.TreesDir(lastStateDir), ".images") + "/"
+	held := testenv.OpenDescriptors(t, func(target string) bool { return strings.HasPrefix(target, images) })
 	for _, c := range all {
 		if _, err := c.in.WriteString("line\n"); err != nil {
 			t.Fatal(err)
@@ -301,23 +302,6 @@ func TestARunningCommandLeavesTheControllerNoneOfTheImagesDescriptors(t *testing
 	if held != 0 {
 		t.Errorf("the controller held %d descriptors of the image while %d commands ran, want none", held, commands)
 	}
-}
-
-// imageDescriptors counts this process's descriptors that name something
-// below below.
-func imageDescriptors(t *testing.T, below string) int {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, fd := range fds {
-		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(target, below+"/") {
-			n++
-		}
-	}
-	return n
 }
 
 // countProcs counts the processes running as in's agent.
